@@ -1,0 +1,1 @@
+"""amqlite: amqlite."""

@@ -1,0 +1,111 @@
+"""The one seam every election backend sits behind.
+
+A node asks its ``Locker`` for the group's exclusive lock. The holder is the
+master. The locker never decides anything about the store: it only says
+"you hold it", "you may not trust it right now" (SUSPENDED, kazoo's term) or
+"it is gone" (LOST). Fencing against a master that learns of its loss too
+late is the store's job (the epoch row); a locker may contribute a token that
+only grows (ZooKeeper's ``czxid``) to make the epoch jump past it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+#: How often a slave asks for the lock when the backend has no watch.
+#: Artemis' backup retries its file lock every 500 ms; ActiveMQ's 10 s is why
+#: its failovers are slow.
+DEFAULT_POLL_INTERVAL = 0.5
+
+#: How often a master re-checks that it still holds the lock. Artemis' live
+#: node checks its file lock every 2 s; we check more often because the check
+#: is one cheap query.
+DEFAULT_KEEPALIVE_INTERVAL = 1.0
+
+
+class LockState(enum.Enum):
+    """What the holder may assume about its lock (kazoo's model)."""
+
+    HELD = "held"  # we hold it and can prove it
+    SUSPENDED = "suspended"  # connection to the backend is in doubt: pause writes
+    LOST = "lost"  # it is gone: demote
+
+
+class LockerError(Exception):
+    """The backend could not be reached or refused us; not a lost lock."""
+
+
+class LockLost(Exception):  # noqa: N818 - the name says what happened
+    """The lock we held is gone (or can no longer be proven to be ours)."""
+
+
+StateListener = Callable[[LockState], None]
+
+
+class Locker(abc.ABC):
+    """An exclusive, per-group lock with liveness checks and a loss signal.
+
+    All coroutine methods run on the node's event loop; implementations that
+    need blocking I/O or threads (psycopg, kazoo) hop to a thread themselves
+    and report state changes back with ``loop.call_soon_threadsafe``.
+    """
+
+    #: Human-readable description with secrets removed, for log lines.
+    description: str = "locker"
+
+    def __init__(self) -> None:
+        self._listeners: list[StateListener] = []
+
+    # -- election -------------------------------------------------------
+    @abc.abstractmethod
+    async def try_acquire(self) -> bool:
+        """Try once, without waiting; True when we now hold the lock.
+
+        Must never stack: calling it while holding the lock returns True
+        without taking the lock a second time.
+        """
+
+    async def acquire(self, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        """Wait until we hold the lock. Backends with a watch override this."""
+        while not await self.try_acquire():
+            await asyncio.sleep(poll_interval)
+
+    @abc.abstractmethod
+    async def keepalive(self) -> None:
+        """Prove we still hold the lock; raise ``LockLost`` when we cannot."""
+
+    @abc.abstractmethod
+    async def release(self) -> None:
+        """Give the lock up at once so a slave takes over without a timeout."""
+
+    async def close(self) -> None:
+        """Release (if held) and free every resource. Idempotent."""
+        await self.release()
+
+    # -- fencing --------------------------------------------------------
+    @property
+    def fencing_token(self) -> int | None:
+        """A number that only grows across lock holders, or None.
+
+        The store bumps the group epoch to ``max(epoch + 1, token)`` so an
+        external token (ZooKeeper czxid) and the epoch row agree.
+        """
+        return None
+
+    # -- loss notification ------------------------------------------------
+    def add_listener(self, listener: StateListener) -> None:
+        """Call ``listener(state)`` on the event loop when the lock state changes."""
+        self._listeners.append(listener)
+
+    def _notify(self, state: LockState) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:  # a listener must not break the locker
+                log.exception("lock state listener failed")

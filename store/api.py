@@ -1,0 +1,225 @@
+"""The broker's view of the store: value types, the batch, and the ``Store`` seam.
+
+The broker is single-threaded asyncio; a ``Store`` is synchronous and is
+driven by exactly one thread (the group committer), so it needs no locking of
+its own. Every write goes through ``commit_batch``, which proves the epoch in
+the same transaction and raises ``Fenced`` when the group has moved on.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+
+class StoreError(Exception):
+    """The store could not be reached or failed; the master must demote."""
+
+
+class Fenced(StoreError):  # noqa: N818 - the name says what happened
+    """The group's epoch is no longer ours: another master took over."""
+
+
+@dataclass(slots=True)
+class NewMessage:
+    """A persistent message to insert. ``id`` is allocated by the master."""
+
+    id: int
+    destination_id: int
+    message_id: str
+    headers: dict[str, str]
+    body: bytes
+    priority: int = 4
+    expires_at: int = 0  # ms since the Unix epoch; 0 = never
+    enqueued_at: int = 0  # ms since the Unix epoch
+    producer_id: str | None = None
+    producer_seq: int | None = None
+    dedup_key: str | None = None
+    #: For a topic message: the durable subscriptions that are owed it.
+    subscriber_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """A message row paged in from the store."""
+
+    id: int
+    destination_id: int
+    message_id: str
+    headers: dict[str, str]
+    body: bytes
+    priority: int
+    expires_at: int
+    enqueued_at: int
+    delivery_count: int  # for a durable subscription: that subscription's count
+    producer_id: str | None = None
+    producer_seq: int | None = None
+    dedup_key: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class DestinationRow:
+    id: int
+    name: str
+    kind: str  # "queue" | "topic"
+    depth: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class SubscriptionRow:
+    id: int
+    client_id: str
+    name: str
+    destination_id: int
+    selector: str | None = None
+    pending: int = 0
+
+
+#: A reference to one stored delivery: (subscription id or None for a queue, message id).
+Ref = tuple[int | None, int]
+
+
+@dataclass(slots=True)
+class Batch:
+    """Writes committed together in one fenced transaction.
+
+    Order of application inside the transaction: destinations, subscriptions
+    (created), inserts, deliveries, releases, moves, acks, subscriptions
+    (removed). An insert whose ``dedup_key`` is already in the dedup window
+    (or earlier in the same batch) is skipped and reported in
+    ``BatchResult.duplicates``.
+    """
+
+    destinations: list[DestinationRow] = field(default_factory=list)
+    subscriptions: list[SubscriptionRow] = field(default_factory=list)
+    inserts: list[NewMessage] = field(default_factory=list)
+    #: Delivered and awaiting an ack: delivery_count += 1, inflight_epoch = epoch.
+    deliveries: list[Ref] = field(default_factory=list)
+    #: Back to deliverable (NACK, consumer gone): inflight_epoch = NULL.
+    releases: list[Ref] = field(default_factory=list)
+    #: Queue message -> another queue (the DLQ): (message id, new destination id).
+    moves: list[tuple[int, int]] = field(default_factory=list)
+    #: Consumed: a queue message row is deleted; a durable subscription's
+    #: pending row is deleted, and the message row with its last pending row.
+    acks: list[Ref] = field(default_factory=list)
+    #: Durable subscriptions removed, with their pending rows.
+    removed_subscriptions: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return (
+            len(self.destinations)
+            + len(self.subscriptions)
+            + len(self.inserts)
+            + len(self.deliveries)
+            + len(self.releases)
+            + len(self.moves)
+            + len(self.acks)
+            + len(self.removed_subscriptions)
+        )
+
+    def extend(self, other: Batch) -> None:
+        self.destinations += other.destinations
+        self.subscriptions += other.subscriptions
+        self.inserts += other.inserts
+        self.deliveries += other.deliveries
+        self.releases += other.releases
+        self.moves += other.moves
+        self.acks += other.acks
+        self.removed_subscriptions += other.removed_subscriptions
+
+
+@dataclass(slots=True)
+class BatchResult:
+    #: dedup keys of inserts that were dropped as already stored.
+    duplicates: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Integrity:
+    """The activation check: the counters the last master committed vs. reality."""
+
+    expected_count: int
+    expected_max_id: int
+    actual_count: int
+    actual_max_id: int
+
+    @property
+    def mismatch(self) -> bool:
+        return (self.expected_count, self.expected_max_id) != (
+            self.actual_count,
+            self.actual_max_id,
+        )
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What a new master needs to serve; its cost must not grow with the backlog."""
+
+    epoch: int
+    destinations: list[DestinationRow]
+    subscriptions: list[SubscriptionRow]
+    next_message_id: int
+    next_destination_id: int
+    next_subscription_id: int
+
+
+class Store(abc.ABC):
+    """Synchronous, single-thread persistence for one group."""
+
+    #: URL with the password removed, for log lines.
+    description: str = "store"
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+
+    @abc.abstractmethod
+    def open(self) -> None:
+        """Connect, and create or upgrade the schema (idempotent, safe to race)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def claim_epoch(self, node: str, token: int | None = None, dedup_window_ms: int = 0) -> int:
+        """Make this node the group's master: epoch := max(epoch + 1, token). Call
+        only while holding the lock. Records an activation row. Returns the epoch."""
+
+    @abc.abstractmethod
+    def recover(self, epoch: int) -> Recovery:
+        """Read what a new master needs: O(destinations + subscriptions), never
+        O(messages). Messages in flight under older epochs need no rewrite: the
+        new master pages every row in and flags ``delivery_count > 0`` as redelivered."""
+
+    @abc.abstractmethod
+    def check_integrity(self, epoch: int) -> Integrity:
+        """Compare the group's committed counters with count(*)/max(id) and record
+        the result on the activation row. O(messages): run it in the background."""
+
+    @abc.abstractmethod
+    def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:
+        """Apply ``batch`` in one transaction that first proves ``epoch`` is the
+        group's current one. Raises ``Fenced`` (nothing written) or ``StoreError``."""
+
+    @abc.abstractmethod
+    def load_page(
+        self, destination_id: int, after_id: int, limit: int
+    ) -> list[StoredMessage]:
+        """Queue messages with id > after_id, by id. Uses SKIP LOCKED where supported."""
+
+    @abc.abstractmethod
+    def load_subscription_page(
+        self, subscription_id: int, after_id: int, limit: int
+    ) -> list[StoredMessage]:
+        """Messages a durable subscription is owed, id > after_id, by id."""
+
+    @abc.abstractmethod
+    def reap_expired(self, epoch: int, now_ms: int, limit: int) -> list[Ref]:
+        """Delete up to ``limit`` expired rows (fenced); return what went."""
+
+    @abc.abstractmethod
+    def prune_dedup(self, epoch: int, older_than_ms: int, limit: int) -> int:
+        """Forget dedup keys older than the window (fenced); return how many."""
+
+    @abc.abstractmethod
+    def end_activation(self, epoch: int) -> None:
+        """Mark a graceful stop on the activation row (fenced; a no-op if fenced)."""

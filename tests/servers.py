@@ -1,0 +1,203 @@
+"""Throwaway real servers for integration tests: PostgreSQL and ZooKeeper.
+
+Each binds to 127.0.0.1 on a free port, lives in a temporary directory and is
+stopped by its fixture (and killed with its process group if a test run dies).
+PostgreSQL refuses to run as root, so when the tests run as root its files
+belong to, and its processes run as, the ``postgres`` system user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+#: Where Debian's packages put things; `scripts/install-test-deps` installs them.
+ZOOKEEPER_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
+PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin")
+
+#: How long a server may take to come up before the fixture gives up.
+STARTUP_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = STARTUP_TIMEOUT, host: str = "127.0.0.1") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
+            time.sleep(0.05)
+
+
+def _pg_bin(name: str) -> str:
+    for d in PG_BIN_CANDIDATES:
+        p = Path(d) / name
+        if p.exists():
+            return str(p)
+    found = shutil.which(name)
+    if not found:
+        raise RuntimeError(f"{name} not found: run scripts/install-test-deps")
+    return found
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *cmd]
+    return cmd
+
+
+class PostgresServer:
+    """A PostgreSQL cluster made with initdb and driven with pg_ctl."""
+
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="amqlite-pg-"))
+        self.datadir = self.tmp / "data"
+        self.sockdir = self.tmp / "sock"
+        self.logfile = self.tmp / "postgres.log"
+        self.port = free_port()
+        self.user = "postgres"
+        self._db_counter = 0
+
+    def _run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(_as_postgres(cmd), check=True, capture_output=True, text=True, **kw)
+
+    def init(self) -> None:
+        self.sockdir.mkdir(parents=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.tmp, "postgres", "postgres")
+            shutil.chown(self.sockdir, "postgres", "postgres")
+        self._run(
+            [
+                _pg_bin("initdb"),
+                "-D", str(self.datadir),
+                "-U", self.user,
+                "--auth=trust",
+                "--no-instructions",
+                "-E", "UTF8",
+            ]
+        )
+        conf = self.datadir / "postgresql.conf"
+        with open(conf, "a") as f:
+            f.write(
+                f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
+                f"unix_socket_directories = '{self.sockdir}'\n"
+                "max_connections = 200\nfsync = on\nsynchronous_commit = on\n"
+                "shared_buffers = 128MB\nlog_min_messages = warning\n"
+            )
+
+    def start(self) -> None:
+        self._run(
+            [_pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile),
+             "-w", "-t", str(int(STARTUP_TIMEOUT)), "start"]
+        )
+        wait_for_port(self.port)
+
+    def stop(self, mode: str = "fast") -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._run([_pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"])
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{dbname}"
+
+    def psql(self, sql: str, dbname: str = "postgres") -> str:
+        out = subprocess.run(
+            ["psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1",
+             "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-d", dbname, "-c", sql],
+            check=True, capture_output=True, text=True,
+        )
+        return out.stdout.strip()
+
+    def create_database(self) -> str:
+        """A fresh, empty database; returns its URL."""
+        self._db_counter += 1
+        name = f"amqtest_{os.getpid()}_{self._db_counter}"
+        self.psql(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper from Debian's package, with a short tick so that
+    session expiry in tests takes seconds, not the production 18-40 s."""
+
+    #: ZooKeeper negotiates session timeouts within 2x-20x tickTime.
+    TICK_MS = 200
+
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="amqlite-zk-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        cfg = self.tmp / "zoo.cfg"
+        cfg.write_text(
+            f"tickTime={self.TICK_MS}\ndataDir={self.tmp / 'data'}\n"
+            f"clientPort={self.port}\nclientPortAddress=127.0.0.1\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat,cons\n"
+            f"minSessionTimeout={2 * self.TICK_MS}\nmaxSessionTimeout={100 * self.TICK_MS}\n"
+        )
+        self.cfg = cfg
+
+    def start(self) -> None:
+        if not Path("/usr/share/java/zookeeper.jar").exists():
+            raise RuntimeError("ZooKeeper not installed: run scripts/install-test-deps")
+        log = open(self.tmp / "zookeeper.log", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            ["java", "-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH,
+             "org.apache.zookeeper.server.ZooKeeperServerMain", str(self.cfg)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        self._wait_serving()
+
+    def _wait_serving(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"ZooKeeper exited: see {self.tmp / 'zookeeper.log'}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"ruok")
+                    if s.recv(16) == b"imok":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("ZooKeeper did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
