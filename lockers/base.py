@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import enum
 import logging
+import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,12 @@ DEFAULT_KEEPALIVE_INTERVAL = 1.0
 
 
 class LockState(enum.Enum):
-    """What the holder may assume about its lock (kazoo's model)."""
+    """What the holder may assume about its lock (kazoo's model).
+
+    Acquisition itself is announced by ``acquire()``/``try_acquire()`` returning,
+    not by a HELD notification: HELD is only sent when a SUSPENDED lock is
+    proven ours again, so a listener never "activates" twice.
+    """
 
     HELD = "held"  # we hold it and can prove it
     SUSPENDED = "suspended"  # connection to the backend is in doubt: pause writes
@@ -41,11 +49,46 @@ class LockerError(Exception):
     """The backend could not be reached or refused us; not a lost lock."""
 
 
-class LockLost(Exception):  # noqa: N818 - the name says what happened
+class LockLost(Exception):  # not "...Error": the name says what happened
     """The lock we held is gone (or can no longer be proven to be ours)."""
 
 
 StateListener = Callable[[LockState], None]
+
+T = TypeVar("T")
+
+
+def run_blocking(fn: Callable[[], T], *, name: str = "amqlite-locker") -> asyncio.Future[T]:
+    """Run ``fn`` in a fresh daemon thread and return a future on the running loop.
+
+    Not ``asyncio.to_thread``: a call wedged on a dead network would sit in the
+    default executor, whose shutdown ``asyncio.run`` waits for, so the process
+    could not exit. Cancelling the returned future does not stop ``fn``;
+    callers that need that (a server-side lock wait) cancel it their own way.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    def runner() -> None:
+        try:
+            result: T | None = fn()
+            exc: BaseException | None = None
+        except BaseException as e:  # handed to the loop, never lost in the thread
+            result, exc = None, e
+        # RuntimeError: the loop is closed, nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=runner, name=name, daemon=True).start()
+    return fut
 
 
 class Locker(abc.ABC):
@@ -58,6 +101,9 @@ class Locker(abc.ABC):
 
     #: Human-readable description with secrets removed, for log lines.
     description: str = "locker"
+
+    #: How often the node should call ``keepalive()`` while it is master.
+    keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL
 
     def __init__(self) -> None:
         self._listeners: list[StateListener] = []

@@ -88,6 +88,11 @@ class Batch:
     (removed). An insert whose ``dedup_key`` is already in the dedup window
     (or earlier in the same batch) is skipped and reported in
     ``BatchResult.duplicates``.
+
+    Because of that fixed order, one batch must not release or move a message
+    and then deliver it again, nor remove a durable subscription and create
+    one with the same (client_id, name): split such work over two batches.
+    ``merge_safe`` tells the group committer when two batches may become one.
     """
 
     destinations: list[DestinationRow] = field(default_factory=list)
@@ -127,11 +132,31 @@ class Batch:
         self.acks += other.acks
         self.removed_subscriptions += other.removed_subscriptions
 
+    def merge_safe(self, later: Batch) -> bool:
+        """True when applying ``self.extend(later)`` in the fixed order gives the
+        same rows as committing ``self`` and then ``later``.
+
+        The order puts deliveries before releases and moves, and created
+        subscriptions before removed ones, so a later delivery of something
+        this batch releases or moves (or a re-created subscription name) would
+        come out wrong; every other pair commutes.
+        """
+        if later.subscriptions and self.removed_subscriptions:
+            return False
+        if not later.deliveries or not (self.releases or self.moves):
+            return True
+        undone = set(self.releases)
+        undone.update((None, mid) for mid, _ in self.moves)
+        return undone.isdisjoint(later.deliveries)
+
 
 @dataclass(slots=True)
 class BatchResult:
     #: dedup keys of inserts that were dropped as already stored.
     duplicates: set[str] = field(default_factory=set)
+    #: ids of the ``NewMessage``s dropped as duplicates (unambiguous when the
+    #: group committer merged several callers' batches into one commit).
+    duplicate_ids: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -145,9 +170,13 @@ class Integrity:
 
     @property
     def mismatch(self) -> bool:
-        return (self.expected_count, self.expected_max_id) != (
-            self.actual_count,
-            self.actual_max_id,
+        """The count must match exactly. ``expected_max_id`` is the highest id
+        ever committed (acks delete the newest rows too), so a healthy store has
+        ``actual_max_id <= expected_max_id``; a larger one was written by nobody
+        who kept the counters."""
+        return (
+            self.actual_count != self.expected_count
+            or self.actual_max_id > self.expected_max_id
         )
 
 
@@ -204,7 +233,9 @@ class Store(abc.ABC):
     def load_page(
         self, destination_id: int, after_id: int, limit: int
     ) -> list[StoredMessage]:
-        """Queue messages with id > after_id, by id. Uses SKIP LOCKED where supported."""
+        """Queue messages with id > after_id, by id (in flight or not).
+
+        Deliberately no ``FOR UPDATE SKIP LOCKED``: see ``store.sql``."""
 
     @abc.abstractmethod
     def load_subscription_page(
@@ -223,3 +254,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def end_activation(self, epoch: int) -> None:
         """Mark a graceful stop on the activation row (fenced; a no-op if fenced)."""
+
+    # Registry rows (when ZooKeeper is not the registry). Not fenced: slaves
+    # write them too. Not abstract so that test doubles of the store need not.
+    def register(
+        self,
+        name: str,
+        role: str,
+        services: str | list[str] | tuple[str, ...],
+        host: str | None,
+        pid: int | None,
+        epoch: int | None,
+    ) -> None:
+        """Upsert this node's registry row with heartbeat_at = now."""
+        raise NotImplementedError
+
+    def unregister(self, name: str) -> None:
+        """Remove this node's registry row (graceful stop)."""
+        raise NotImplementedError

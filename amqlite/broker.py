@@ -1,0 +1,996 @@
+"""Destinations, subscriptions, dispatch, acknowledgements and transactions.
+
+The broker is single-threaded (the asyncio loop) and never touches the
+database itself: every write is staged in a ``WriteBuffer`` that the group
+committer (a thread) commits in one fenced transaction per batch. The rules
+that keep the promise (a RECEIPTed message is never lost nor stored twice):
+
+* A persistent message becomes visible to consumers only after its insert
+  committed, and its RECEIPT goes out only then.
+* A message delivered in a client ack mode is recorded as delivered
+  (``delivery_count + 1``) before its MESSAGE frame is written, so a message
+  seen again after a crash is always flagged ``redelivered``.
+* Queues are never loaded whole: each keeps at most ``MAX_IN_MEMORY`` stored
+  messages and pages the rest in by id (ids are allocated in commit order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from amqlite.codec import Frame
+from store.api import Batch, BatchResult, NewMessage, Ref, StoredMessage
+
+if TYPE_CHECKING:
+    from amqlite.settings import Settings
+    from store.api import Recovery
+    from store.group_commit import GroupCommitter
+
+log = logging.getLogger(__name__)
+
+#: Stored messages a destination keeps in memory; the rest stay in the store
+#: and are paged in by id. ActiveMQ's store cursor pages 200 at a time with a
+#: memory limit per destination; 1000 keeps a fast consumer busy between pages.
+MAX_IN_MEMORY = 1000
+#: Page size for loading from the store, and the level below which we load.
+PAGE_SIZE = 500
+LOW_WATER = 250
+#: A non-durable topic subscriber that falls this far behind loses the oldest
+#: messages (ActiveMQ's pendingMessageLimitStrategy for slow consumers).
+MAX_TOPIC_BACKLOG = 10_000
+#: Non-persistent messages a queue holds with no consumer before it drops the
+#: oldest; they live only in memory, so they must be bounded.
+MAX_NONPERSISTENT_BACKLOG = 100_000
+#: Headers the broker owns or that only make sense on the SEND frame.
+NON_USER_HEADERS = frozenset(
+    {
+        "destination", "receipt", "transaction", "content-length", "message-id",
+        "subscription", "ack", "redelivered", "amqlite.deliveryCount",
+    }
+)
+PRODUCER_ID_HEADER = "amqlite.producerId"
+PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
+DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
+DEFAULT_PRIORITY = 4  # JMS default priority
+ACK_MODES = ("auto", "client", "client-individual")
+
+
+class BrokerError(Exception):
+    """The client asked for something the broker refuses; becomes an ERROR frame."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Client(Protocol):
+    """What the broker needs from a client connection (see ``amqlite.server``)."""
+
+    client_id: str | None
+    version: str
+    closed: bool
+
+    def write_frame(self, frame: Frame) -> None: ...
+
+    def can_write(self) -> bool: ...
+
+    def close_with_error(self, message: str, detail: str = "") -> None: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------
+# messages and sources
+
+
+class Message:
+    """A message in memory; ``id`` is its store row id (or a memory-only id)."""
+
+    __slots__ = (
+        "body", "delivery_count", "destination", "enqueued_at", "expires_at", "headers",
+        "id", "message_id", "persistent", "priority", "producer_id", "producer_seq",
+    )
+
+    def __init__(
+        self, id: int, destination: str, message_id: str, headers: dict[str, str],
+        body: bytes, priority: int, expires_at: int, persistent: bool,
+        delivery_count: int = 0, enqueued_at: int = 0,
+        producer_id: str | None = None, producer_seq: int | None = None,
+    ) -> None:
+        self.id = id
+        self.destination = destination
+        self.message_id = message_id
+        self.headers = headers
+        self.body = body
+        self.priority = priority
+        self.expires_at = expires_at
+        self.persistent = persistent
+        self.delivery_count = delivery_count
+        self.enqueued_at = enqueued_at
+        self.producer_id = producer_id
+        self.producer_seq = producer_seq
+
+    @property
+    def dedup_key(self) -> str | None:
+        if self.producer_id is None or self.producer_seq is None:
+            return None
+        return f"{self.producer_id}:{self.producer_seq}"
+
+    def expired(self, now: int) -> bool:
+        return 0 < self.expires_at <= now
+
+
+class Source:
+    """An ordered backlog with consumers: a queue, a durable subscription, or a
+    non-durable topic subscription (memory only, one consumer)."""
+
+    def __init__(self, broker: Broker, name: str, store_id: int | None, stored: bool) -> None:
+        self.broker = broker
+        self.name = name
+        self.store_id = store_id  # destination id (queue) or subscription id (durable)
+        self.stored = stored  # pages from the store
+        self._heap: list[tuple[int, int, Message]] = []
+        self.in_memory_stored = 0  # stored messages in the heap
+        self.nonpersistent = 0
+        self.cursor = 0  # highest stored id paged in or appended
+        self.store_has_more = stored
+        self.paging = False
+        self.consumers: list[Subscription] = []
+        self._rr = 0
+
+    # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
+    def ref(self, message: Message) -> Ref:
+        return (None, message.id)
+
+    def push(self, message: Message) -> None:
+        heapq.heappush(self._heap, (-message.priority, message.id, message))
+        if message.persistent:
+            self.in_memory_stored += 1
+        else:
+            self.nonpersistent += 1
+
+    def append_committed(self, message: Message) -> None:
+        """A freshly committed message: keep it in memory unless the store pages."""
+        if self.store_has_more or self.in_memory_stored >= MAX_IN_MEMORY:
+            self.store_has_more = True  # the pager will find it by id
+            return
+        self.cursor = max(self.cursor, message.id)
+        self.push(message)
+
+    def add_nonpersistent(self, message: Message) -> None:
+        limit = MAX_TOPIC_BACKLOG if isinstance(self, TopicSubscriptionSource) else (
+            MAX_NONPERSISTENT_BACKLOG
+        )
+        if self.nonpersistent >= limit:
+            self._drop_oldest_nonpersistent()
+        self.push(message)
+
+    def _drop_oldest_nonpersistent(self) -> None:
+        victims = [e for e in self._heap if not e[2].persistent]
+        if not victims:
+            return
+        oldest = min(victims, key=lambda e: e[1])
+        self._heap.remove(oldest)
+        heapq.heapify(self._heap)
+        self.nonpersistent -= 1
+        log.warning("%s: slow consumer, dropped non-persistent message %s",
+                    self.name, oldest[2].message_id)
+
+    def pop(self) -> Message | None:
+        if not self._heap:
+            return None
+        message = heapq.heappop(self._heap)[2]
+        if message.persistent:
+            self.in_memory_stored -= 1
+        else:
+            self.nonpersistent -= 1
+        return message
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    # -- consumers ----------------------------------------------------------
+    def add_consumer(self, sub: Subscription) -> None:
+        self.consumers.append(sub)
+        self.dispatch()
+
+    def remove_consumer(self, sub: Subscription) -> None:
+        if sub in self.consumers:
+            self.consumers.remove(sub)
+
+    def _next_consumer(self) -> Subscription | None:
+        n = len(self.consumers)
+        for i in range(n):
+            sub = self.consumers[(self._rr + i) % n]
+            if sub.has_credit():
+                self._rr = (self._rr + i + 1) % n
+                return sub
+        return None
+
+    def dispatch(self) -> None:
+        """Hand waiting messages to consumers with credit, round robin (fair)."""
+        if self.broker.paused or not self.consumers:
+            return
+        now = now_ms()
+        while self._heap:
+            sub = self._next_consumer()
+            if sub is None:
+                break
+            message = self.pop()
+            assert message is not None
+            if message.expired(now):
+                self.broker.expire(self, message)
+                continue
+            sub.deliver(message)
+        self.maybe_page()
+
+    # -- paging ---------------------------------------------------------------
+    def maybe_page(self) -> None:
+        if (
+            self.stored
+            and self.store_id is not None
+            and self.store_has_more
+            and not self.paging
+            and self.in_memory_stored < LOW_WATER
+            and self.consumers
+        ):
+            self.paging = True
+            self.broker.load_page(self)
+
+    def page_loaded(self, rows: list[StoredMessage]) -> None:
+        self.paging = False
+        for row in rows:
+            if row.id <= self.cursor:
+                continue  # already in memory (appended after commit)
+            self.cursor = row.id
+            self.push(self.broker.message_from_row(row, self.name))
+        self.store_has_more = len(rows) >= PAGE_SIZE
+        self.dispatch()
+
+
+class DurableSource(Source):
+    """A durable topic subscription's backlog: stored once, owed per subscription."""
+
+    def __init__(self, broker: Broker, name: str, sub_id: int, client_id: str,
+                 sub_name: str, topic: str) -> None:
+        super().__init__(broker, name, sub_id, stored=True)
+        self.client_id = client_id
+        self.sub_name = sub_name
+        self.topic = topic
+
+    def ref(self, message: Message) -> Ref:
+        return (self.store_id, message.id)
+
+
+class TopicSubscriptionSource(Source):
+    """A non-durable topic subscription: memory only, one consumer."""
+
+    def __init__(self, broker: Broker, name: str) -> None:
+        super().__init__(broker, name, None, stored=False)
+
+
+@dataclass(slots=True)
+class Delivery:
+    message: Message
+    ref: Ref | None  # None: nothing stored to acknowledge
+
+
+class Subscription:
+    """One SUBSCRIBE of one connection."""
+
+    def __init__(self, conn: Client, sub_id: str, key: int, destination: str,
+                 ack_mode: str, prefetch: int, source: Source) -> None:
+        self.conn = conn
+        self.id = sub_id
+        self.key = key  # small per-connection number, prefix of STOMP 1.2 ack ids
+        self.destination = destination
+        self.ack_mode = ack_mode
+        self.prefetch = prefetch
+        self.source = source
+        self.inflight: dict[str, Delivery] = {}  # by message-id, in delivery order
+        self.delivering = 0  # marked in the store, frame not yet written
+        self.closed = False
+
+    def has_credit(self) -> bool:
+        if self.closed or self.conn.closed or not self.conn.can_write():
+            return False
+        if self.ack_mode == "auto":
+            return True
+        return len(self.inflight) < self.prefetch
+
+    def deliver(self, message: Message) -> None:
+        broker = self.source.broker
+        stored = message.persistent and self.source.stored
+        ref = self.source.ref(message) if stored else None
+        if self.ack_mode == "auto":
+            self._write(message, message.delivery_count)
+            message.delivery_count += 1
+            if ref is not None:
+                broker.writes.stage().acks.append(ref)
+            return
+        previous = message.delivery_count
+        message.delivery_count += 1
+        self.inflight[message.message_id] = Delivery(message, ref)
+        if ref is None:
+            self._write(message, previous)
+            return
+        # Record the delivery before the client can see it (see module docstring).
+        self.delivering += 1
+        broker.writes.stage(lambda ok: self._delivery_recorded(message, previous, ok)) \
+            .deliveries.append(ref)
+
+    def _delivery_recorded(self, message: Message, previous: int, ok: bool) -> None:
+        self.delivering -= 1
+        if ok and not self.closed and message.message_id in self.inflight:
+            self._write(message, previous)
+
+    def _write(self, message: Message, previous_deliveries: int) -> None:
+        headers = {
+            "subscription": self.id,
+            "message-id": message.message_id,
+            "destination": message.destination,
+        }
+        headers.update(message.headers)
+        if self.ack_mode != "auto":
+            headers["ack"] = f"{self.key}:{message.message_id}"
+        if previous_deliveries:
+            headers["redelivered"] = "true"
+            headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
+        self.conn.write_frame(Frame("MESSAGE", headers, message.body))
+        self.source.broker.stats["delivered"] += 1
+
+
+# ---------------------------------------------------------------------------
+# the write buffer in front of the group committer
+
+StagedCallback = Callable[[bool], None]
+
+
+class WriteBuffer:
+    """Gathers every write of one loop iteration into one Batch for the committer.
+
+    Callbacks run on the loop, in staging order, once the batch committed
+    (``ok=True``) or failed (``ok=False``). ``stage_result`` callbacks also
+    get the ``BatchResult`` (for dedup).
+    """
+
+    def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.committer = committer
+        self.loop = loop
+        self.batch = Batch()
+        self.callbacks: list[Callable[[BatchResult | None], None]] = []
+        self._flush_scheduled = False
+        self.failed = False
+        self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
+        self.inflight_batches = 0
+
+    def stage(self, callback: StagedCallback | None = None) -> Batch:
+        if callback is not None:
+            self.callbacks.append(lambda result: callback(result is not None))
+        self._schedule()
+        return self.batch
+
+    def stage_result(self, callback: Callable[[BatchResult | None], None]) -> Batch:
+        self.callbacks.append(callback)
+        self._schedule()
+        return self.batch
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self.held:
+            return
+        batch, callbacks = self.batch, self.callbacks
+        if not len(batch) and not callbacks:
+            return
+        self.batch, self.callbacks = Batch(), []
+        if self.failed or self.committer is None:
+            for cb in callbacks:
+                cb(None)
+            return
+        if not len(batch):
+            for cb in callbacks:
+                cb(BatchResult())
+            return
+        self.inflight_batches += 1
+        future = self.committer.submit(batch)
+        future.add_done_callback(lambda f: self._done(f, callbacks))
+
+    def _done(self, future: asyncio.Future[BatchResult], callbacks: list) -> None:
+        self.inflight_batches -= 1
+        result: BatchResult | None
+        if future.cancelled() or future.exception() is not None:
+            self.failed = True
+            result = None
+        else:
+            result = future.result()
+        for cb in callbacks:
+            try:
+                cb(result)
+            except Exception:
+                log.exception("commit callback failed")
+
+    def release(self) -> None:
+        self.held = False
+        self._schedule()
+
+
+# ---------------------------------------------------------------------------
+# transactions and per-connection state
+
+
+@dataclass
+class Transaction:
+    sends: list[Frame] = field(default_factory=list)
+    acks: list[tuple[str, Frame]] = field(default_factory=list)  # ("ACK"|"NACK", frame)
+
+
+class Session:
+    """Broker-side state of one connected client."""
+
+    def __init__(self, conn: Client) -> None:
+        self.conn = conn
+        self.subscriptions: dict[str, Subscription] = {}
+        self.by_key: dict[int, Subscription] = {}
+        self.keys = itertools.count(1)
+        self.transactions: dict[str, Transaction] = {}
+        self.pending_commits = 0
+        self.on_idle: list[Callable[[], None]] = []
+
+    def commit_started(self) -> None:
+        self.pending_commits += 1
+
+    def commit_finished(self) -> None:
+        self.pending_commits -= 1
+        if self.pending_commits == 0 and self.on_idle:
+            waiting, self.on_idle = self.on_idle, []
+            for cb in waiting:
+                cb()
+
+    def when_idle(self, cb: Callable[[], None]) -> None:
+        if self.pending_commits == 0:
+            cb()
+        else:
+            self.on_idle.append(cb)
+
+
+# ---------------------------------------------------------------------------
+# the broker
+
+
+class Broker:
+    """All destinations of one master. Frames arrive via ``handle``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        committer: GroupCommitter | None,
+        recovery: Recovery,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.settings = settings
+        self.group = settings.group
+        self.committer = committer
+        self.loop = loop
+        self.epoch = recovery.epoch
+        self.writes = WriteBuffer(committer, loop)
+        self.paused = False
+        self.ids = itertools.count(recovery.next_message_id)
+        self.destination_ids = itertools.count(recovery.next_destination_id)
+        self.subscription_ids = itertools.count(recovery.next_subscription_id)
+        self.destination_rows: dict[str, int] = {}  # name -> store id
+        self.queues: dict[str, Source] = {}
+        self.topics: dict[str, list[TopicSubscriptionSource]] = {}
+        self.durables: dict[tuple[str, str], DurableSource] = {}
+        self.durables_by_topic: dict[str, list[DurableSource]] = {}
+        self.sessions: dict[Client, Session] = {}
+        self.clients_by_id: dict[str, Client] = {}
+        self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
+                      "dead_lettered": 0}
+        for d in recovery.destinations:
+            self.destination_rows[d.name] = d.id
+            if d.kind == "queue":
+                self.queues[d.name] = Source(self, d.name, d.id, stored=True)
+        names = {d.id: d.name for d in recovery.destinations}
+        for s in recovery.subscriptions:
+            topic = names.get(s.destination_id, f"/topic/unknown-{s.destination_id}")
+            self._add_durable(DurableSource(self, topic, s.id, s.client_id, s.name, topic))
+
+    # -- connections ------------------------------------------------------------
+    def attach(self, conn: Client) -> None:
+        """A client finished its CONNECT. A newer connection with the same
+        client-id wins (link stealing): after a failover the old one is dead."""
+        self.sessions[conn] = Session(conn)
+        if conn.client_id:
+            old = self.clients_by_id.get(conn.client_id)
+            if old is not None and old is not conn:
+                old.close_with_error("client-id taken over by a newer connection")
+                self.detach(old)
+            self.clients_by_id[conn.client_id] = conn
+
+    def detach(self, conn: Client) -> None:
+        session = self.sessions.pop(conn, None)
+        if session is None:
+            return
+        if conn.client_id and self.clients_by_id.get(conn.client_id) is conn:
+            del self.clients_by_id[conn.client_id]
+        for sub in list(session.subscriptions.values()):
+            self._close_subscription(session, sub)
+
+    # -- frames -----------------------------------------------------------------
+    def handle(self, conn: Client, frame: Frame) -> None:
+        """Process one client frame. Raises BrokerError for a client mistake."""
+        session = self.sessions[conn]
+        command = frame.command
+        if command == "SEND":
+            tx = frame.headers.get("transaction")
+            if tx is not None:
+                self._transaction(session, tx).sends.append(frame)
+                self._receipt_now(conn, frame)
+            else:
+                self._send(session, [frame], frame.headers.get("receipt"))
+        elif command in ("ACK", "NACK"):
+            tx = frame.headers.get("transaction")
+            if tx is not None:
+                self._transaction(session, tx).acks.append((command, frame))
+                self._receipt_now(conn, frame)
+            else:
+                self._ack(session, command, frame, frame.headers.get("receipt"))
+        elif command == "SUBSCRIBE":
+            self._subscribe(session, frame)
+            # a durable subscription is a write: confirm it once it is durable
+            self._finish_write(session, frame.headers.get("receipt"))
+        elif command == "UNSUBSCRIBE":
+            self._unsubscribe(session, frame)
+            self._finish_write(session, frame.headers.get("receipt"))
+        elif command == "BEGIN":
+            tx = frame.headers["transaction"]
+            if tx in session.transactions:
+                raise BrokerError(f"transaction {tx} already started")
+            session.transactions[tx] = Transaction()
+            self._receipt_now(conn, frame)
+        elif command == "COMMIT":
+            tx = self._transaction(session, frame.headers["transaction"])
+            del session.transactions[frame.headers["transaction"]]
+            self._commit(session, tx, frame.headers.get("receipt"))
+        elif command == "ABORT":
+            self._transaction(session, frame.headers["transaction"])
+            del session.transactions[frame.headers["transaction"]]
+            self._receipt_now(conn, frame)
+        elif command == "DISCONNECT":
+            receipt = frame.headers.get("receipt")
+            session.transactions.clear()
+            session.when_idle(lambda: self._disconnected(conn, receipt))
+        else:
+            raise BrokerError(f"unexpected frame {command}")
+
+    def _disconnected(self, conn: Client, receipt: str | None) -> None:
+        if receipt is not None and not conn.closed:
+            conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+        self.detach(conn)
+        conn.close()
+
+    @staticmethod
+    def _receipt_now(conn: Client, frame: Frame) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+
+    @staticmethod
+    def _transaction(session: Session, tx: str) -> Transaction:
+        try:
+            return session.transactions[tx]
+        except KeyError:
+            raise BrokerError(f"unknown transaction {tx}") from None
+
+    # -- destinations -------------------------------------------------------------
+    @staticmethod
+    def kind_of(destination: str) -> str:
+        if destination.startswith("/queue/") and len(destination) > 7:
+            return "queue"
+        if destination.startswith("/topic/") and len(destination) > 7:
+            return "topic"
+        raise BrokerError(
+            f"destination {destination!r}: use /queue/NAME or /topic/NAME"
+        )
+
+    def _destination_id(self, name: str, batch: Batch) -> int:
+        """The store id of a destination, staging its row the first time."""
+        did = self.destination_rows.get(name)
+        if did is None:
+            from store.api import DestinationRow
+
+            did = next(self.destination_ids)
+            self.destination_rows[name] = did
+            batch.destinations.append(DestinationRow(did, name, self.kind_of(name)))
+            if name in self.queues:
+                self.queues[name].store_id = did
+        return did
+
+    def queue(self, name: str) -> Source:
+        q = self.queues.get(name)
+        if q is None:
+            q = Source(self, name, self.destination_rows.get(name), stored=True)
+            q.store_has_more = False  # new: nothing stored yet
+            self.queues[name] = q
+        return q
+
+    # -- SEND ---------------------------------------------------------------------
+    def _message_from_send(self, frame: Frame) -> Message:
+        h = frame.headers
+        destination = h["destination"]
+        self.kind_of(destination)
+        persistent = h.get("persistent", "true").lower() != "false"
+        try:
+            priority = int(h.get("priority", DEFAULT_PRIORITY))
+            expires = int(h.get("expires", 0) or 0)
+            seq_text = h.get(PRODUCER_SEQ_HEADER)
+            producer_seq = int(seq_text) if seq_text is not None else None
+        except ValueError:
+            raise BrokerError("priority, expires and amqlite.producerSeq must be integers") \
+                from None
+        priority = min(max(priority, 0), 9)
+        headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
+        mid = next(self.ids)
+        return Message(
+            mid, destination, f"ID:{self.group}:{mid}", headers, frame.body, priority,
+            max(expires, 0), persistent, enqueued_at=now_ms(),
+            producer_id=h.get(PRODUCER_ID_HEADER), producer_seq=producer_seq,
+        )
+
+    def _send(self, session: Session, frames: list[Frame], receipt: str | None) -> None:
+        """Route messages; the persistent ones (all frames of a transaction at
+        once) commit in one batch before anyone sees them."""
+        messages = [self._message_from_send(f) for f in frames]
+        self.stats["sent"] += len(messages)
+        to_store: list[tuple[Message, list[DurableSource]]] = []
+        batch = self.writes.batch
+        for m in messages:
+            if not m.persistent:
+                self._route_now(m)
+                continue
+            if self.kind_of(m.destination) == "queue":
+                to_store.append((m, []))
+            else:
+                durables = self.durables_by_topic.get(m.destination, [])
+                if durables:
+                    to_store.append((m, list(durables)))
+                else:
+                    self._route_now(m)  # no durable subscriber: nothing to keep
+        if not to_store:
+            if receipt is not None:
+                session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+            return
+        for m, durables in to_store:
+            did = self._destination_id(m.destination, batch)
+            batch.inserts.append(NewMessage(
+                id=m.id, destination_id=did, message_id=m.message_id, headers=m.headers,
+                body=m.body, priority=m.priority, expires_at=m.expires_at,
+                enqueued_at=m.enqueued_at, producer_id=m.producer_id,
+                producer_seq=m.producer_seq, dedup_key=m.dedup_key,
+                subscriber_ids=tuple(d.store_id for d in durables if d.store_id is not None),
+            ))
+        session.commit_started()
+
+        def committed(result: BatchResult | None) -> None:
+            session.commit_finished()
+            if result is None:
+                return  # the store failed: no receipt; the node is demoting
+            for m, durables in to_store:
+                if m.dedup_key is not None and m.dedup_key in result.duplicates:
+                    self.stats["duplicates"] += 1
+                    continue
+                self._route_committed(m, durables)
+            if receipt is not None and not session.conn.closed:
+                session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+
+        self.writes.stage_result(committed)
+
+    def _route_now(self, m: Message) -> None:
+        if self.kind_of(m.destination) == "queue":
+            q = self.queue(m.destination)
+            q.add_nonpersistent(m)
+            q.dispatch()
+        else:
+            self._publish_memory(m)
+
+    def _publish_memory(self, m: Message) -> None:
+        for source in self.topics.get(m.destination, ()):
+            source.add_nonpersistent(self._copy(m, persistent=False))
+            source.dispatch()
+        for durable in self.durables_by_topic.get(m.destination, ()):
+            # a non-persistent message reaches only online durable subscribers
+            if durable.consumers:
+                durable.add_nonpersistent(self._copy(m, persistent=False))
+                durable.dispatch()
+
+    @staticmethod
+    def _copy(m: Message, persistent: bool | None = None) -> Message:
+        """Each subscriber tracks its own delivery count, so each gets its own object."""
+        return Message(
+            m.id, m.destination, m.message_id, m.headers, m.body, m.priority, m.expires_at,
+            m.persistent if persistent is None else persistent, m.delivery_count,
+            m.enqueued_at, m.producer_id, m.producer_seq,
+        )
+
+    def _route_committed(self, m: Message, durables: list[DurableSource]) -> None:
+        if not durables:
+            q = self.queue(m.destination)
+            q.append_committed(m)
+            q.dispatch()
+            return
+        for durable in durables:
+            durable.append_committed(self._copy(m))
+            durable.dispatch()
+        for source in self.topics.get(m.destination, ()):
+            source.add_nonpersistent(self._copy(m, persistent=False))
+            source.dispatch()
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------
+    def _subscribe(self, session: Session, frame: Frame) -> None:
+        h = frame.headers
+        destination = h["destination"]
+        kind = self.kind_of(destination)
+        sub_id = h.get("id") or destination  # STOMP 1.0 may omit id
+        if sub_id in session.subscriptions:
+            raise BrokerError(f"subscription id {sub_id!r} already in use")
+        ack_mode = h.get("ack", "auto")
+        if ack_mode not in ACK_MODES:
+            raise BrokerError(f"ack mode {ack_mode!r}: use one of {', '.join(ACK_MODES)}")
+        try:
+            prefetch = int(h.get("activemq.prefetchSize", self.settings.default_prefetch))
+        except ValueError:
+            raise BrokerError("activemq.prefetchSize must be an integer") from None
+        if prefetch <= 0:
+            prefetch = self.settings.default_prefetch
+        durable_name = h.get("activemq.subscriptionName") or h.get("durable-subscription-name")
+        source: Source
+        if kind == "queue":
+            source = self.queue(destination)
+        elif durable_name:
+            client_id = session.conn.client_id
+            if not client_id:
+                raise BrokerError("a durable subscription needs client-id on CONNECT")
+            source = self._durable(client_id, durable_name, destination)
+            if source.consumers:
+                raise BrokerError(f"durable subscription {durable_name!r} is already active")
+        else:
+            source = TopicSubscriptionSource(self, destination)
+            self.topics.setdefault(destination, []).append(source)
+        sub = Subscription(session.conn, sub_id, next(session.keys), destination, ack_mode,
+                           prefetch, source)
+        session.subscriptions[sub_id] = sub
+        session.by_key[sub.key] = sub
+        source.add_consumer(sub)
+
+    def _durable(self, client_id: str, name: str, topic: str) -> DurableSource:
+        durable = self.durables.get((client_id, name))
+        if durable is not None and durable.topic != topic:
+            # ActiveMQ/JMS: re-subscribing a durable name to another topic replaces it
+            self._remove_durable(durable)
+            durable = None
+        if durable is None:
+            from store.api import SubscriptionRow
+
+            batch = self.writes.stage()
+            did = self._destination_id(topic, batch)
+            sid = next(self.subscription_ids)
+            batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did))
+            durable = DurableSource(self, topic, sid, client_id, name, topic)
+            durable.store_has_more = False
+            self._add_durable(durable)
+        return durable
+
+    def _add_durable(self, durable: DurableSource) -> None:
+        self.durables[(durable.client_id, durable.sub_name)] = durable
+        self.durables_by_topic.setdefault(durable.topic, []).append(durable)
+
+    def _remove_durable(self, durable: DurableSource) -> None:
+        self.durables.pop((durable.client_id, durable.sub_name), None)
+        peers = self.durables_by_topic.get(durable.topic, [])
+        if durable in peers:
+            peers.remove(durable)
+        if durable.store_id is not None:
+            self.writes.stage().removed_subscriptions.append(durable.store_id)
+
+    def _unsubscribe(self, session: Session, frame: Frame) -> None:
+        h = frame.headers
+        sub_id = h.get("id") or h.get("destination")
+        sub = session.subscriptions.get(sub_id or "")
+        durable_name = h.get("activemq.subscriptionName") or h.get("durable-subscription-name")
+        if sub is not None:
+            self._close_subscription(session, sub)
+        elif not durable_name:
+            raise BrokerError(f"no subscription {sub_id!r}")
+        if durable_name and session.conn.client_id:
+            durable = self.durables.get((session.conn.client_id, durable_name))
+            if durable is not None:
+                self._remove_durable(durable)
+
+    def _close_subscription(self, session: Session, sub: Subscription) -> None:
+        """Return what the subscriber had not acknowledged; it will be redelivered."""
+        sub.closed = True
+        session.subscriptions.pop(sub.id, None)
+        session.by_key.pop(sub.key, None)
+        source = sub.source
+        source.remove_consumer(sub)
+        if isinstance(source, TopicSubscriptionSource):
+            peers = self.topics.get(sub.destination, [])
+            if source in peers:
+                peers.remove(source)
+            return
+        if sub.inflight:
+            releases = [d.ref for d in sub.inflight.values() if d.ref is not None]
+            if releases:
+                self.writes.stage().releases.extend(releases)
+            for delivery in sub.inflight.values():
+                source.push(delivery.message)
+            sub.inflight.clear()
+            source.dispatch()
+
+    # -- ACK / NACK -----------------------------------------------------------------
+    def _find_delivery(self, session: Session, frame: Frame) -> tuple[Subscription, str]:
+        h = frame.headers
+        version = session.conn.version
+        if version == "1.2":
+            ack_id = h.get("id", "")
+            key, _, message_id = ack_id.partition(":")
+            sub = session.by_key.get(int(key)) if key.isdigit() else None
+            if sub is None or message_id not in sub.inflight:
+                raise BrokerError(f"no message awaiting acknowledgement with id {ack_id!r}")
+            return sub, message_id
+        message_id = h.get("message-id", "")
+        if version == "1.1":
+            sub = session.subscriptions.get(h.get("subscription", ""))
+            if sub is not None and message_id in sub.inflight:
+                return sub, message_id
+        else:
+            for sub in session.subscriptions.values():
+                if message_id in sub.inflight:
+                    return sub, message_id
+        raise BrokerError(f"no message awaiting acknowledgement with message-id {message_id!r}")
+
+    def _ack(self, session: Session, command: str, frame: Frame, receipt: str | None) -> None:
+        sub, message_id = self._find_delivery(session, frame)
+        if sub.ack_mode == "client":  # cumulative: everything up to this one
+            done: list[Delivery] = []
+            for mid in list(sub.inflight):
+                done.append(sub.inflight.pop(mid))
+                if mid == message_id:
+                    break
+        else:
+            done = [sub.inflight.pop(message_id)]
+        batch = self.writes.batch
+        if command == "ACK":
+            self.stats["acked"] += len(done)
+            batch.acks.extend(d.ref for d in done if d.ref is not None)
+        else:
+            for d in done:
+                self._redeliver_or_dead_letter(sub.source, d, batch)
+        self._finish_write(session, receipt)
+        sub.source.dispatch()
+
+    def _finish_write(self, session: Session, receipt: str | None) -> None:
+        """Stage a commit point; send the RECEIPT (if any) once it is durable."""
+        session.commit_started()
+
+        def done(ok: bool) -> None:
+            session.commit_finished()
+            if ok and receipt is not None and not session.conn.closed:
+                session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+
+        self.writes.stage(done)
+
+    def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch) -> None:
+        m = d.message
+        if m.delivery_count <= self.settings.max_redeliveries:
+            if d.ref is not None:
+                batch.releases.append(d.ref)
+            source.push(m)
+            return
+        self.stats["dead_lettered"] += 1
+        dlq = self.settings.dead_letter_queue
+        copy = self._copy(m)
+        copy.id = next(self.ids)
+        copy.message_id = m.message_id
+        copy.destination = dlq
+        copy.delivery_count = 0
+        copy.producer_id = copy.producer_seq = None  # identity stays with the original
+        copy.headers = {**m.headers, "original-destination": m.destination}
+        if not m.persistent:
+            self._route_now(copy)
+            return
+        did = self._destination_id(dlq, batch)
+        batch.inserts.append(NewMessage(
+            id=copy.id, destination_id=did, message_id=copy.message_id, headers=copy.headers,
+            body=copy.body, priority=copy.priority, expires_at=0,
+            enqueued_at=now_ms(),
+        ))
+        if d.ref is not None:
+            batch.acks.append(d.ref)
+        self.writes.stage(lambda ok: ok and self._route_committed(copy, []))
+        log.info("message %s moved to %s after %d deliveries", m.message_id, dlq,
+                 m.delivery_count)
+
+    # -- transactions ---------------------------------------------------------------
+    def _commit(self, session: Session, tx: Transaction, receipt: str | None) -> None:
+        """Apply a transaction's sends and acks in one batch: all or nothing."""
+        for command, frame in tx.acks:
+            self._ack(session, command, frame, None)
+        if tx.sends:
+            self._send(session, tx.sends, receipt)
+        else:
+            self._finish_write(session, receipt)
+
+    # -- expiry, paging ---------------------------------------------------------------
+    def expire(self, source: Source, message: Message) -> None:
+        self.stats["expired"] += 1
+        if message.persistent and source.stored:
+            self.writes.stage().acks.append(source.ref(message))
+
+    def load_page(self, source: Source) -> None:
+        assert self.committer is not None and source.store_id is not None
+        if isinstance(source, DurableSource):
+            fn = self.committer.store.load_subscription_page
+        else:
+            fn = self.committer.store.load_page
+        future = asyncio.ensure_future(self.committer.call(fn, source.store_id, source.cursor,
+                                                           PAGE_SIZE))
+
+        def loaded(f: asyncio.Future) -> None:
+            if f.cancelled() or f.exception() is not None:
+                source.paging = False
+                log.error("paging %s failed: %s", source.name,
+                          None if f.cancelled() else f.exception())
+                return
+            source.page_loaded(f.result())
+
+        future.add_done_callback(loaded)
+
+    def message_from_row(self, row: StoredMessage, destination: str) -> Message:
+        return Message(
+            row.id, destination, row.message_id, row.headers, row.body, row.priority,
+            row.expires_at, True, row.delivery_count, row.enqueued_at, row.producer_id,
+            row.producer_seq,
+        )
+
+    # -- flow of the whole broker --------------------------------------------------------
+    def pause(self) -> None:
+        """Stop dispatching and committing (the lock is in doubt)."""
+        self.paused = True
+        self.writes.held = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self.writes.release()
+        self.dispatch_all()
+
+    def dispatch_all(self) -> None:
+        for q in self.queues.values():
+            q.dispatch()
+        for d in self.durables.values():
+            d.dispatch()
+        for sources in self.topics.values():
+            for s in sources:
+                s.dispatch()
+
+    def connection_writable(self, conn: Client) -> None:
+        session = self.sessions.get(conn)
+        if session is None:
+            return
+        for sub in list(session.subscriptions.values()):
+            sub.source.dispatch()
+
+    def depths(self) -> dict[str, int]:
+        return {name: len(q) for name, q in self.queues.items()}

@@ -1,0 +1,537 @@
+"""Sans-I/O STOMP 1.0/1.1/1.2 frame codec: bytes in, frames out, and back.
+
+No sockets, no clock: the asyncio layer feeds whatever bytes arrived and writes whatever
+bytes it is handed, so the codec is testable at every byte boundary and reusable by the
+broker and the client alike.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_MAX_HEADER_COUNT",
+    "DEFAULT_MAX_HEADER_LENGTH",
+    "HEARTBEAT",
+    "NO_ESCAPE_COMMANDS",
+    "SUPPORTED_VERSIONS",
+    "Frame",
+    "FrameParser",
+    "HeartbeatMarker",
+    "Limits",
+    "ParsedItem",
+    "ProtocolError",
+    "encode_frame",
+]
+
+Fault = Literal["remote", "local"]
+
+# Versions this codec knows how to escape; anything else is a caller bug (local).
+SUPPORTED_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2")
+
+# STOMP 1.2 "Value Encoding": CONNECT and CONNECTED frames do not escape or unescape
+# headers, so that 1.0 peers can still read the handshake.
+NO_ESCAPE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "CONNECTED"})
+
+# ActiveMQ's StompWireFormat.MAX_HEADERS: more headers than this is an attack, not a message.
+DEFAULT_MAX_HEADER_COUNT = 1000
+# ActiveMQ's StompWireFormat.MAX_HEADER_LENGTH (10 KiB per "name:value" line).
+DEFAULT_MAX_HEADER_LENGTH = 10 * 1024
+# ActiveMQ allows 100 MB (maxDataLength) because the JVM streams frames into one buffer.
+# In CPython a frame lives as the receive buffer, the body bytes and the store row at once,
+# per connection, so 100 MB x a few connections would exhaust a small broker's RAM;
+# 10 MiB is still far above any sane STOMP message.
+DEFAULT_MAX_FRAME_SIZE = 10 * 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """A STOMP protocol violation, attributed to whoever caused it.
+
+    ``fault="remote"``: the peer sent something bad (answer with ERROR and close).
+    ``fault="local"``: our own code asked to send something invalid (a bug here).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        detail: str = "",
+        *,
+        fault: Fault = "remote",
+        receipt_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.fault: Fault = fault
+        self.message = message
+        self.detail = detail
+        self.receipt_id = receipt_id
+        # Extra ERROR frame headers the spec asks for (e.g. ``version`` on failed negotiation).
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def __repr__(self) -> str:
+        return (
+            f"ProtocolError({self.message!r}, {self.detail!r}, fault={self.fault!r}, "
+            f"receipt_id={self.receipt_id!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-connection parser limits; a violation is the peer's fault."""
+
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
+    max_header_length: int = DEFAULT_MAX_HEADER_LENGTH
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_size", "max_header_count", "max_header_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(slots=True)
+class Frame:
+    """One STOMP frame. Header order is kept; on parse the first of a repeated header wins."""
+
+    command: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name, default)
+
+
+class HeartbeatMarker(enum.Enum):
+    """Type of :data:`HEARTBEAT`, so ``item is HEARTBEAT`` type-checks."""
+
+    HEARTBEAT = "heartbeat"
+
+
+# Yielded by FrameParser.feed for a run of bare EOLs between frames. Only a liveness
+# signal: how many you get for N newlines depends on how the bytes were chunked.
+HEARTBEAT = HeartbeatMarker.HEARTBEAT
+
+ParsedItem = Frame | Literal[HeartbeatMarker.HEARTBEAT]
+
+# --- escaping -------------------------------------------------------------------------
+
+_ESCAPE_11 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c"})
+_ESCAPE_12 = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c", "\r": "\\r"})
+# A raw name that would break the framing when it cannot be escaped (1.0, CONNECT).
+_UNSENDABLE_RAW_NAME = re.compile(r"[\n\r:]")
+_UNESCAPE_MAP_11 = {"n": "\n", "c": ":", "\\": "\\"}
+_UNESCAPE_MAP_12 = {"n": "\n", "c": ":", "\\": "\\", "r": "\r"}
+_ESCAPE_SEQUENCE = re.compile(r"\\(.?)", re.DOTALL)
+_EOLS = re.compile(rb"(?:\r?\n)+")
+
+
+def _unescape(text: str, version: str) -> str:
+    """Undo STOMP header escaping; an undefined escape is the sender's error (spec)."""
+    table = _UNESCAPE_MAP_12 if version == "1.2" else _UNESCAPE_MAP_11
+
+    def replace(match: re.Match[str]) -> str:
+        char = match.group(1)
+        try:
+            return table[char]
+        except KeyError:
+            shown = f"\\{char}" if char else "trailing \\"
+            raise ProtocolError(
+                "invalid header escape",
+                f"undefined escape sequence {shown!r} in STOMP {version} header {text!r}",
+            ) from None
+
+    return _ESCAPE_SEQUENCE.sub(replace, text)
+
+
+# --- encoding -------------------------------------------------------------------------
+
+
+def encode_frame(frame: Frame, version: str) -> bytes:
+    """Serialise ``frame`` for a peer speaking ``version``.
+
+    ``content-length`` is recomputed (never trusted from the caller) and written whenever the
+    body is non-empty, so bodies with NUL bytes survive. Raises a local ProtocolError when a
+    header cannot be represented in ``version`` (e.g. a newline in a 1.0 or CONNECT header).
+    """
+    command = frame.command
+    headers = frame.headers
+    body = frame.body
+    parts = [command]
+    for name, value in headers.items():
+        if name != "content-length":
+            parts.append(name + ":" + value)
+    if body:
+        parts.append("content-length:" + str(len(body)))
+    count = len(parts) - 1
+    parts += ("", "")
+    text = "\n".join(parts)
+    # Fast path: the text holds exactly the separators we put in and nothing that needs
+    # escaping, which is true of almost every frame; C-level counts beat per-header regexes.
+    if (
+        version not in SUPPORTED_VERSIONS
+        or not command
+        or "" in headers
+        or "\\" in text
+        or "\r" in text
+        or text.count(":") != count
+        or text.count("\n") != count + 2
+    ):
+        text = _encode_head_checked(frame, version)
+    return b"".join((text.encode("utf-8"), body, b"\x00"))
+
+
+def _encode_head_checked(frame: Frame, version: str) -> str:
+    """Slow path of encode_frame: escape per version, reject what cannot be represented."""
+    if version not in SUPPORTED_VERSIONS:
+        raise ProtocolError(
+            "unsupported version", f"cannot encode for STOMP {version!r}", fault="local"
+        )
+    command = frame.command
+    if not command or _UNSENDABLE_RAW_NAME.search(command):
+        raise ProtocolError("invalid command", f"cannot send command {command!r}", fault="local")
+    items = [(k, v) for k, v in frame.headers.items() if k != "content-length"]
+    if frame.body:
+        items.append(("content-length", str(len(frame.body))))
+    raw = version == "1.0" or command in NO_ESCAPE_COMMANDS
+    if not raw and items:
+        flat = "".join([name + value for name, value in items])
+        if (
+            "\x00" not in flat
+            and "\x01" not in flat
+            and (version == "1.2" or "\r" not in flat)
+            and all(name for name, _ in items)
+        ):
+            # Escape every header in a few C-level passes: join with placeholder separators
+            # that cannot occur in the text, escape, then turn the placeholders into ":"/"\n".
+            text = "\x00".join([name + "\x01" + value for name, value in items])
+            text = text.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
+            if version == "1.2":
+                text = text.replace("\r", "\\r")
+            return f"{command}\n{text.replace(chr(1), ':').replace(chr(0), chr(10))}\n\n"
+    table = _ESCAPE_12 if version == "1.2" else _ESCAPE_11
+    lines = [command]
+    for name, value in items:
+        if raw:
+            bad = not name or _UNSENDABLE_RAW_NAME.search(name) or "\n" in value
+        else:
+            bad = not name
+            name = name.translate(table)
+            value = value.translate(table)
+        # A CR that ends a line is read back as part of a CRLF EOL, so it cannot survive
+        # unless 1.2 escaped it above.
+        bad = bad or name.endswith("\r") or value.endswith("\r")
+        if bad:
+            raise ProtocolError(
+                "unencodable header",
+                f"header {name!r}: {value[:100]!r} cannot be sent in STOMP {version} {command}",
+                fault="local",
+            )
+        lines.append(f"{name}:{value}")
+    lines += ("", "")
+    return "\n".join(lines)
+
+
+# --- parsing --------------------------------------------------------------------------
+
+_IDLE = 0  # between frames: skipping EOLs
+_HEAD = 1  # inside command + headers
+_BODY = 2  # headers parsed, waiting for the body / NUL
+
+
+class FrameParser:
+    """Incremental STOMP frame parser.
+
+    ``feed`` may be called with any slicing of the stream; parsed frames and heart-beats come
+    back in order. Limits are enforced as bytes arrive, so a hostile peer can never make us
+    buffer more than ``max_frame_size`` (plus one chunk) for a frame.
+
+    ``version`` selects header unescaping; the owner sets it after negotiation. ``hold_after``
+    names commands after which parsing pauses (data is kept) until :meth:`resume`: the
+    handshake frame must be acted on before the frames pipelined behind it are unescaped
+    with the negotiated version.
+    """
+
+    def __init__(self, limits: Limits | None = None, version: str = "1.0") -> None:
+        self.limits = limits if limits is not None else Limits()
+        self.version = version
+        self.hold_after: frozenset[str] = frozenset()
+        self._held = False
+        self._buf = bytearray()
+        self._state = _IDLE
+        # Offsets below are relative to the start of _buf, which is where the current
+        # frame starts (the buffer is compacted at the end of every feed).
+        self._head_scan = 0  # where to resume looking for the blank line
+        self._line_start = 0  # start of the first header line not yet limit-checked
+        self._line_count = 0  # complete lines (command included) checked so far
+        self._body_start = 0
+        self._body_scan = 0
+        self._content_length: int | None = None
+        self._command = ""
+        self._headers: dict[str, str] = {}
+
+    @property
+    def held(self) -> bool:
+        """True while parsing is paused after a ``hold_after`` command."""
+        return self._held
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf)
+
+    def resume(self) -> None:
+        """Lift a hold; buffered data is parsed on the next ``feed`` (``feed(b"")`` works)."""
+        self._held = False
+
+    def feed(self, data: bytes) -> list[ParsedItem]:
+        """Consume ``data`` and return every frame and heart-beat it completes."""
+        if not isinstance(data, bytes | bytearray):
+            data = bytes(data)
+        buf: bytes | bytearray
+        if self._buf:
+            self._buf += data
+            buf = self._buf
+        else:
+            # Fast path: parse straight out of the caller's bytes, no copy into our buffer.
+            buf = data
+        if self._held:
+            self._check_held_size(len(buf))
+            if buf is data:
+                self._buf += data
+            return []
+        out: list[ParsedItem] = []
+        try:
+            pos = self._parse(buf, out)
+        except ProtocolError:
+            # The stream is out of sync after a violation: drop everything.
+            self._reset()
+            raise
+        if buf is data:
+            if pos < len(data):
+                self._buf += memoryview(data)[pos:]
+        elif pos:
+            del self._buf[:pos]  # O(1)-ish in CPython: bytearray moves its start pointer
+        return out
+
+    def _reset(self) -> None:
+        self._buf = bytearray()
+        self._state = _IDLE
+        self._held = False
+        self._headers = {}
+
+    def _check_held_size(self, size: int) -> None:
+        if size > self.limits.max_frame_size:
+            raise ProtocolError(
+                "too much data before handshake completed",
+                f"{size} bytes pipelined behind the handshake frame, limit "
+                f"{self.limits.max_frame_size}",
+            )
+
+    def _parse(self, buf: bytes | bytearray, out: list[ParsedItem]) -> int:
+        """Parse from offset 0 of ``buf``; return how many bytes were consumed."""
+        end = len(buf)
+        pos = 0  # start of the current frame
+        limits = self.limits
+        max_frame = limits.max_frame_size
+        state = self._state
+        while True:
+            if state == _IDLE:
+                if pos >= end:
+                    break
+                first = buf[pos]
+                if first == 10 or first == 13:
+                    match = _EOLS.match(buf, pos)
+                    if match is None:
+                        # A lone CR: either the start of CRLF still in flight or garbage.
+                        if pos + 1 >= end:
+                            break
+                        raise ProtocolError("malformed frame", "stray CR between frames")
+                    out.append(HEARTBEAT)
+                    pos = match.end()
+                    continue
+                state = _HEAD
+                self._head_scan = pos
+                self._line_start = pos
+                self._line_count = 0
+            if state == _HEAD:
+                scan = self._head_scan
+                # Search unbounded only for the terminator matching the command line's EOL
+                # style, and the other one only up to there: in a chunk holding many frames
+                # an unbounded miss would rescan the rest of the chunk for every frame.
+                command_nl = buf.find(b"\n", pos, end)
+                if command_nl > pos and buf[command_nl - 1] == 13:
+                    crlf = buf.find(b"\n\r\n", scan)
+                    blank = buf.find(b"\n\n", scan, crlf + 1 if crlf >= 0 else end)
+                else:
+                    blank = buf.find(b"\n\n", scan)
+                    crlf = buf.find(b"\n\r\n", scan, blank + 1 if blank >= 0 else end)
+                if crlf >= 0 and (blank < 0 or crlf < blank):
+                    head_end, body_start = crlf, crlf + 3
+                elif blank >= 0:
+                    head_end, body_start = blank, blank + 2
+                else:
+                    self._check_partial_head(buf, pos, end)
+                    self._head_scan = max(pos, end - 2)
+                    break
+                self._parse_head(buf, pos, head_end)
+                self._body_start = body_start
+                self._body_scan = body_start
+                state = _BODY
+            # state == _BODY
+            body_start = self._body_start
+            length = self._content_length
+            if length is not None:
+                if body_start - pos + length > max_frame:
+                    raise self._limit_error(
+                        "frame too large",
+                        f"content-length {length} makes the frame larger than {max_frame} bytes",
+                    )
+                nul = body_start + length
+                if nul >= end:
+                    break
+                if buf[nul] != 0:
+                    raise ProtocolError(
+                        "malformed frame",
+                        f"{self._command} frame not terminated by NUL after content-length "
+                        f"{length} bytes",
+                        receipt_id=self._headers.get("receipt"),
+                    )
+            else:
+                nul = buf.find(b"\x00", self._body_scan)
+                if nul < 0:
+                    if end - pos > max_frame:
+                        raise self._limit_error(
+                            "frame too large", f"frame exceeds {max_frame} bytes before its NUL"
+                        )
+                    self._body_scan = end
+                    break
+                if nul - pos > max_frame:
+                    raise self._limit_error("frame too large", f"frame exceeds {max_frame} bytes")
+            if type(buf) is bytes:
+                body = buf[body_start:nul]
+            elif nul > body_start:
+                with memoryview(buf) as view:
+                    body = view[body_start:nul].tobytes()
+            else:
+                body = b""
+            frame = Frame(self._command, self._headers, body)
+            self._headers = {}
+            out.append(frame)
+            pos = nul + 1
+            state = _IDLE
+            if frame.command in self.hold_after:
+                self._held = True
+                break
+        self._state = state
+        # Rebase offsets kept across feeds: the caller drops buf[:pos].
+        if state == _HEAD:
+            self._head_scan -= pos
+            self._line_start -= pos
+        elif state == _BODY:
+            self._body_start -= pos
+            self._body_scan -= pos
+        return pos
+
+    def _limit_error(self, message: str, detail: str) -> ProtocolError:
+        return ProtocolError(message, detail, receipt_id=self._headers.get("receipt"))
+
+    def _check_partial_head(self, buf: bytes | bytearray, start: int, end: int) -> None:
+        """Enforce limits on headers still in flight, resuming where the last call stopped."""
+        limits = self.limits
+        if end - start > limits.max_frame_size:
+            raise ProtocolError(
+                "frame too large", f"headers exceed {limits.max_frame_size} bytes"
+            )
+        max_len = limits.max_header_length
+        line_start = self._line_start
+        count = self._line_count
+        while True:
+            nl = buf.find(b"\n", line_start, end)
+            if nl < 0:
+                break
+            self._check_line_length(buf, line_start, nl, max_len)
+            count += 1
+            if count - 1 > limits.max_header_count:
+                raise _too_many_headers(limits.max_header_count)
+            line_start = nl + 1
+        # The incomplete tail may still get its CR; allow that one byte.
+        if end - line_start > max_len + 1:
+            raise _header_too_long(max_len, end - line_start)
+        self._line_start = line_start
+        self._line_count = count
+
+    @staticmethod
+    def _check_line_length(buf: bytes | bytearray, start: int, nl: int, max_len: int) -> None:
+        length = nl - start
+        if length > 0 and buf[nl - 1] == 13:
+            length -= 1
+        if length > max_len:
+            raise _header_too_long(max_len, length)
+
+    def _parse_head(self, buf: bytes | bytearray, start: int, head_end: int) -> None:
+        """Parse command and headers from ``buf[start:head_end]`` (no trailing EOL)."""
+        limits = self.limits
+        raw = buf[start:head_end]
+        if len(raw) > limits.max_header_length:
+            # Slow path only for big header blocks: check each line in bytes.
+            line_start = start
+            while line_start <= head_end:
+                nl = buf.find(b"\n", line_start, head_end)
+                if nl < 0:
+                    nl = head_end
+                self._check_line_length(buf, line_start, nl, limits.max_header_length)
+                line_start = nl + 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError("malformed frame", f"headers are not UTF-8: {exc}") from None
+        lines = text.split("\n")
+        if "\r" in text:
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+        if len(lines) - 1 > limits.max_header_count:
+            raise _too_many_headers(limits.max_header_count)
+        command = lines[0]
+        if not command:
+            raise ProtocolError("malformed frame", "empty command line")
+        headers: dict[str, str] = {}
+        unescape = (
+            "\\" in text and self.version != "1.0" and command not in NO_ESCAPE_COMMANDS
+        )
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name:
+                raise ProtocolError(
+                    "malformed header",
+                    f"header line {line[:100]!r} in {command[:40]} frame is not 'name:value'",
+                )
+            if unescape and "\\" in line:
+                name = _unescape(name, self.version)
+                value = _unescape(value, self.version)
+            if name not in headers:  # spec: the first of repeated headers wins
+                headers[name] = value
+        self._command = command
+        self._headers = headers
+        length_text = headers.get("content-length")
+        if length_text is None:
+            self._content_length = None
+            return
+        if not (length_text.isdigit() and length_text.isascii()):
+            raise ProtocolError(
+                "invalid content-length",
+                f"content-length {length_text[:40]!r} is not a non-negative integer",
+                receipt_id=headers.get("receipt"),
+            )
+        self._content_length = int(length_text)
+
+
+def _too_many_headers(limit: int) -> ProtocolError:
+    return ProtocolError("too many headers", f"frame has more than {limit} headers")
+
+
+def _header_too_long(limit: int, length: int) -> ProtocolError:
+    return ProtocolError("header too long", f"header line of {length} bytes exceeds {limit}")

@@ -1,0 +1,278 @@
+"""The node lifecycle: poll as slave, activate, serve as master, demote.
+
+    start -> [slave: wait for lock] -> activate -> [master: serve]
+          -> lock lost / store fenced -> demote (fail-stop) -> exit, or slave again (--rejoin)
+
+Demotion is fail-stop: stop accepting, close every client, stop writing,
+release what we hold. A master that merely *suspects* its lock (ZooKeeper
+SUSPENDED) pauses dispatch and commits until the locker says HELD or LOST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+from amqlite.auth import Authenticator, load_users
+from amqlite.broker import Broker
+from amqlite.server import StompServer
+from amqlite.settings import Settings
+from lockers import LockerError, LockLost, LockState, open_locker
+from store import GroupCommitter, StoreError, open_store
+
+log = logging.getLogger("amqlite.node")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+#: The node lost mastership and was not asked to rejoin: a supervisor (systemd,
+#: Docker, ``amqlite container``) may restart it; it will come back as slave.
+EXIT_DEMOTED = 3
+
+#: How long a graceful stop waits for the group commit in flight.
+GRACEFUL_DRAIN_TIMEOUT = 10.0
+#: Back-off while the store is unreachable at start or after a failed activation.
+RETRY_DELAY = 1.0
+#: Housekeeping batch sizes: small so a housekeeping commit never stalls SENDs.
+REAP_BATCH = 1000
+PRUNE_BATCH = 5000
+
+
+class Demoted(Exception):  # noqa: N818 - the name says what happened
+    """Mastership ended (lock lost or store fenced)."""
+
+
+class Node:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stopping = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        self.broker: Broker | None = None
+        self.server: StompServer | None = None
+        self.role = "starting"
+
+    # -- entry point ----------------------------------------------------------------
+    async def run(self) -> int:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        auth = Authenticator(load_users(s.users_file) if s.users_file else None)
+        store = open_store(s.store, s.group)
+        locker = open_locker(
+            s.locker, s.group, session_timeout=s.zk_session_timeout,
+            keepalive_interval=s.lock_keepalive,
+        )
+        locker.add_listener(self._lock_state)
+        log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
+                 store.description, locker.description)
+        try:
+            if not await self._open_store(store):
+                return EXIT_OK
+            while not self.stopping.is_set():
+                self.role = "slave"
+                log.info("node %s: slave of group %s, waiting for the lock", s.name, s.group)
+                if not await self._until_stopped(locker.acquire(s.lock_poll_interval)):
+                    break
+                outcome = await self._serve_as_master(store, locker, auth)
+                if outcome == "stopped":
+                    break
+                if not s.rejoin:
+                    return EXIT_DEMOTED
+                self.lost.clear()
+            return EXIT_OK
+        finally:
+            with contextlib.suppress(Exception):
+                await locker.close()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(store.close)
+            log.info("node %s: stopped", s.name)
+
+    def request_stop(self) -> None:
+        if not self.stopping.is_set():
+            log.info("node %s: stopping (signal)", self.settings.name)
+            self.stopping.set()
+
+    async def _until_stopped(self, aw) -> bool:
+        """Run ``aw`` unless a stop comes first; True when it completed."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task in done:
+            task.result()
+            return True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return False
+
+    async def _open_store(self, store) -> bool:
+        while not self.stopping.is_set():
+            try:
+                await asyncio.to_thread(store.open)
+                return True
+            except StoreError as exc:
+                log.error("store %s unreachable: %s; retrying", store.description, exc)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), RETRY_DELAY)
+        return False
+
+    # -- lock state -------------------------------------------------------------------
+    def _lock_state(self, state: LockState) -> None:
+        broker = self.broker
+        if state is LockState.LOST:
+            self._demote("lock lost")
+        elif state is LockState.SUSPENDED and broker is not None:
+            log.warning("node %s: lock connection suspended; pausing dispatch and writes",
+                        self.settings.name)
+            broker.pause()
+        elif state is LockState.HELD and broker is not None and broker.paused:
+            log.info("node %s: lock confirmed again; resuming", self.settings.name)
+            broker.resume()
+
+    def _demote(self, reason: str) -> None:
+        if not self.lost.is_set() and self.role == "master":
+            self.lost_reason = reason
+            self.lost.set()
+
+    # -- master -------------------------------------------------------------------------
+    async def _serve_as_master(self, store, locker, auth: Authenticator) -> str:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            epoch = await asyncio.to_thread(
+                store.claim_epoch, s.name, locker.fencing_token, int(s.dedup_window * 1000))
+            recovery = await asyncio.to_thread(store.recover, epoch)
+        except StoreError as exc:
+            log.error("node %s: activation failed: %s; releasing the lock", s.name, exc)
+            await locker.release()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), RETRY_DELAY)
+            return "retry"
+        committer = GroupCommitter(store, epoch, loop, on_failure=self._store_failed)
+        broker = Broker(s, committer, recovery, loop)
+        server = StompServer(s, broker, auth)
+        try:
+            await server.start()
+        except OSError as exc:
+            log.error("node %s: cannot listen on %s: %s", s.name, s.bind, exc.strerror)
+            committer.close()
+            await locker.release()
+            self.stopping.set()
+            return "stopped"
+        self.broker, self.server, self.role = broker, server, "master"
+        log.info(
+            "node %s: master of group %s (epoch %d), serving stomp on %s:%d "
+            "(activated in %.0f ms; %d destinations, %d durable subscriptions)",
+            s.name, s.group, epoch, *s.bind_address, (time.monotonic() - started) * 1000,
+            len(recovery.destinations), len(recovery.subscriptions),
+        )
+        background = [
+            asyncio.ensure_future(self._keepalive(locker)),
+            asyncio.ensure_future(self._check_integrity(committer, store, epoch)),
+            asyncio.ensure_future(self._housekeeping(committer, store, epoch)),
+        ]
+        stop = asyncio.ensure_future(self.stopping.wait())
+        lost = asyncio.ensure_future(self.lost.wait())
+        try:
+            await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            lost.cancel()
+            for task in background:
+                task.cancel()
+        self.broker, self.server = None, None
+        if self.lost.is_set():
+            self.role = "demoted"
+            log.error("node %s: DEMOTED (%s): closing every client, writing nothing more",
+                      s.name, self.lost_reason)
+            server.stop_accepting()
+            broker.pause()
+            server.close_all("broker lost mastership; fail over")
+            committer.close()
+            with contextlib.suppress(Exception):
+                await locker.release()
+            return "lost"
+        # Graceful stop: finish what is in flight, then let a slave in at once.
+        self.role = "stopping"
+        server.stop_accepting()
+        server.pause_reading()
+        broker.writes.flush()
+        try:
+            await asyncio.wait_for(committer.drain(), GRACEFUL_DRAIN_TIMEOUT)
+            await committer.call(store.end_activation, epoch)
+        except (StoreError, asyncio.TimeoutError) as exc:
+            log.warning("node %s: could not finish in-flight commits: %s", s.name, exc)
+        server.close_all("broker shutting down; fail over")
+        committer.close()
+        await locker.release()
+        await server.wait_closed()
+        log.info("node %s: released the lock of group %s", s.name, s.group)
+        return "stopped"
+
+    def _store_failed(self, exc: BaseException) -> None:
+        log.error("node %s: store write failed: %s", self.settings.name, exc)
+        self._demote(f"store: {exc}")
+
+    async def _keepalive(self, locker) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lock_keepalive)
+            try:
+                await locker.keepalive()
+            except (LockLost, LockerError) as exc:
+                self._demote(f"lock keepalive failed: {exc}")
+                return
+
+    async def _check_integrity(self, committer: GroupCommitter, store, epoch: int) -> None:
+        """HornetQ-style journal comparison, off the activation path (it is O(n))."""
+        try:
+            result = await committer.call(store.check_integrity, epoch)
+        except StoreError as exc:
+            log.warning("integrity check failed to run: %s", exc)
+            return
+        if result.mismatch:
+            log.warning(
+                "INTEGRITY MISMATCH in group %s: the previous master committed %d messages "
+                "(max id %d) but the store holds %d (max id %d)", self.settings.group,
+                result.expected_count, result.expected_max_id, result.actual_count,
+                result.actual_max_id,
+            )
+        else:
+            log.info("integrity check ok: %d messages, max id %d", result.actual_count,
+                     result.actual_max_id)
+
+    async def _housekeeping(self, committer: GroupCommitter, store, epoch: int) -> None:
+        """Reap expired messages and forget dedup keys past the window."""
+        s = self.settings
+        while True:
+            await asyncio.sleep(s.housekeeping_interval)
+            if self.broker is None or self.broker.paused:
+                continue
+            now = int(time.time() * 1000)
+            try:
+                await committer.call(store.reap_expired, epoch, now, REAP_BATCH)
+                await committer.call(store.prune_dedup, epoch, now - int(s.dedup_window * 1000),
+                                     PRUNE_BATCH)
+            except StoreError as exc:
+                self._store_failed(exc)
+                return
+
+
+def run_node(settings: Settings) -> int:
+    """Run a node until it stops; returns the process exit code."""
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.Runner()
+    with runner:
+        return runner.run(Node(settings).run())

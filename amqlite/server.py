@@ -1,0 +1,299 @@
+"""The asyncio side of STOMP: sockets, timers, limits, the CONNECT handshake.
+
+Everything protocol-shaped is in the sans-I/O ``StompProtocol``; everything
+messaging-shaped is in ``Broker``. This module only moves bytes and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from amqlite import __version__
+from amqlite.broker import Broker, BrokerError
+from amqlite.codec import Frame, Limits, ProtocolError
+from amqlite.protocol import FrameReceived, StompProtocol
+
+if TYPE_CHECKING:
+    from amqlite.auth import Authenticator
+    from amqlite.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: A socket must send CONNECT this soon or it is closed; an idle socket would
+#: otherwise hold a connection slot forever (ActiveMQ: connectAttemptTimeout 30 s).
+CONNECT_TIMEOUT = 30.0
+#: Receive tolerance for heart-beats: stomp.py uses 1.5x; we allow 2x so a slow
+#: (but alive) client is not dropped.
+HEARTBEAT_GRACE = 2.0
+#: Transport write buffer limits: above HIGH we stop dispatching to this
+#: client (its socket is slow), below LOW we resume.
+WRITE_BUFFER_HIGH = 4 * 1024 * 1024
+WRITE_BUFFER_LOW = 1 * 1024 * 1024
+#: Frames of one connection waiting for a commit before we stop reading from
+#: it: a producer that sends without receipts cannot pile up unbounded work.
+MAX_PENDING_COMMITS = 2000
+RESUME_PENDING_COMMITS = 1000
+
+
+class StompServer:
+    """Owns the listening socket and every client connection of one master."""
+
+    def __init__(self, settings: Settings, broker: Broker, auth: Authenticator) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.auth = auth
+        self.limits = Limits(
+            max_frame_size=settings.max_frame_size,
+            max_header_count=settings.max_header_count,
+            max_header_length=settings.max_header_length,
+        )
+        self.connections: set[ClientConnection] = set()
+        self.server: asyncio.base_events.Server | None = None
+        self.session_ids = itertools.count(1)
+        self.session_prefix = uuid.uuid4().hex[:8]
+
+    async def start(self) -> None:
+        host, port = self.settings.bind_address
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: ClientConnection(self), host, port, reuse_address=True, backlog=512
+        )
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.sockets[0].getsockname()[1]
+
+    def stop_accepting(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    def pause_reading(self) -> None:
+        for conn in list(self.connections):
+            conn.pause_reading()
+
+    def close_all(self, reason: str) -> None:
+        for conn in list(self.connections):
+            conn.close_with_error(reason)
+
+    async def wait_closed(self) -> None:
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 5)
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client socket."""
+
+    def __init__(self, server: StompServer) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.loop = asyncio.get_event_loop()
+        self.proto = StompProtocol("server", server.limits)
+        self.transport: asyncio.Transport | None = None
+        self.client_id: str | None = None
+        self.version = "1.0"
+        self.closed = False
+        self.connected = False
+        self.authenticating = False
+        self.backlog: list[Frame] = []  # frames that arrived while CONNECT was checked
+        self.writable = True
+        self.reading_paused = False
+        self.last_rx = self.loop.time()
+        self.last_tx = self.last_rx
+        self.timers: list[asyncio.TimerHandle] = []
+        self.peer = "?"
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        if len(self.server.connections) >= self.server.settings.max_connections:
+            log.warning("refusing %s: max_connections=%d reached", self.peer,
+                        self.server.settings.max_connections)
+            self.closed = True
+            transport.write(self.proto.error(ProtocolError(
+                "too many connections",
+                f"this broker allows {self.server.settings.max_connections}")))
+            transport.close()
+            return
+        self.server.connections.add(self)
+        self.timers.append(self.loop.call_later(CONNECT_TIMEOUT, self._connect_timeout))
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.last_rx = self.loop.time()
+        try:
+            events = self.proto.receive_data(data)
+        except ProtocolError as exc:
+            self._protocol_failed(exc)
+            return
+        for event in events:
+            if self.closed:
+                return
+            if isinstance(event, FrameReceived):
+                self._on_frame(event.frame)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        for t in self.timers:
+            t.cancel()
+        self.timers.clear()
+        self.server.connections.discard(self)
+        self.broker.detach(self)
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        self.broker.connection_writable(self)
+
+    # -- Client interface used by the broker --------------------------------------------
+    def write_frame(self, frame: Frame) -> None:
+        if self.closed or self.transport is None:
+            return
+        self.transport.write(self.proto.send(frame))
+        self.last_tx = self.loop.time()
+
+    def can_write(self) -> bool:
+        return self.writable
+
+    def close_with_error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
+        if self.closed or self.transport is None:
+            return
+        # The client's request was refused: its fault, reported in its ERROR frame.
+        exc = ProtocolError(message, detail, receipt_id=receipt)
+        with contextlib.suppress(Exception):
+            self.transport.write(self.proto.error(exc))
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # flushes what is buffered, then closes
+        self.closed = True
+        self.broker.detach(self)
+
+    def pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    # -- frames ------------------------------------------------------------------------
+    def _protocol_failed(self, exc: ProtocolError) -> None:
+        log.info("closing %s: %s (%s fault)", self.peer, exc.message, exc.fault)
+        if self.transport is not None and not self.closed:
+            with contextlib.suppress(Exception):
+                self.transport.write(self.proto.error(exc))
+        self.close()
+
+    def _on_frame(self, frame: Frame) -> None:
+        if self.authenticating:
+            self.backlog.append(frame)
+            return
+        if not self.connected:
+            self._on_connect(frame)
+            return
+        try:
+            self.broker.handle(self, frame)
+        except BrokerError as exc:
+            self.close_with_error(str(exc), receipt=frame.headers.get("receipt"))
+
+    def _on_connect(self, frame: Frame) -> None:
+        login = frame.headers.get("login")
+        if not self.server.auth.enabled:
+            self._accept(frame)
+            return
+        self.authenticating = True
+        future = asyncio.ensure_future(asyncio.to_thread(
+            self.server.auth.check, login, frame.headers.get("passcode")))
+
+        def checked(f: asyncio.Future[bool]) -> None:
+            self.authenticating = False
+            if self.closed:
+                return
+            if f.cancelled() or f.exception() is not None or not f.result():
+                log.warning("authentication failed for login %r from %s", login, self.peer)
+                self.close_with_error("authentication failed", "bad login or passcode")
+                return
+            self._accept(frame)
+            backlog, self.backlog = self.backlog, []
+            for queued in backlog:
+                if self.closed:
+                    return
+                self._on_frame(queued)
+
+        future.add_done_callback(checked)
+
+    def _accept(self, frame: Frame) -> None:
+        assert self.transport is not None
+        session = f"{self.server.session_prefix}-{next(self.server.session_ids)}"
+        try:
+            reply = self.proto.accept_connect(
+                frame,
+                server_heartbeat=self.server.settings.heartbeat_ms,
+                extra_headers={"server": f"amqlite/{__version__}", "session": session},
+            )
+        except ProtocolError as exc:
+            self._protocol_failed(exc)
+            return
+        self.version = self.proto.version
+        self.client_id = frame.headers.get("client-id") or None
+        self.connected = True
+        for t in self.timers:
+            t.cancel()
+        self.timers.clear()
+        self.transport.write(reply)
+        self.last_tx = self.loop.time()
+        self.broker.attach(self)
+        hb = self.proto.heartbeat
+        if hb.send_ms > 0:
+            self._schedule(hb.send_ms / 1000, self._send_heartbeat)
+        if hb.expect_ms > 0:
+            self._schedule(hb.expect_ms / 1000, self._check_heartbeat)
+
+    # -- timers ------------------------------------------------------------------------
+    def _schedule(self, delay: float, fn) -> None:
+        self.timers = [t for t in self.timers if not t.cancelled()]
+        self.timers.append(self.loop.call_later(delay, fn))
+
+    def _connect_timeout(self) -> None:
+        if not self.connected and not self.closed:
+            self.close_with_error("no CONNECT frame", f"send CONNECT within {CONNECT_TIMEOUT}s")
+
+    def _send_heartbeat(self) -> None:
+        if self.closed or self.transport is None:
+            return
+        interval = self.proto.heartbeat.send_ms / 1000
+        if self.loop.time() - self.last_tx >= interval * 0.9:
+            self.transport.write(self.proto.heartbeat())
+            self.last_tx = self.loop.time()
+        self._schedule(interval, self._send_heartbeat)
+
+    def _check_heartbeat(self) -> None:
+        if self.closed:
+            return
+        expect = self.proto.heartbeat.expect_ms / 1000
+        silent = self.loop.time() - self.last_rx
+        if silent > expect * HEARTBEAT_GRACE:
+            log.info("closing %s: no heart-beat for %.1fs", self.peer, silent)
+            self.close_with_error("heart-beat timeout", f"nothing received for {silent:.1f}s")
+            return
+        self._schedule(max(expect / 2, 0.05), self._check_heartbeat)

@@ -1,0 +1,204 @@
+"""Every knob of a broker node, its default, and where the default comes from.
+
+Precedence, highest first: command-line option, ``AMQLITE_<NAME>`` environment
+variable, ``--config FILE`` (TOML, keys are the field names below, optionally
+under a ``[broker]`` table), then the defaults here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from amqlite.codec import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_LENGTH
+
+#: STOMP's IANA port, and what ActiveMQ's stomp connector uses.
+DEFAULT_PORT = 61613
+#: Listen on loopback unless told otherwise: security by default.
+DEFAULT_BIND = f"127.0.0.1:{DEFAULT_PORT}"
+#: A bound on sockets so a connection flood cannot exhaust file descriptors.
+#: ActiveMQ's transport default maximumConnections is 1000.
+DEFAULT_MAX_CONNECTIONS = 1000
+#: ActiveMQ's RedeliveryPolicy.maximumRedeliveries default.
+DEFAULT_MAX_REDELIVERIES = 6
+#: ActiveMQ's shared dead-letter queue is ActiveMQ.DLQ; ours is a STOMP name.
+DEFAULT_DLQ = "/queue/DLQ"
+#: ActiveMQ's default queue prefetch for STOMP subscriptions.
+DEFAULT_PREFETCH = 1000
+#: Server heart-beat offered in CONNECTED ("can send every, want every", ms).
+#: 10 s both ways is what stomp.py examples and RabbitMQ commonly use.
+DEFAULT_HEARTBEAT = (10_000, 10_000)
+#: How long a producer identity is remembered after its message was stored.
+#: Re-sends after a failover come within seconds; 10 minutes leaves margin
+#: for a client that was partitioned for a while (Artemis keeps 20 000 ids per
+#: address instead; a time window does not depend on the traffic rate).
+DEFAULT_DEDUP_WINDOW = 600.0
+#: How often a master checkpoints housekeeping (reap expired, prune dedup).
+DEFAULT_HOUSEKEEPING_INTERVAL = 5.0
+
+
+def default_data_dir(group: str) -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "amqlite" / group
+
+
+def default_node_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class SettingsError(ValueError):
+    """A setting has a value we cannot use; the message names it."""
+
+
+@dataclass
+class Settings:
+    group: str = "default"
+    name: str = field(default_factory=default_node_name)
+    data_dir: str = ""  # default: default_data_dir(group)
+    store: str = ""  # default: sqlite:///<data_dir>/amqlite.db
+    locker: str = ""  # default: file://<data_dir>/amqlite.lock
+    bind: str = DEFAULT_BIND
+    #: URI clients should use to reach this node (registry/cluster-list);
+    #: default: tcp://<bind>.
+    advertise: str = ""
+    rejoin: bool = False
+    lock_poll_interval: float = 0.5  # DESIGN.md; Artemis backup retries every 500 ms
+    lock_keepalive: float = 1.0
+    zk_session_timeout: float = 10.0
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
+    max_header_length: int = DEFAULT_MAX_HEADER_LENGTH
+    heartbeat: str = f"{DEFAULT_HEARTBEAT[0]},{DEFAULT_HEARTBEAT[1]}"
+    max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
+    dead_letter_queue: str = DEFAULT_DLQ
+    default_prefetch: int = DEFAULT_PREFETCH
+    dedup_window: float = DEFAULT_DEDUP_WINDOW
+    housekeeping_interval: float = DEFAULT_HOUSEKEEPING_INTERVAL
+    users_file: str = ""  # TOML users file with hashed passwords; empty = no auth
+    log_level: str = "INFO"
+    # Broker-side cluster client options (ActiveMQ's transportConnector attributes).
+    update_cluster_clients: bool = False
+    rebalance_cluster_clients: bool = False
+    update_cluster_clients_on_remove: bool = False
+    update_cluster_filter: str = ""
+
+    # -- derived ----------------------------------------------------------
+    @property
+    def bind_address(self) -> tuple[str, int]:
+        return parse_bind(self.bind)
+
+    @property
+    def heartbeat_ms(self) -> tuple[int, int]:
+        return parse_heartbeat(self.heartbeat)
+
+    def resolved(self) -> Settings:
+        """Fill the defaults that depend on other settings and validate."""
+        s = dataclasses.replace(self)
+        if not s.group or "/" in s.group:
+            raise SettingsError(f"--group: invalid group name {s.group!r}")
+        if not s.data_dir:
+            s.data_dir = str(default_data_dir(s.group))
+        if not s.store:
+            s.store = f"sqlite:///{Path(s.data_dir).resolve() / 'amqlite.db'}"
+        if not s.locker:
+            s.locker = f"file://{Path(s.data_dir).resolve() / 'amqlite.lock'}"
+        host, port = s.bind_address
+        parse_heartbeat(s.heartbeat)
+        if not s.advertise:
+            host = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+            s.advertise = f"tcp://{host}:{port}"
+        for name in ("max_connections", "max_frame_size", "max_header_count",
+                     "max_header_length", "default_prefetch"):
+            if getattr(s, name) <= 0:
+                raise SettingsError(f"{name}: must be a positive number")
+        if s.max_redeliveries < 0:
+            raise SettingsError("max_redeliveries: must be >= 0")
+        if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
+            raise SettingsError("lock_poll_interval/lock_keepalive: must be > 0")
+        return s
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    host, sep, port = bind.rpartition(":")
+    if not sep:
+        host, port = bind, str(DEFAULT_PORT)
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        p = int(port)
+    except ValueError:
+        raise SettingsError(f"--bind: port must be a number in {bind!r}") from None
+    if not 0 <= p <= 65535:
+        raise SettingsError(f"--bind: port out of range in {bind!r}")
+    return host, p
+
+
+def parse_heartbeat(value: str) -> tuple[int, int]:
+    try:
+        a, b = (int(x) for x in value.split(","))
+    except ValueError:
+        raise SettingsError(f"heartbeat: expected 'send_ms,expect_ms', got {value!r}") from None
+    if a < 0 or b < 0:
+        raise SettingsError("heartbeat: values must be >= 0")
+    return a, b
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = type(getattr(Settings(), name))
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    text = str(value).strip()
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(text)
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+    except ValueError:
+        raise SettingsError(f"{name}: cannot use {text!r} as {kind.__name__}") from None
+    return text
+
+
+def load_settings(
+    cli: dict[str, Any] | None = None,
+    config_file: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Merge defaults < config file < environment < command line."""
+    values: dict[str, Any] = {}
+    if config_file:
+        try:
+            with open(config_file, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as e:
+            raise SettingsError(f"--config: cannot read {config_file}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"--config: {config_file} is not valid TOML: {e}") from None
+        data = data.get("broker", data)
+        for key, value in data.items():
+            key = key.replace("-", "_")
+            if key not in _FIELDS:
+                raise SettingsError(f"--config: unknown setting {key!r} in {config_file}")
+            values[key] = _coerce(key, value)
+    env = os.environ if environ is None else environ
+    for key in _FIELDS:
+        env_name = f"AMQLITE_{key.upper()}"
+        if env_name in env:
+            values[key] = _coerce(key, env[env_name])
+    for key, value in (cli or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value)
+    return Settings(**values).resolved()

@@ -1,0 +1,471 @@
+"""PostgreSQL session advisory lock on a dedicated connection.
+
+The lock lives exactly as long as one backend session, so three things make
+or break it:
+
+* the connection is ours alone: autocommit, outside any pool, never through a
+  transaction-mode pooler (PgBouncer & co. hand the session, and the lock with
+  it, to whoever runs the next transaction);
+* session locks stack (N acquires need N releases), so we take it once and
+  prove it afterwards by looking at ``pg_locks``, never by re-taking it;
+* a dead network must end the session on *both* sides in seconds, not after
+  the kernel's 2 h keepalive: libpq keepalives and ``tcp_user_timeout`` for
+  the client, the same settings as session GUCs for the server.
+
+A slave does not poll: it waits inside ``pg_advisory_lock`` (in slices bounded
+by ``lock_timeout``, which does apply to advisory-lock waits), so it is granted
+the lock the instant the master's session ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+from psycopg import errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from lockers.base import (
+    DEFAULT_KEEPALIVE_INTERVAL,
+    DEFAULT_POLL_INTERVAL,
+    Locker,
+    LockerError,
+    LockLost,
+    LockState,
+    run_blocking,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How long a dead peer or a dead network may go unnoticed, in seconds, on
+#: either side. ActiveMQ's JDBC locker leaned on the OS default (2 h keepalive,
+#: ~15 min retransmissions) and failed over after minutes; 5 s is well above a
+#: loaded LAN's round trip and short enough that a half-open master session
+#: stops blocking the slave quickly. ``session_timeout`` overrides it.
+PG_SESSION_TIMEOUT = 5.0
+
+#: Unanswered keepalive probes before the connection is declared dead. With
+#: idle = 40 % and interval = 20 % of the session timeout, three probes add up
+#: to exactly the session timeout (libpq and the server take whole seconds).
+PG_KEEPALIVES_COUNT = 3
+
+#: libpq ``connect_timeout`` in seconds (libpq rounds anything below 2 up to 2).
+PG_CONNECT_TIMEOUT = 5
+
+#: ``statement_timeout`` for the keepalive, try-lock and unlock queries: each is
+#: one in-memory catalog read that takes well under a millisecond, so 2 s only
+#: trips on a server that is in real trouble.
+PG_STATEMENT_TIMEOUT = 2.0
+
+#: ``lock_timeout`` of one server-side wait of a slave. The wait restarts right
+#: away, so this only bounds how long a slave goes without a round trip (and so
+#: how stale its connection can get); 10 s keeps the server log quiet.
+PG_WAIT_SLICE = 10.0
+
+#: Cancelling a slave's wait: how long one cancel request may take, how often
+#: it is re-sent (the query may not have reached the server yet), and how long
+#: we wait for the wait to end before abandoning the connection.
+PG_CANCEL_TIMEOUT = 2.0
+PG_CANCEL_RESEND = 0.2
+PG_CANCEL_GRACE = 3.0
+
+#: Reconnect backoff of a waiting slave: start fast (a restarted server is back
+#: in well under a second), cap at 2 s so a slave notices a returning server
+#: within the Artemis backup's 2 s lock check.
+PG_RECONNECT_INITIAL = 0.1
+PG_RECONNECT_MAX = 2.0
+
+#: ``application_name`` prefix: operators (and tests) find the lock sessions
+#: with ``pg_stat_activity.application_name LIKE 'amqlite-lock:%'``.
+APPLICATION_NAME_PREFIX = "amqlite-lock"
+
+#: blake2b personalisation, so our keys differ from anything else hashing the
+#: same group names into advisory keys in a shared database.
+ADVISORY_KEY_PERSON = b"amqlite-lock"
+
+#: PostgreSQL truncates application_name to NAMEDATALEN - 1 bytes.
+MAX_APPLICATION_NAME = 63
+
+
+def advisory_key(group: str) -> int:
+    """The group's signed 64-bit advisory key; stable across processes and hosts.
+
+    Not ``hash()``: it is salted per process, so two brokers would disagree.
+    """
+    digest = hashlib.blake2b(group.encode(), digest_size=8, person=ADVISORY_KEY_PERSON).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def key_parts(key: int) -> tuple[int, int]:
+    """``(classid, objid)`` under which ``pg_locks`` shows a bigint advisory key.
+
+    PostgreSQL splits the key's two's-complement bits: high 32 bits in
+    ``classid``, low 32 bits in ``objid``, and marks the bigint form with
+    ``objsubid = 1`` (the two-int4 form uses 2).
+    """
+    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+    return unsigned >> 32, unsigned & 0xFFFF_FFFF
+
+
+def tcp_settings(session_timeout: float) -> dict[str, int]:
+    """libpq keepalive/timeout parameters that notice a dead peer in ``session_timeout``."""
+    idle = max(1, round(session_timeout * 0.4))
+    interval = max(1, round(session_timeout * 0.2))
+    return {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": interval,
+        "keepalives_count": PG_KEEPALIVES_COUNT,
+        "tcp_user_timeout": max(1000, round(session_timeout * 1000)),
+        "connect_timeout": PG_CONNECT_TIMEOUT,
+    }
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+class _Aborted(Exception):
+    """The call was cancelled before it reached the server."""
+
+
+class _Session:
+    """One dedicated connection, plus who is using it from which thread."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+        self.guard = threading.Lock()
+        self.busy = False  # a thread is inside a call on conn
+        self.detached = False  # nobody may use it again; the last user closes it
+        self.abort = False  # a pending call must not start
+        self.mode: str | None = None  # which timeouts are SET on the session
+
+    def close_soon(self) -> None:
+        with self.guard:
+            self.detached = True
+            idle = not self.busy
+        if idle:
+            # conn.close() sends Terminate and may block on a dead socket.
+            threading.Thread(target=self.conn.close, name="amqlite-pg-close", daemon=True).start()
+
+
+class PostgresLocker(Locker):
+    """``pg_try_advisory_lock(key)`` on a dedicated autocommit connection.
+
+    Do not point it at a transaction-mode pooler: session locks leak there.
+    The keepalive checks ``pg_locks`` for our own backend; a failed or empty
+    check is a lost lock. ``acquire()`` waits on the server and is cancellable:
+    cancelling it cancels the server-side wait and leaves no lock behind.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        group: str,
+        *,
+        node: str,
+        session_timeout: float = PG_SESSION_TIMEOUT,
+        keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL,
+        wait_slice: float = PG_WAIT_SLICE,
+    ) -> None:
+        super().__init__()
+        if url.startswith("postgresql+psycopg://"):
+            url = "postgresql://" + url[len("postgresql+psycopg://") :]
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.Error as e:
+            raise LockerError(f"bad PostgreSQL URL: {_first_line(e)}") from None
+        for name, value in tcp_settings(session_timeout).items():
+            params.setdefault(name, value)  # an operator's explicit setting wins
+        params["application_name"] = f"{APPLICATION_NAME_PREFIX}:{group}:{node}"[
+            :MAX_APPLICATION_NAME
+        ]
+        self._conninfo = make_conninfo("", **params)
+        self.group = group
+        self.node = node
+        self.session_timeout = session_timeout
+        self.keepalive_interval = keepalive_interval
+        self.wait_slice = wait_slice
+        self.key = advisory_key(group)
+        self._classid, self._objid = key_parts(self.key)
+        where = "{user}@{host}:{port}/{dbname}".format(
+            user=params.get("user", ""),
+            host=params.get("host") or params.get("hostaddr") or "localhost",
+            port=params.get("port", 5432),
+            dbname=params.get("dbname", ""),
+        )  # never the password: it is not in the description at all
+        self.description = f"postgres advisory lock {group!r} on {where}"
+        self._session: _Session | None = None
+        self._io = asyncio.Lock()  # one call at a time on the connection
+        self._held = False
+        self._closed = False
+
+    # -- blocking parts (one thread at a time per session) -------------------
+    def _connect_blocking(self) -> _Session:
+        conn = psycopg.connect(self._conninfo, autocommit=True)
+        try:
+            ka = tcp_settings(self.session_timeout)
+            sets = [
+                f"SET tcp_keepalives_idle = {ka['keepalives_idle']}",
+                f"SET tcp_keepalives_interval = {ka['keepalives_interval']}",
+                f"SET tcp_keepalives_count = {ka['keepalives_count']}",
+                f"SET tcp_user_timeout = {ka['tcp_user_timeout']}",
+                # An idle-session limit set on the role or database would end
+                # our session and so the lock; the master is never idle long,
+                # but a slave between slices is.
+                "SET idle_in_transaction_session_timeout = 0",
+            ]
+            if conn.info.server_version >= 140000:
+                sets.append("SET idle_session_timeout = 0")
+            conn.execute("; ".join(sets))
+        except BaseException:
+            conn.close()
+            raise
+        return _Session(conn)
+
+    def _set_mode(self, s: _Session, mode: str) -> None:
+        if s.mode == mode:
+            return
+        short = round(PG_STATEMENT_TIMEOUT * 1000)
+        if mode == "short":
+            statement, lock = short, short
+        else:  # "wait": the lock wait is bounded by lock_timeout, the rest by statement_timeout
+            lock = round(self.wait_slice * 1000)
+            statement = lock + short
+        s.mode = None
+        s.conn.execute(f"SET statement_timeout = {statement}; SET lock_timeout = {lock}")
+        s.mode = mode
+
+    def _use(self, s: _Session, fn: Callable[[_Session], T]) -> T:
+        with s.guard:
+            if s.detached or s.abort:
+                raise _Aborted()
+            s.busy = True
+        try:
+            return fn(s)
+        finally:
+            with s.guard:
+                s.busy = False
+                close = s.detached
+            if close:
+                s.conn.close()
+
+    def _try_lock_blocking(self, s: _Session) -> bool:
+        self._set_mode(s, "short")
+        row = s.conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", (self.key,)).fetchone()
+        return bool(row and row[0])
+
+    def _wait_lock_blocking(self, s: _Session) -> bool:
+        self._set_mode(s, "wait")
+        try:
+            s.conn.execute("SELECT pg_advisory_lock(%s::bigint)", (self.key,))
+        except (errors.LockNotAvailable, errors.QueryCanceled):
+            return False  # the slice ran out, or we cancelled it
+        return True
+
+    def _check_blocking(self, s: _Session) -> int:
+        self._set_mode(s, "short")
+        row = s.conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND pid = pg_backend_pid() AND granted"
+            " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
+            (self._classid, self._objid),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _unlock_blocking(self, s: _Session) -> bool:
+        self._set_mode(s, "short")
+        row = s.conn.execute("SELECT pg_advisory_unlock(%s::bigint)", (self.key,)).fetchone()
+        return bool(row and row[0])
+
+    # -- plumbing ------------------------------------------------------------
+    def _detach(self, s: _Session) -> None:
+        """Stop using a session; closing it releases anything it holds."""
+        if self._session is s:
+            self._session = None
+        s.close_soon()
+        if self._held:
+            self._held = False
+            log.error("%s: lock connection lost: the lock is gone", self.description)
+            self._notify(LockState.LOST)
+
+    async def _ensure_session(self) -> _Session:
+        s = self._session
+        if s is not None and not s.conn.closed and not s.conn.broken:
+            return s
+        if s is not None:
+            self._detach(s)
+        fut = run_blocking(self._connect_blocking, name="amqlite-pg-connect")
+        try:
+            s = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(
+                lambda f: f.cancelled() or f.exception() or f.result().close_soon()
+            )
+            raise
+        except psycopg.Error as e:
+            raise LockerError(f"{self.description}: cannot connect: {_first_line(e)}") from None
+        self._session = s
+        return s
+
+    async def _op(
+        self, fn: Callable[[_Session], T], *, takes_lock: bool = False, server_wait: bool = False
+    ) -> T:
+        """Run ``fn`` on the session in a thread; on cancellation undo what it did."""
+        if self._closed:
+            raise LockerError(f"{self.description}: closed")
+        await self._io.acquire()
+        handed_off = False
+        try:
+            s = await self._ensure_session()
+            fut = run_blocking(lambda: self._use(s, fn), name="amqlite-pg-call")
+            try:
+                return await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                handed_off = True  # the clean-up task releases self._io
+                cleanup = asyncio.create_task(self._after_cancel(s, fut, takes_lock, server_wait))
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(cleanup)
+                raise
+            except psycopg.Error as e:
+                if s.conn.broken or s.conn.closed or isinstance(e, psycopg.OperationalError):
+                    self._detach(s)
+                raise LockerError(f"{self.description}: {_first_line(e)}") from None
+        finally:
+            if not handed_off:
+                self._io.release()
+
+    async def _after_cancel(
+        self, s: _Session, fut: asyncio.Future[T], takes_lock: bool, server_wait: bool
+    ) -> None:
+        try:
+            with s.guard:
+                s.abort = True
+            deadline = time.monotonic() + PG_CANCEL_GRACE
+            while not fut.done() and time.monotonic() < deadline:
+                if server_wait:
+                    try:
+                        await asyncio.wait_for(
+                            run_blocking(
+                                lambda: s.conn.cancel_safe(timeout=PG_CANCEL_TIMEOUT),
+                                name="amqlite-pg-cancel",
+                            ),
+                            PG_CANCEL_TIMEOUT + 1,
+                        )
+                    except Exception as e:
+                        log.warning("%s: cancelling the lock wait: %s", self.description, e)
+                await asyncio.wait({fut}, timeout=PG_CANCEL_RESEND)
+            if not fut.done():
+                log.warning("%s: lock call did not stop; dropping its connection", self.description)
+                self._detach(s)  # the thread closes it when it returns
+                return
+            with s.guard:
+                s.abort = False
+            if fut.exception() is not None:
+                if s.conn.broken or s.conn.closed:
+                    self._detach(s)
+                return
+            if takes_lock and fut.result() is True:
+                # Granted just as we cancelled: give it back (once: we never stack).
+                try:
+                    await run_blocking(lambda: self._use(s, self._unlock_blocking))
+                except Exception as e:
+                    log.warning("%s: unlock after cancel failed: %s", self.description, e)
+                    self._detach(s)
+        except Exception:
+            log.exception("%s: clean-up after a cancelled call failed", self.description)
+            self._detach(s)
+        finally:
+            self._io.release()
+
+    # -- Locker ----------------------------------------------------------------
+    async def try_acquire(self) -> bool:
+        if self._held:
+            return True  # never take it twice: session locks stack
+        got = await self._op(self._try_lock_blocking, takes_lock=True)
+        if got:
+            self._held = True
+            log.info("acquired %s", self.description)
+        return got
+
+    async def acquire(self, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        """Wait on the server until granted; ``poll_interval`` is unused (no polling).
+
+        Connection errors do not end the wait: reconnect with backoff and wait
+        again, so a slave survives a database restart.
+        """
+        delay = PG_RECONNECT_INITIAL
+        failing = False
+        while not self._held:
+            try:
+                got = await self._op(self._wait_lock_blocking, takes_lock=True, server_wait=True)
+            except LockerError as e:
+                if self._closed:
+                    raise
+                if not failing:
+                    log.warning("%s: %s; retrying", self.description, e)
+                    failing = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PG_RECONNECT_MAX)
+                continue
+            if failing:
+                log.info("%s: connection back, waiting for the lock", self.description)
+                failing = False
+            delay = PG_RECONNECT_INITIAL
+            if got:
+                self._held = True
+                log.info("acquired %s", self.description)
+
+    async def keepalive(self) -> None:
+        if not self._held:
+            raise LockLost(f"{self.description}: not held")
+        try:
+            count = await self._op(self._check_blocking)
+        except LockerError as e:
+            # The check could not run: we cannot prove the lock is ours.
+            if self._held:
+                self._held = False
+                self._notify(LockState.LOST)
+            s = self._session
+            if s is not None:
+                self._detach(s)  # ending the session ends any lock it still has
+            raise LockLost(str(e)) from None
+        if count < 1:
+            log.error("%s: pg_locks no longer shows our lock", self.description)
+            self._held = False
+            self._notify(LockState.LOST)
+            raise LockLost(f"{self.description}: lock not in pg_locks")
+
+    async def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False  # we are giving it up: a broken connection is no loss
+        try:
+            await self._op(self._unlock_blocking)
+        except LockerError as e:
+            s = self._session
+            if s is not None:
+                self._detach(s)
+            log.warning("%s: unlock failed (%s); connection dropped instead", self.description, e)
+        else:
+            log.info("released %s", self.description)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.release()
+        self._closed = True
+        async with self._io:
+            s, self._session = self._session, None
+            if s is not None:
+                s.close_soon()
