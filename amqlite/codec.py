@@ -314,6 +314,8 @@ class FrameParser:
         if buf is data:
             if pos < len(data):
                 self._buf += memoryview(data)[pos:]
+        elif pos >= len(buf):
+            self._buf = bytearray()  # also drops the capacity a big frame left behind
         elif pos:
             del self._buf[:pos]  # O(1)-ish in CPython: bytearray moves its start pointer
         return out

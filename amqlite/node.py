@@ -40,7 +40,7 @@ REAP_BATCH = 1000
 PRUNE_BATCH = 5000
 
 
-class Demoted(Exception):  # noqa: N818 - the name says what happened
+class Demoted(Exception):
     """Mastership ended (lock lost or store fenced)."""
 
 
@@ -65,7 +65,7 @@ class Node:
         store = open_store(s.store, s.group)
         locker = open_locker(
             s.locker, s.group, session_timeout=s.zk_session_timeout,
-            keepalive_interval=s.lock_keepalive,
+            keepalive_interval=s.lock_keepalive, node=s.name,
         )
         locker.add_listener(self._lock_state)
         log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
@@ -209,7 +209,7 @@ class Node:
         try:
             await asyncio.wait_for(committer.drain(), GRACEFUL_DRAIN_TIMEOUT)
             await committer.call(store.end_activation, epoch)
-        except (StoreError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, StoreError) as exc:
             log.warning("node %s: could not finish in-flight commits: %s", s.name, exc)
         server.close_all("broker shutting down; fail over")
         committer.close()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from amqlite import __version__
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
-from amqlite.protocol import FrameReceived, StompProtocol
+from amqlite.protocol import HEARTBEAT_GRACE, FrameReceived, StompProtocol
 
 if TYPE_CHECKING:
     from amqlite.auth import Authenticator
@@ -27,9 +27,6 @@ log = logging.getLogger(__name__)
 #: A socket must send CONNECT this soon or it is closed; an idle socket would
 #: otherwise hold a connection slot forever (ActiveMQ: connectAttemptTimeout 30 s).
 CONNECT_TIMEOUT = 30.0
-#: Receive tolerance for heart-beats: stomp.py uses 1.5x; we allow 2x so a slow
-#: (but alive) client is not dropped.
-HEARTBEAT_GRACE = 2.0
 #: Transport write buffer limits: above HIGH we stop dispatching to this
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
@@ -111,8 +108,7 @@ class ClientConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
@@ -283,7 +279,7 @@ class ClientConnection(asyncio.Protocol):
             return
         interval = self.proto.heartbeat.send_ms / 1000
         if self.loop.time() - self.last_tx >= interval * 0.9:
-            self.transport.write(self.proto.heartbeat())
+            self.transport.write(self.proto.heartbeat_data())
             self.last_tx = self.loop.time()
         self._schedule(interval, self._send_heartbeat)
 

@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amqlite.codec import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_LENGTH
+from amqlite.codec import (
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_HEADER_COUNT,
+    DEFAULT_MAX_HEADER_LENGTH,
+)
 
 #: STOMP's IANA port, and what ActiveMQ's stomp connector uses.
 DEFAULT_PORT = 61613

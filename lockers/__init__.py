@@ -1,1 +1,153 @@
-"""amqlite: lockers."""
+"""amqlite: lockers — the group election behind one interface.
+
+``open_locker(url, group)`` picks the backend from the URL:
+
+* ``file:///abs/path/amqlite.lock`` — ``flock`` on a local file (embedded default);
+* ``postgresql://...`` (also ``postgres://`` and SQLAlchemy's ``postgresql+psycopg://``) —
+  a session advisory lock;
+* ``zk://host:port[,host:port][/root]`` — kazoo's lock recipe (root ``/amqlite``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+from urllib.parse import unquote, urlsplit
+
+from lockers.base import (
+    DEFAULT_KEEPALIVE_INTERVAL,
+    DEFAULT_POLL_INTERVAL,
+    Locker,
+    LockerError,
+    LockLost,
+    LockState,
+    StateListener,
+)
+
+__all__ = [
+    "DEFAULT_KEEPALIVE_INTERVAL",
+    "DEFAULT_POLL_INTERVAL",
+    "LockLost",
+    "LockState",
+    "Locker",
+    "LockerError",
+    "StateListener",
+    "open_locker",
+]
+
+#: Group names become a file note, a znode name and part of application_name,
+#: so they are kept to characters every backend takes verbatim. 100 leaves
+#: room in ZooKeeper paths and is far beyond any sensible name.
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+#: ZooKeeper's default client port, used when a zk:// host names none.
+ZK_DEFAULT_PORT = 2181
+
+_PG_SCHEMES = ("postgresql", "postgres")
+_ZK_ROOT = re.compile(r"(/[A-Za-z0-9._-]+)+")
+
+
+def _positive(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LockerError(f"{name} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise LockerError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _zk_hosts(netloc: str) -> str:
+    if "@" in netloc:
+        raise LockerError("zk:// locker URL: user info is not supported")
+    hosts = []
+    for part in netloc.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep:
+            host, port = part.strip(), str(ZK_DEFAULT_PORT)
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise LockerError(f"zk:// locker URL: bad host:port {part!r}")
+        hosts.append(f"{host}:{int(port)}")
+    return ",".join(hosts)
+
+
+def open_locker(
+    url: str,
+    group: str,
+    *,
+    session_timeout: float | None = None,
+    keepalive_interval: float | None = None,
+    node: str | None = None,
+) -> Locker:
+    """The locker for ``url``; raises ``LockerError`` (one line) on a bad URL.
+
+    ``session_timeout``: ZooKeeper's session timeout; for PostgreSQL, how long a
+    dead network may go unnoticed (TCP keepalives, ``tcp_user_timeout``);
+    unused by the file locker. ``node`` names this broker in the lock (file
+    note, znode data, ``application_name``); default ``host:pid``.
+    Nothing connects until the first ``try_acquire``/``acquire``.
+    """
+    if not isinstance(group, str) or not GROUP_NAME.fullmatch(group):
+        raise LockerError(
+            f"bad group name {group!r}: use letters, digits, '.', '_' and '-' (at most 100)"
+        )
+    session_timeout = _positive("session_timeout", session_timeout)
+    keepalive_interval = _positive("keepalive_interval", keepalive_interval)
+    node = node or f"{socket.gethostname()}:{os.getpid()}"
+    interval = keepalive_interval or DEFAULT_KEEPALIVE_INTERVAL
+    if not isinstance(url, str) or "://" not in url:
+        raise LockerError(
+            "locker URL must look like file:///path, postgresql://... or zk://host:port/root"
+        )
+    scheme = url.split("://", 1)[0].lower()
+
+    if scheme == "file":
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise LockerError("file:// locker URL: only local files (file:///abs/path.lock)")
+        if parts.query or parts.fragment:
+            raise LockerError("file:// locker URL: no query or fragment allowed")
+        path = unquote(parts.path)
+        if not path.startswith("/") or path.endswith("/"):
+            raise LockerError("file:// locker URL must name a file by absolute path")
+        from lockers.file import FileLocker
+
+        locker: Locker = FileLocker(path, group, node=node)
+        locker.keepalive_interval = interval
+        return locker
+
+    if scheme in _PG_SCHEMES or scheme.startswith("postgresql+"):
+        from lockers.postgres import PG_SESSION_TIMEOUT, PostgresLocker
+
+        return PostgresLocker(
+            url,
+            group,
+            node=node,
+            session_timeout=session_timeout or PG_SESSION_TIMEOUT,
+            keepalive_interval=interval,
+        )
+
+    if scheme == "zk":
+        parts = urlsplit(url)
+        if parts.query or parts.fragment:
+            raise LockerError("zk:// locker URL: no query or fragment allowed")
+        hosts = _zk_hosts(parts.netloc)
+        from lockers.zookeeper import ZK_DEFAULT_ROOT, ZK_SESSION_TIMEOUT, ZooKeeperLocker
+
+        root = parts.path.rstrip("/") or ZK_DEFAULT_ROOT
+        if not _ZK_ROOT.fullmatch(root):
+            raise LockerError(f"zk:// locker URL: bad root path {root!r}")
+        return ZooKeeperLocker(
+            hosts,
+            root,
+            group,
+            node=node,
+            session_timeout=session_timeout or ZK_SESSION_TIMEOUT,
+            keepalive_interval=interval,
+        )
+
+    raise LockerError(
+        f"unsupported locker URL scheme {scheme + '://'!r}: use file://, postgresql:// or zk://"
+    )

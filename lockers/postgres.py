@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,12 @@ PG_SESSION_TIMEOUT = 5.0
 #: idle = 40 % and interval = 20 % of the session timeout, three probes add up
 #: to exactly the session timeout (libpq and the server take whole seconds).
 PG_KEEPALIVES_COUNT = 3
+PG_KEEPALIVES_IDLE_SHARE = 0.4
+PG_KEEPALIVES_INTERVAL_SHARE = 0.2
+
+#: The kernel's keepalive knobs take whole seconds, tcp_user_timeout milliseconds;
+#: below one second a loaded host's scheduling hiccup would kill the session.
+PG_MIN_TCP_SECONDS = 1
 
 #: libpq ``connect_timeout`` in seconds (libpq rounds anything below 2 up to 2).
 PG_CONNECT_TIMEOUT = 5
@@ -65,6 +72,12 @@ PG_CONNECT_TIMEOUT = 5
 #: one in-memory catalog read that takes well under a millisecond, so 2 s only
 #: trips on a server that is in real trouble.
 PG_STATEMENT_TIMEOUT = 2.0
+
+#: Client-side bound on those same calls: the statement timeout plus a round
+#: trip. A server that stopped answering (a stalled backend, a network that
+#: drops packets without resetting) would otherwise keep a master waiting until
+#: the TCP timeouts fire; past this the lock counts as lost.
+PG_CALL_TIMEOUT = PG_STATEMENT_TIMEOUT + 1.0
 
 #: ``lock_timeout`` of one server-side wait of a slave. The wait restarts right
 #: away, so this only bounds how long a slave goes without a round trip (and so
@@ -118,14 +131,14 @@ def key_parts(key: int) -> tuple[int, int]:
 
 def tcp_settings(session_timeout: float) -> dict[str, int]:
     """libpq keepalive/timeout parameters that notice a dead peer in ``session_timeout``."""
-    idle = max(1, round(session_timeout * 0.4))
-    interval = max(1, round(session_timeout * 0.2))
+    idle = max(PG_MIN_TCP_SECONDS, round(session_timeout * PG_KEEPALIVES_IDLE_SHARE))
+    interval = max(PG_MIN_TCP_SECONDS, round(session_timeout * PG_KEEPALIVES_INTERVAL_SHARE))
     return {
         "keepalives": 1,
         "keepalives_idle": idle,
         "keepalives_interval": interval,
         "keepalives_count": PG_KEEPALIVES_COUNT,
-        "tcp_user_timeout": max(1000, round(session_timeout * 1000)),
+        "tcp_user_timeout": round(max(PG_MIN_TCP_SECONDS, session_timeout) * 1000),
         "connect_timeout": PG_CONNECT_TIMEOUT,
     }
 
@@ -133,6 +146,19 @@ def tcp_settings(session_timeout: float) -> dict[str, int]:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def strip_driver(url: str) -> str:
+    """``postgresql+psycopg://`` (SQLAlchemy's form of the store URL) -> ``postgresql://``."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower().startswith("postgresql+"):
+        return "postgresql://" + rest
+    return url
+
+
+def _redacted(e: BaseException) -> str:
+    """libpq's URL errors quote the offending token, which may be the password."""
+    return re.sub(r'"[^"]*"', '"..."', _first_line(e))
 
 
 class _Aborted(Exception):
@@ -179,12 +205,10 @@ class PostgresLocker(Locker):
         wait_slice: float = PG_WAIT_SLICE,
     ) -> None:
         super().__init__()
-        if url.startswith("postgresql+psycopg://"):
-            url = "postgresql://" + url[len("postgresql+psycopg://") :]
         try:
-            params = conninfo_to_dict(url)
+            params = conninfo_to_dict(strip_driver(url))
         except psycopg.Error as e:
-            raise LockerError(f"bad PostgreSQL URL: {_first_line(e)}") from None
+            raise LockerError(f"bad PostgreSQL URL: {_redacted(e)}") from None
         for name, value in tcp_settings(session_timeout).items():
             params.setdefault(name, value)  # an operator's explicit setting wins
         params["application_name"] = f"{APPLICATION_NAME_PREFIX}:{group}:{node}"[
@@ -319,9 +343,18 @@ class PostgresLocker(Locker):
         return s
 
     async def _op(
-        self, fn: Callable[[_Session], T], *, takes_lock: bool = False, server_wait: bool = False
+        self,
+        fn: Callable[[_Session], T],
+        *,
+        takes_lock: bool = False,
+        server_wait: bool = False,
+        timeout: float | None = PG_CALL_TIMEOUT,
     ) -> T:
-        """Run ``fn`` on the session in a thread; on cancellation undo what it did."""
+        """Run ``fn`` on the session in a thread; on cancellation undo what it did.
+
+        A call with no answer within ``timeout`` abandons the session (its
+        thread closes it on return), which ends whatever lock it held.
+        """
         if self._closed:
             raise LockerError(f"{self.description}: closed")
         await self._io.acquire()
@@ -330,7 +363,13 @@ class PostgresLocker(Locker):
             s = await self._ensure_session()
             fut = run_blocking(lambda: self._use(s, fn), name="amqlite-pg-call")
             try:
-                return await asyncio.shield(fut)
+                if timeout is None:
+                    return await asyncio.shield(fut)
+                await asyncio.wait({fut}, timeout=timeout)  # never cancels fut
+                if not fut.done():
+                    self._detach(s)
+                    raise LockerError(f"{self.description}: no answer within {timeout:g}s")
+                return fut.result()
             except asyncio.CancelledError:
                 handed_off = True  # the clean-up task releases self._io
                 cleanup = asyncio.create_task(self._after_cancel(s, fut, takes_lock, server_wait))
@@ -408,7 +447,9 @@ class PostgresLocker(Locker):
         failing = False
         while not self._held:
             try:
-                got = await self._op(self._wait_lock_blocking, takes_lock=True, server_wait=True)
+                got = await self._op(
+                    self._wait_lock_blocking, takes_lock=True, server_wait=True, timeout=None
+                )
             except LockerError as e:
                 if self._closed:
                     raise

@@ -1,1 +1,60 @@
-"""amqlite: store."""
+"""amqlite: store — the shared persistence store (SQLite or PostgreSQL) and its
+group committer. The broker talks to ``Store`` through a ``GroupCommitter``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.api import (
+    Batch,
+    BatchResult,
+    DestinationRow,
+    Fenced,
+    Integrity,
+    NewMessage,
+    Recovery,
+    Ref,
+    Store,
+    StoredMessage,
+    StoreError,
+    SubscriptionRow,
+)
+from store.group_commit import GroupCommitter
+from store.schema import SCHEMA_VERSION
+from store.sql import REGISTRY_MAX_AGE_MS, SqlStore, read_registry
+from store.url import parse_store_url
+
+
+def open_store(url: str, group: str, **opts: Any) -> Store:
+    """The store at ``url`` for ``group``, not yet connected: call ``open()``
+    (blocking: connects, creates/upgrades the schema) where blocking is fine,
+    and retry it while the database is unreachable.
+
+    ``opts`` override store.sql's defaults (pool_size, statement_timeout_ms,
+    busy_timeout_ms, connect_timeout_s, application_name, ...). A bad URL
+    raises ``StoreError`` here, with one clear line.
+    """
+    return SqlStore(url, group, **opts)
+
+
+__all__ = [
+    "REGISTRY_MAX_AGE_MS",
+    "SCHEMA_VERSION",
+    "Batch",
+    "BatchResult",
+    "DestinationRow",
+    "Fenced",
+    "GroupCommitter",
+    "Integrity",
+    "NewMessage",
+    "Recovery",
+    "Ref",
+    "SqlStore",
+    "Store",
+    "StoreError",
+    "StoredMessage",
+    "SubscriptionRow",
+    "open_store",
+    "parse_store_url",
+    "read_registry",
+]

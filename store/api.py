@@ -16,7 +16,7 @@ class StoreError(Exception):
     """The store could not be reached or failed; the master must demote."""
 
 
-class Fenced(StoreError):  # noqa: N818 - the name says what happened
+class Fenced(StoreError):  # not FencedError: the name says what happened
     """The group's epoch is no longer ours: another master took over."""
 
 

@@ -172,7 +172,8 @@ class BrokerProcess:
             raise AssertionError(f"{self} still running after {timeout}s\n"
                                  f"{self.log_tail()}") from None
 
-    def _signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
+        """Send a signal without waiting (e.g. SIGTERM while timing the slave's takeover)."""
         if self.alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
@@ -180,14 +181,14 @@ class BrokerProcess:
     def kill(self) -> None:
         """SIGKILL, as a crash: nothing is flushed or released by the broker itself."""
         if self.alive:
-            self._signal(signal.SIGKILL)
+            self.send_signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(10)
 
     def terminate(self, timeout: float = 15.0) -> int:
         """SIGTERM (graceful stop) and wait; a broker that ignores it fails the test."""
-        self._signal(signal.SIGCONT)  # a paused broker cannot handle SIGTERM
-        self._signal(signal.SIGTERM)
+        self.send_signal(signal.SIGCONT)  # a paused broker cannot handle SIGTERM
+        self.send_signal(signal.SIGTERM)
         assert self.proc is not None
         try:
             return self.proc.wait(timeout)
@@ -197,10 +198,10 @@ class BrokerProcess:
                                  f"{self.log_tail()}") from None
 
     def pause(self) -> None:
-        self._signal(signal.SIGSTOP)
+        self.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        self._signal(signal.SIGCONT)
+        self.send_signal(signal.SIGCONT)
 
     def log_text(self) -> str:
         try:
@@ -456,13 +457,15 @@ class Client:
         getattr(self.conn, command)(transaction, headers={"receipt": receipt})
         wait_receipt(self.listener, receipt, timeout, f"{command.upper()} {transaction}")
 
-    def close(self) -> None:
-        """DISCONNECT (best effort: the broker may already be gone)."""
+    def close(self, timeout: float = 3.0) -> None:
+        """DISCONNECT and wait for the broker to let go; then close the socket regardless
+        (stomp.py's own stop() would wait forever on a broker that never answers)."""
         with contextlib.suppress(Exception):
             if self.conn.is_connected():
                 self.conn.disconnect()
+                self.listener.wait_for(lambda: self.listener.disconnected, timeout)
         with contextlib.suppress(Exception):
-            self.conn.transport.stop()
+            self.conn.transport.disconnect_socket()
 
 
 def ack_id(frame: Frame) -> str:
@@ -490,6 +493,25 @@ def send_with_receipt(conn: stomp.Connection, dest: str, body: str,
     conn.send(dest, body, headers={**(headers or {}), "receipt": receipt})
     wait_receipt(listener, receipt, timeout, f"SEND {body!r} to {dest}")
     return receipt
+
+
+def send_many(client: Client, dest: str, bodies: Sequence[str],
+              headers: Mapping[str, str] | None = None, timeout: float = 30.0) -> None:
+    """Pipelined SENDs, then wait for every RECEIPT (one at a time would only measure
+    round trips); fails naming how many receipts are missing."""
+    receipts = []
+    for body in bodies:
+        receipt = unique("r-send")
+        client.conn.send(dest, body, headers={**(headers or {}), "receipt": receipt})
+        receipts.append(receipt)
+    listener = client.listener
+    listener.wait_for(lambda: listener.receipts.issuperset(receipts) or listener.disconnected,
+                      timeout)
+    with listener.cond:
+        missing = [r for r in receipts if r not in listener.receipts]
+    assert not missing, (f"{len(missing)} of {len(receipts)} SENDs to {dest} got no RECEIPT "
+                         f"(disconnected={listener.disconnected}, "
+                         f"errors={listener.error_texts()})")
 
 
 class ConnectRefused(AssertionError):

@@ -50,7 +50,10 @@ def test_two_consumers_on_one_queue_share_the_messages(broker: BrokerProcess,
     for body in sent:
         producer.send(queue, body)
 
-    both = lambda: first.listener.count() + second.listener.count()  # noqa: E731
+
+    def both() -> int:
+        return first.listener.count() + second.listener.count()
+
     assert first.listener.wait_for(lambda: both() >= len(sent)), f"only {both()} delivered"
     # No straggling duplicate may follow: hold the total steady for a moment.
     assert first.listener.holds_for(lambda: both() == len(sent), 0.5), "extra deliveries"

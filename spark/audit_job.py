@@ -1,0 +1,1245 @@
+"""The amqlite store audit: proves, or disproves, that nothing was lost, orphaned
+or duplicated in a shared store, by reading it through Spark's JDBC source.
+
+One self-contained file (standard library + pyspark only) so that a cluster
+runs it unchanged: ``spark-submit spark/audit_job.py --store URL ...``; the
+``amqlite audit`` command calls :func:`main` in-process.
+
+Why the reads are ordered and bounded (a live broker keeps writing while we
+read, and no single snapshot spans the whole audit):
+
+1. ``B`` := max(message id) per group is taken first. Every message read is
+   limited to ``id <= B``: a master allocates ids in increasing order and
+   commits batches one at a time, so every row with ``id <= B`` was committed
+   before the audit began, and later arrivals are out of scope.
+2. Destinations and subscriptions ("parents") are read before *and* after the
+   rows that point at them; a parent counts as existing when either read saw
+   it, so a parent created or dropped during the audit is not an orphan.
+3. Messages are read (and cached) before pending rows: a pending row is
+   deleted in the same transaction as, or before, its message, so a pending
+   row seen later whose message (``id <= B``) was not seen earlier is real.
+4. A topic message with no pending row may just have had its last pending row
+   acknowledged after the messages were read; such candidates are confirmed by
+   a second, narrow read of message ids (only when there are candidates).
+
+Each JDBC partition is its own short read-only transaction (PostgreSQL uses a
+cursor only inside a transaction); partitions are sized in rows so that none
+holds a snapshot (xmin) for long, and the server kills one that stalls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import getpass
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+# --------------------------------------------------------------------------- limits
+
+#: Where Debian's libpostgresql-jdbc-java / libxerial-sqlite-jdbc-java put their jars.
+DEFAULT_PG_JAR = "/usr/share/java/postgresql.jar"
+DEFAULT_SQLITE_JAR = "/usr/share/java/sqlite-jdbc.jar"
+PG_DRIVER = "org.postgresql.Driver"
+SQLITE_DRIVER = "org.sqlite.JDBC"
+
+#: Rows per JDBC partition. One partition = one read transaction; a narrow row
+#: streams at roughly 100-200k rows/s per connection, so ~100k rows keeps each
+#: transaction (and the snapshot it holds against vacuum and SKIP LOCKED
+#: dequeues) to about a second.
+ROWS_PER_PARTITION = 100_000
+#: Upper bound on partitions per table: each is a task and a connection; past a
+#: few hundred the per-task overhead dominates and the store sees a connection storm.
+MAX_READ_PARTITIONS = 256
+#: Rows per JDBC round trip. The PostgreSQL driver's default (0) buffers a whole
+#: result in the executor; 10k narrow rows are about 1-2 MB per fetch.
+JDBC_FETCH_SIZE = 10_000
+#: Seconds to wait for a TCP connection to the store (PostgreSQL JDBC default: 10).
+JDBC_CONNECT_TIMEOUT_S = 10
+#: Server-side guards for every audit connection: one fetch may run this long...
+PG_STATEMENT_TIMEOUT_MS = 300_000
+#: ...and a transaction whose reader stalls (GC, lost executor) is ended by the
+#: server after this long, so the audit can never pin the broker's xmin for long.
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
+#: SQLite: wait this long for a writer's lock (the broker commits in short batches).
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+#: The broker reaps expired rows every housekeeping interval (5 s by default,
+#: amqlite/settings.py); a minute of slack before an expired row is a finding.
+EXPIRY_GRACE_MS = 60_000
+#: Same slack for dedup entries older than the group's dedup window.
+DEDUP_GRACE_MS = 60_000
+#: A new master pages in and redelivers rows in flight under the old epoch (the
+#: store does not rewrite them at activation, store/api.py ``recover``); rows it
+#: has not re-taken this long after it took over are reported.
+STALE_INFLIGHT_GRACE_MS = 300_000
+#: A registry row is a live master when its heartbeat is this recent.
+REGISTRY_LIVE_MS = 30_000
+#: The same body and headers from one producer within this window, under a
+#: different identity, is a content duplicate: a client that re-sent without
+#: its identity after a failover does so within seconds.
+DUPLICATE_CONTENT_WINDOW_MS = 60_000
+
+#: Sample rows per finding type in the summary and the table.
+SAMPLE_ROWS = 5
+#: Local runs: shuffle partitions per core (the 200 default is for clusters).
+LOCAL_SHUFFLE_PARTITIONS_PER_CORE = 2
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+#: Every finding type, in report order, with what it means.
+FINDINGS: dict[str, str] = {
+    "duplicate_identity": "one producer message identity stored more than once",
+    "duplicate_content": "same body and headers from one producer within the window, "
+    "under another identity",
+    "orphan_destination": "message whose destination no longer exists",
+    "orphan_subscription": "pending row of a durable subscription that no longer exists",
+    "orphan_topic_message": "topic message owed to no durable subscription",
+    "ack_without_message": "pending (acknowledgement) row that points at no message",
+    "stale_inflight": "in flight under an epoch older than the group's current one",
+    "expired_unreaped": "expired message never reaped",
+    "dedup_expired": "dedup entry older than the group's dedup window",
+    "sequence_gap": "producer sequence numbers the store never got",
+}
+
+FINDING_SCHEMA = "finding string, grp string, destination_id bigint, weight bigint, detail string"
+
+
+class AuditError(Exception):
+    """A problem we can explain in one line: exit code 2, no traceback."""
+
+
+# --------------------------------------------------------------------------- store URL
+
+
+@dataclass(frozen=True)
+class StoreSource:
+    """How Spark reaches the store; ``properties`` holds secrets and is never printed."""
+
+    backend: str  # "postgresql" | "sqlite"
+    jdbc_url: str
+    driver: str
+    default_jar: str
+    description: str  # the URL without its password
+    properties: dict[str, str] = field(default_factory=dict, repr=False)
+    path: str | None = None  # SQLite file
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        pw = self.properties.get("password")
+        return (pw,) if pw else ()
+
+
+PG_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2")
+SQLITE_SCHEMES = ("sqlite", "sqlite+pysqlite")
+#: libpq URL parameters the JDBC driver understands (name there).
+PG_PARAMS = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "options": "options",
+    "application_name": "ApplicationName",
+    "connect_timeout": "connectTimeout",
+}
+
+
+def strip_password(url: str) -> str:
+    """The URL as people may see it: any password replaced by nothing."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def parse_store_url(url: str) -> StoreSource:
+    """Map the broker's store URL (SQLAlchemy form) onto a JDBC source."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme in SQLITE_SCHEMES:
+            return _sqlite_source(url, parts)
+        if scheme in PG_SCHEMES:
+            return _pg_source(url, parts)
+    except ValueError as exc:  # bad port, bad IPv6 literal...
+        raise AuditError(f"bad store URL {strip_password(url)!r}: {exc}") from None
+    raise AuditError(
+        f"bad store URL {strip_password(url)!r}: expected postgresql://... or sqlite:///path"
+    )
+
+
+def _sqlite_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
+    # SQLAlchemy: sqlite:///relative.db, sqlite:////absolute.db
+    if parts.netloc or not parts.path.startswith("/") or len(parts.path) < 2:
+        raise AuditError(f"bad store URL {url!r}: expected sqlite:///path/to/amqlite.db")
+    path = os.path.abspath(urllib.parse.unquote(parts.path[1:]))
+    if not os.path.isfile(path):
+        raise AuditError(f"SQLite store {path} does not exist")
+    return StoreSource(
+        backend="sqlite",
+        jdbc_url=f"jdbc:sqlite:{path}",
+        driver=SQLITE_DRIVER,
+        default_jar=DEFAULT_SQLITE_JAR,
+        description=f"sqlite:///{path}",
+        # xerial: open_mode 1 = SQLITE_OPEN_READONLY; the audit never writes.
+        properties={"open_mode": "1", "busy_timeout": str(SQLITE_BUSY_TIMEOUT_MS)},
+        path=path,
+    )
+
+
+def _pg_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
+    host = parts.hostname
+    if not host:
+        raise AuditError(f"bad store URL {strip_password(url)!r}: no host (JDBC needs TCP)")
+    port = parts.port or 5432
+    user = (
+        urllib.parse.unquote(parts.username or "")
+        or os.environ.get("PGUSER")
+        or (getpass.getuser())
+    )
+    password = (
+        urllib.parse.unquote(parts.password)
+        if parts.password is not None
+        else os.environ.get("PGPASSWORD", "")
+    )
+    dbname = urllib.parse.unquote(parts.path.lstrip("/")) or user
+    props: dict[str, str] = {
+        "user": user,
+        "ApplicationName": "amqlite-audit",
+        "connectTimeout": str(JDBC_CONNECT_TIMEOUT_S),
+    }
+    guards = (
+        "-c default_transaction_read_only=on"
+        f" -c statement_timeout={PG_STATEMENT_TIMEOUT_MS}"
+        f" -c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+    )
+    props["options"] = guards
+    for key, values in urllib.parse.parse_qs(parts.query, keep_blank_values=True).items():
+        if key not in PG_PARAMS:
+            raise AuditError(
+                f"bad store URL {strip_password(url)!r}: parameter {key!r} is not supported "
+                f"over JDBC (supported: {', '.join(sorted(PG_PARAMS))})"
+            )
+        value = values[-1]
+        if key == "options":
+            props["options"] = f"{value} {guards}"
+        else:
+            props[PG_PARAMS[key]] = value
+    if password:
+        props["password"] = password
+    host_part = f"[{host}]" if ":" in host else host
+    db = urllib.parse.quote(dbname, safe="")
+    return StoreSource(
+        backend="postgresql",
+        jdbc_url=f"jdbc:postgresql://{host_part}:{port}/{db}",
+        driver=PG_DRIVER,
+        default_jar=DEFAULT_PG_JAR,
+        description=strip_password(url),
+        properties=props,
+    )
+
+
+def sql_literal(value: str) -> str:
+    """A SQL string literal: both dialects double the quote."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+# --------------------------------------------------------------------------- Spark session
+
+
+def build_session(
+    master: str | None = None,
+    jars: Sequence[str] = (),
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """The session the job uses when nobody gave it one. Local masters stay on
+    loopback with no UI: the audit is a batch job, not a service."""
+    builder = SparkSession.builder.appName("amqlite-audit")
+    local = master is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if master is not None:
+        builder = builder.master(master)
+        local = master.startswith("local")
+    elif local:
+        builder = builder.master("local[*]")
+    settings: dict[str, str] = {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "ERROR",
+    }
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        cores = os.cpu_count() or 2
+        settings.update(
+            {
+                "spark.ui.enabled": "false",
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.sql.shuffle.partitions": str(
+                    max(4, LOCAL_SHUFFLE_PARTITIONS_PER_CORE * cores)
+                ),
+            }
+        )
+    present = [j for j in jars if j]
+    if present:
+        settings["spark.jars"] = ",".join(present)
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass
+class TableRead:
+    """What one table read cost, for the summary."""
+
+    rows: int = 0
+    partitions: int = 0
+
+
+class StoreReader:
+    """Spark JDBC reads of one store, restricted to the audited groups."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        source: StoreSource,
+        group: str | None,
+        rows_per_partition: int,
+    ) -> None:
+        self.spark = spark
+        self.source = source
+        self.group = group
+        self.rows_per_partition = rows_per_partition
+        self.reads: dict[str, TableRead] = {}
+        self._cached: list[DataFrame] = []
+
+    def where_group(self, *extra: str) -> str:
+        conds = [f"grp = {sql_literal(self.group)}"] if self.group is not None else []
+        conds += [c for c in extra if c]
+        return (" WHERE " + " AND ".join(conds)) if conds else ""
+
+    def _reader(self) -> Any:
+        r = (
+            self.spark.read.format("jdbc")
+            .option("url", self.source.jdbc_url)
+            .option("driver", self.source.driver)
+            .option("fetchsize", str(JDBC_FETCH_SIZE))
+        )
+        for key, value in self.source.properties.items():
+            r = r.option(key, value)
+        return r
+
+    def small(self, select: str, types: dict[str, str]) -> DataFrame:
+        """A small table or a one-row aggregate: one statement, one partition."""
+        df = self._reader().option("dbtable", f"({select}) amq_q").load()
+        return _typed(df, types)
+
+    def big(
+        self,
+        name: str,
+        select: str,
+        types: dict[str, str],
+        column: str,
+        lo: int | None,
+        hi: int | None,
+        count: int,
+    ) -> DataFrame:
+        """A partitioned read on ``column``; bounds come from a prior tiny query."""
+        r = self._reader().option("dbtable", f"({select}) amq_t")
+        parts = 1
+        if count > 0 and lo is not None and hi is not None:
+            parts = max(1, min(MAX_READ_PARTITIONS, math.ceil(count / self.rows_per_partition)))
+            parts = min(parts, hi - lo + 1)
+            if parts > 1:
+                r = (
+                    r.option("partitionColumn", column)
+                    .option("lowerBound", str(lo))
+                    .option("upperBound", str(hi + 1))
+                    .option("numPartitions", str(parts))
+                )
+        df = _typed(r.load(), types)
+        self.reads[name] = TableRead(partitions=parts)
+        return df
+
+    def materialize(self, df: DataFrame, name: str | None = None) -> DataFrame:
+        """Cache and read now: fixes *when* the table was read (see the module doc)."""
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(df)
+        n = df.count()
+        if name is not None:
+            self.reads.setdefault(name, TableRead(partitions=1)).rows += n
+        return df
+
+    def release(self) -> None:
+        for df in self._cached:
+            with contextlib.suppress(Exception):
+                df.unpersist()
+        self._cached.clear()
+
+
+def _typed(df: DataFrame, types: dict[str, str]) -> DataFrame:
+    """SQLite reports BIGINT as decimal(20,0): cast every column to what the checks expect."""
+    return df.select(*[F.col(c).cast(t).alias(c) for c, t in types.items()])
+
+
+MESSAGE_TYPES = {
+    "grp": "string",
+    "id": "bigint",
+    "destination_id": "bigint",
+    "producer_id": "string",
+    "producer_seq": "bigint",
+    "dedup_key": "string",
+    "expires_at": "bigint",
+    "enqueued_at": "bigint",
+    "inflight_epoch": "bigint",
+}
+
+
+def _message_select(reader: StoreReader, max_id: int) -> tuple[str, dict[str, str]]:
+    """Only what the checks need. Bodies are reduced to a hash at the source
+    where the database can hash (PostgreSQL), and only for rows that have a
+    producer (the content check is per producer)."""
+    cols = ", ".join(MESSAGE_TYPES)
+    where = reader.where_group(f"id <= {max_id}")
+    if reader.source.backend == "postgresql":
+        content = (
+            "CASE WHEN producer_id IS NULL THEN NULL ELSE sha256(body) END AS body_sha, "
+            "CASE WHEN producer_id IS NULL THEN NULL "
+            "ELSE sha256(convert_to(headers, 'UTF8')) END AS headers_sha"
+        )
+        types = {**MESSAGE_TYPES, "body_sha": "binary", "headers_sha": "binary"}
+    else:  # SQLite has no hash function: ship body and headers, hash in Spark.
+        content = "body, headers"
+        types = {**MESSAGE_TYPES, "body": "binary", "headers": "string"}
+    return f"SELECT {cols}, {content} FROM amq_messages{where}", types
+
+
+def _hash_content(df: DataFrame) -> DataFrame:
+    if "body_sha" in df.columns:
+        return df
+    has_producer = F.col("producer_id").isNotNull()
+    return (
+        df.withColumn("body_sha", F.when(has_producer, F.unhex(F.sha2(F.col("body"), 256))))
+        .withColumn("headers_sha", F.when(has_producer, F.unhex(F.sha2(F.col("headers"), 256))))
+        .drop("body", "headers")
+    )
+
+
+def _bounds(reader: StoreReader, table: str, column: str) -> tuple[int | None, int | None, int]:
+    row = reader.small(
+        f"SELECT MIN({column}) AS lo, MAX({column}) AS hi, COUNT(*) AS n "
+        f"FROM {table}{reader.where_group()}",
+        {"lo": "bigint", "hi": "bigint", "n": "bigint"},
+    ).first()
+    assert row is not None  # an aggregate always has one row
+    return row["lo"], row["hi"], int(row["n"] or 0)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def _finding(
+    name: str, df: DataFrame, detail: Sequence[str], weight: Column | None = None
+) -> DataFrame:
+    """Every finding as one shape, so that all of them are counted in one pass."""
+    return df.select(
+        F.lit(name).alias("finding"),
+        F.col("grp"),
+        F.col("destination_id").cast("bigint").alias("destination_id"),
+        (weight if weight is not None else F.lit(1)).cast("bigint").alias("weight"),
+        F.to_json(F.struct(*[F.col(c) for c in detail])).alias("detail"),
+    )
+
+
+def _identity() -> Column:
+    pid, seq = F.col("producer_id"), F.col("producer_seq")
+    return F.coalesce(
+        F.col("dedup_key"),
+        F.when(pid.isNotNull() & seq.isNotNull(), F.concat_ws(":", pid, seq.cast("string"))),
+    )
+
+
+def check_duplicate_identity(m: DataFrame, dd: DataFrame) -> DataFrame:
+    """A row is surplus when another row with its identity has a lower id, or
+    when the dedup window names another message for it (that first copy was
+    stored, and consumed, before this one was stored again)."""
+    rows = m.select("grp", "id", "destination_id", _identity().alias("identity")).where(
+        F.col("identity").isNotNull()
+    )
+    targets = dd.where(F.col("msg_id").isNotNull()).select(
+        "grp", F.col("dedup_key").alias("identity"), F.col("msg_id").alias("dedup_msg_id")
+    )
+    per_key = (
+        rows.join(targets, ["grp", "identity"], "left")
+        .groupBy("grp", "identity")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min("id").alias("first_id"),
+            F.max(F.coalesce((F.col("id") == F.col("dedup_msg_id")).cast("int"), F.lit(0))).alias(
+                "target_seen"
+            ),
+            F.max("dedup_msg_id").alias("dedup_msg_id"),
+        )
+        .withColumn("ghost", F.col("dedup_msg_id").isNotNull() & (F.col("target_seen") == 0))
+        .where((F.col("n") > 1) | F.col("ghost"))
+    )
+    dup = (
+        rows.join(per_key, ["grp", "identity"])
+        .where((F.col("id") != F.col("first_id")) | F.col("ghost"))
+        .select(
+            "grp",
+            "destination_id",
+            F.col("id").alias("msg_id"),
+            "identity",
+            (F.col("n") + F.col("ghost").cast("int")).alias("copies"),
+            F.when(F.col("ghost"), F.col("dedup_msg_id"))
+            .otherwise(F.col("first_id"))
+            .alias("first_msg_id"),
+        )
+    )
+    return _finding(
+        "duplicate_identity",
+        dup,
+        ["grp", "destination_id", "msg_id", "identity", "copies", "first_msg_id"],
+    )
+
+
+def check_duplicate_content(m: DataFrame) -> DataFrame:
+    """Only contents seen more than once are sorted: the window runs over the
+    (rare) repeats, not over the store."""
+    key = ["grp", "producer_id", "body_sha", "headers_sha"]
+    pm = m.where(F.col("producer_id").isNotNull() & F.col("body_sha").isNotNull())
+    repeated = pm.groupBy(*key).count().where(F.col("count") > 1).drop("count")
+    w = Window.partitionBy(*key).orderBy("enqueued_at", "id")
+    same_identity = F.col("dedup_key").isNotNull() & F.col("dedup_key").eqNullSafe(
+        F.col("prev_key")
+    )
+    dup = (
+        pm.join(repeated, key, "left_semi")
+        .withColumn("prev_at", F.lag("enqueued_at").over(w))
+        .withColumn("prev_id", F.lag("id").over(w))
+        .withColumn("prev_key", F.lag("dedup_key").over(w))
+        .where(
+            F.col("prev_at").isNotNull()
+            & (F.col("enqueued_at") - F.col("prev_at") <= DUPLICATE_CONTENT_WINDOW_MS)
+            & ~same_identity  # that is a duplicate_identity
+        )
+        .select(
+            "grp",
+            "destination_id",
+            F.col("id").alias("msg_id"),
+            "producer_id",
+            "dedup_key",
+            F.col("prev_id").alias("previous_msg_id"),
+            F.col("prev_key").alias("previous_dedup_key"),
+            (F.col("enqueued_at") - F.col("prev_at")).alias("apart_ms"),
+            F.hex("body_sha").alias("body_sha256"),
+        )
+    )
+    return _finding(
+        "duplicate_content",
+        dup,
+        [
+            "grp",
+            "destination_id",
+            "msg_id",
+            "producer_id",
+            "dedup_key",
+            "previous_msg_id",
+            "previous_dedup_key",
+            "apart_ms",
+            "body_sha256",
+        ],
+    )
+
+
+def check_orphan_destination(m: DataFrame, dests: DataFrame) -> DataFrame:
+    gone = m.join(
+        dests.select("grp", F.col("id").alias("destination_id")),
+        ["grp", "destination_id"],
+        "left_anti",
+    ).select("grp", "destination_id", F.col("id").alias("msg_id"), "enqueued_at")
+    return _finding("orphan_destination", gone, ["grp", "destination_id", "msg_id", "enqueued_at"])
+
+
+def check_orphan_subscription(p: DataFrame, subs: DataFrame, m: DataFrame) -> DataFrame:
+    gone = p.join(
+        subs.select("grp", F.col("id").alias("sub_id")), ["grp", "sub_id"], "left_anti"
+    ).join(
+        m.select("grp", F.col("id").alias("msg_id"), "destination_id"),
+        ["grp", "msg_id"],
+        "left",
+    )
+    return _finding("orphan_subscription", gone, ["grp", "destination_id", "sub_id", "msg_id"])
+
+
+def check_ack_without_message(
+    p: DataFrame, m: DataFrame, subs: DataFrame, bounds: DataFrame
+) -> DataFrame:
+    """Only pending rows with msg_id <= B: later messages were not read."""
+    gone = (
+        p.join(bounds, "grp")
+        .where(F.col("msg_id") <= F.col("max_id"))
+        .join(m.select("grp", F.col("id").alias("msg_id")), ["grp", "msg_id"], "left_anti")
+        .join(
+            subs.select("grp", F.col("id").alias("sub_id"), "destination_id"),
+            ["grp", "sub_id"],
+            "left",
+        )
+    )
+    return _finding("ack_without_message", gone, ["grp", "destination_id", "sub_id", "msg_id"])
+
+
+def topic_messages_without_pending(m: DataFrame, dests: DataFrame, p: DataFrame) -> DataFrame:
+    topics = dests.where(F.col("kind") == "topic").select(
+        "grp", F.col("id").alias("destination_id")
+    )
+    return (
+        m.join(topics, ["grp", "destination_id"], "left_semi")
+        .join(p.select("grp", F.col("msg_id").alias("id")), ["grp", "id"], "left_anti")
+        .select("grp", "destination_id", F.col("id").alias("msg_id"), "enqueued_at")
+    )
+
+
+def check_stale_inflight(
+    m: DataFrame, p: DataFrame, subs: DataFrame, groups: DataFrame, now_ms: int
+) -> DataFrame:
+    """Queue rows carry the in-flight epoch on the message, topic deliveries on
+    the pending row; both count. A group whose master took over less than the
+    grace ago is still re-taking them."""
+    queued = m.where(F.col("inflight_epoch").isNotNull()).select(
+        "grp",
+        "destination_id",
+        F.col("id").alias("msg_id"),
+        F.lit(None).cast("bigint").alias("sub_id"),
+        "inflight_epoch",
+    )
+    owed = (
+        p.where(F.col("inflight_epoch").isNotNull())
+        .join(
+            subs.select("grp", F.col("id").alias("sub_id"), "destination_id"),
+            ["grp", "sub_id"],
+            "left",
+        )
+        .select("grp", "destination_id", "msg_id", "sub_id", "inflight_epoch")
+    )
+    settled = F.col("epoch_started_at").isNull() | (
+        F.col("epoch_started_at") <= F.lit(now_ms - STALE_INFLIGHT_GRACE_MS)
+    )
+    stale = (
+        queued.unionByName(owed)
+        .join(F.broadcast(groups), "grp")
+        .where((F.col("inflight_epoch") < F.col("epoch")) & settled)
+        .withColumnRenamed("epoch", "current_epoch")
+    )
+    return _finding(
+        "stale_inflight",
+        stale,
+        [
+            "grp",
+            "destination_id",
+            "msg_id",
+            "sub_id",
+            "inflight_epoch",
+            "current_epoch",
+            "epoch_started_at",
+            "live_master",
+        ],
+    )
+
+
+def check_expired_unreaped(m: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
+    """A row in flight under the current epoch awaits its consumer's ack and is
+    not the reaper's to take."""
+    cutoff = now_ms - EXPIRY_GRACE_MS
+    expired = (
+        m.where((F.col("expires_at") > 0) & (F.col("expires_at") < F.lit(cutoff)))
+        .join(F.broadcast(groups.select("grp", "epoch")), "grp", "left")
+        .where(~F.coalesce(F.col("inflight_epoch") == F.col("epoch"), F.lit(False)))
+        .select(
+            "grp",
+            "destination_id",
+            F.col("id").alias("msg_id"),
+            "expires_at",
+            (F.lit(now_ms) - F.col("expires_at")).alias("overdue_ms"),
+        )
+    )
+    return _finding(
+        "expired_unreaped",
+        expired,
+        ["grp", "destination_id", "msg_id", "expires_at", "overdue_ms"],
+    )
+
+
+def check_dedup_expired(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
+    """A window of 0 keeps no age limit, so nothing is overdue there."""
+    old = (
+        dd.join(F.broadcast(groups.select("grp", "dedup_window_ms")), "grp")
+        .where(
+            (F.col("dedup_window_ms") > 0)
+            & (F.col("created_at") < F.lit(now_ms - DEDUP_GRACE_MS) - F.col("dedup_window_ms"))
+        )
+        .select(
+            "grp",
+            F.lit(None).cast("bigint").alias("destination_id"),
+            "dedup_key",
+            "producer_id",
+            "producer_seq",
+            "msg_id",
+            "created_at",
+            (F.lit(now_ms) - F.col("created_at")).alias("age_ms"),
+        )
+    )
+    return _finding(
+        "dedup_expired",
+        old,
+        ["grp", "dedup_key", "producer_id", "producer_seq", "msg_id", "created_at", "age_ms"],
+    )
+
+
+def check_sequence_gap(m: DataFrame, dd: DataFrame) -> DataFrame:
+    """A sequence number is accounted for while its message is stored or its
+    identity is in the dedup window. Below a producer's oldest dedup entry a
+    consumed message leaves no trace at all, so only numbers from that entry up
+    are compared; a producer with no dedup entry cannot be checked. The count
+    is the number of missing sequence numbers."""
+
+    def seqs(df: DataFrame) -> DataFrame:
+        return df.where(
+            F.col("producer_id").isNotNull() & F.col("producer_seq").isNotNull()
+        ).select("grp", "producer_id", F.col("producer_seq").alias("seq"))
+
+    floor = seqs(dd).groupBy("grp", "producer_id").agg(F.min("seq").alias("floor"))
+    present = (
+        seqs(m)
+        .unionByName(seqs(dd))
+        .join(floor, ["grp", "producer_id"])
+        .where(F.col("seq") >= F.col("floor"))
+        .select("grp", "producer_id", "seq")
+        .distinct()
+    )
+    w = Window.partitionBy("grp", "producer_id").orderBy("seq")
+    gaps = (
+        present.withColumn("prev", F.lag("seq").over(w))
+        .where(F.col("seq") - F.col("prev") > 1)
+        .select(
+            "grp",
+            F.lit(None).cast("bigint").alias("destination_id"),
+            "producer_id",
+            F.col("prev").alias("after_seq"),
+            F.col("seq").alias("before_seq"),
+            (F.col("seq") - F.col("prev") - 1).alias("missing"),
+        )
+    )
+    return _finding(
+        "sequence_gap",
+        gaps,
+        ["grp", "producer_id", "after_seq", "before_seq", "missing"],
+        weight=F.col("missing"),
+    )
+
+
+# --------------------------------------------------------------------------- the audit
+
+
+@dataclass
+class AuditResult:
+    summary: dict[str, Any]
+
+    @property
+    def clean(self) -> bool:
+        return bool(self.summary["clean"])
+
+
+def run_audit(
+    spark: SparkSession,
+    source: StoreSource,
+    group: str | None = None,
+    output: str | None = None,
+    rows_per_partition: int = ROWS_PER_PARTITION,
+    now_ms: int | None = None,
+) -> AuditResult:
+    """Read in the order the module doc explains, check, count in one pass,
+    then write rows only for the findings that have any."""
+    started = time.monotonic()
+    reader = StoreReader(spark, source, group, rows_per_partition)
+    try:
+        return _audit(spark, reader, output, started, now_ms)
+    finally:
+        reader.release()
+
+
+def _now_ms(reader: StoreReader) -> int:
+    """The store's clock where it has one: the broker stamps rows with wall time,
+    and the database is the clock both sides can see."""
+    if reader.source.backend == "postgresql":
+        row = reader.small(
+            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now_ms",
+            {"now_ms": "bigint"},
+        ).first()
+        assert row is not None
+        return int(row["now_ms"])
+    return int(time.time() * 1000)
+
+
+def _audit(
+    spark: SparkSession,
+    reader: StoreReader,
+    output: str | None,
+    started: float,
+    now_ms: int | None,
+) -> AuditResult:
+    if now_ms is None:
+        now_ms = _now_ms(reader)
+    where = reader.where_group()
+
+    # Phase 0: groups and message bounds (B) - tiny, collected.
+    group_rows = reader.small(
+        f"SELECT grp, epoch, epoch_started_at, dedup_window_ms FROM amq_groups{where}",
+        {
+            "grp": "string",
+            "epoch": "bigint",
+            "epoch_started_at": "bigint",
+            "dedup_window_ms": "bigint",
+        },
+    ).collect()
+    if reader.group is not None and not group_rows:
+        raise AuditError(f"group {reader.group!r} not found in {reader.source.description}")
+    registry = reader.small(
+        f"SELECT grp, name, role, epoch, heartbeat_at FROM amq_registry{where}",
+        {
+            "grp": "string",
+            "name": "string",
+            "role": "string",
+            "epoch": "bigint",
+            "heartbeat_at": "bigint",
+        },
+    ).collect()
+    group_info = []
+    for g in group_rows:
+        live = sorted(
+            r["name"]
+            for r in registry
+            if r["grp"] == g["grp"]
+            and r["role"] == "master"
+            and r["epoch"] == g["epoch"]
+            and (r["heartbeat_at"] or 0) >= now_ms - REGISTRY_LIVE_MS
+        )
+        group_info.append(
+            (
+                g["grp"],
+                g["epoch"],
+                g["epoch_started_at"],
+                g["dedup_window_ms"] or 0,
+                live[0] if live else None,
+            )
+        )
+    groups = spark.createDataFrame(
+        group_info,
+        "grp string, epoch bigint, epoch_started_at bigint, dedup_window_ms bigint, "
+        "live_master string",
+    )
+    bound_rows = reader.small(
+        f"SELECT grp, MIN(id) AS min_id, MAX(id) AS max_id, COUNT(*) AS n "
+        f"FROM amq_messages{where} GROUP BY grp",
+        {"grp": "string", "min_id": "bigint", "max_id": "bigint", "n": "bigint"},
+    ).collect()
+    max_b = {r["grp"]: int(r["max_id"]) for r in bound_rows}
+    bounds = spark.createDataFrame(list(max_b.items()), "grp string, max_id bigint")
+    m_count = sum(int(r["n"]) for r in bound_rows)
+    m_lo = min((int(r["min_id"]) for r in bound_rows), default=None)
+    m_hi = max(max_b.values(), default=None)
+
+    # Phase 1: parents, first read.
+    dest_select = f"SELECT grp, id, name, kind FROM amq_destinations{where}"
+    dest_types = {"grp": "string", "id": "bigint", "name": "string", "kind": "string"}
+    sub_select = f"SELECT grp, id, destination_id FROM amq_subscriptions{where}"
+    sub_types = {"grp": "string", "id": "bigint", "destination_id": "bigint"}
+    d1 = reader.materialize(reader.small(dest_select, dest_types))
+    s1 = reader.materialize(reader.small(sub_select, sub_types))
+
+    # Phase 2: messages (id <= B), then pending rows, then the dedup window.
+    m_select, m_types = _message_select(reader, m_hi if m_hi is not None else 0)
+    m = reader.big("amq_messages", m_select, m_types, "id", m_lo, m_hi, m_count)
+    m = _hash_content(m.join(F.broadcast(bounds), "grp").where(F.col("id") <= F.col("max_id")))
+    m = reader.materialize(m.drop("max_id"), "amq_messages")
+
+    p_lo, p_hi, p_n = _bounds(reader, "amq_sub_pending", "msg_id")
+    p = reader.big(
+        "amq_sub_pending",
+        f"SELECT grp, sub_id, msg_id, inflight_epoch FROM amq_sub_pending{where}",
+        {"grp": "string", "sub_id": "bigint", "msg_id": "bigint", "inflight_epoch": "bigint"},
+        "msg_id",
+        p_lo,
+        p_hi,
+        p_n,
+    )
+    p = reader.materialize(p, "amq_sub_pending")
+
+    d_lo, d_hi, d_n = _bounds(reader, "amq_dedup", "created_at")
+    dd = reader.big(
+        "amq_dedup",
+        "SELECT grp, dedup_key, producer_id, producer_seq, msg_id, created_at "
+        f"FROM amq_dedup{where}",
+        {
+            "grp": "string",
+            "dedup_key": "string",
+            "producer_id": "string",
+            "producer_seq": "bigint",
+            "msg_id": "bigint",
+            "created_at": "bigint",
+        },
+        "created_at",
+        d_lo,
+        d_hi,
+        d_n,
+    )
+    dd = reader.materialize(dd, "amq_dedup")
+
+    # Phase 3: parents again; either read vouches for a parent.
+    d2 = reader.small(dest_select, dest_types)
+    s2 = reader.small(sub_select, sub_types)
+    dests = reader.materialize(d1.unionByName(d2).dropDuplicates(["grp", "id"]), "amq_destinations")
+    subs = reader.materialize(s1.unionByName(s2).dropDuplicates(["grp", "id"]), "amq_subscriptions")
+
+    # Phase 4: confirm topic messages without pending rows by reading ids again.
+    unowed = reader.materialize(topic_messages_without_pending(m, dests, p))
+    if not unowed.isEmpty():
+        again = reader.big(
+            "amq_messages (confirm)",
+            f"SELECT grp, id FROM amq_messages{reader.where_group(f'id <= {m_hi}')}",
+            {"grp": "string", "id": "bigint"},
+            "id",
+            m_lo,
+            m_hi,
+            m_count,
+        )
+        again = reader.materialize(again, "amq_messages (confirm)")
+        unowed = unowed.join(
+            again.select("grp", F.col("id").alias("msg_id")), ["grp", "msg_id"], "left_semi"
+        )
+    orphan_topic = _finding(
+        "orphan_topic_message", unowed, ["grp", "destination_id", "msg_id", "enqueued_at"]
+    )
+
+    checks = [
+        check_duplicate_identity(m, dd),
+        check_duplicate_content(m),
+        check_orphan_destination(m, dests),
+        check_orphan_subscription(p, subs, m),
+        orphan_topic,
+        check_ack_without_message(p, m, subs, bounds),
+        check_stale_inflight(m, p, subs, groups, now_ms),
+        check_expired_unreaped(m, groups, now_ms),
+        check_dedup_expired(dd, groups, now_ms),
+        check_sequence_gap(m, dd),
+    ]
+    findings = checks[0]
+    for df in checks[1:]:
+        findings = findings.unionByName(df)
+    findings = reader.materialize(findings)
+
+    # One pass counts everything; only the (small) per-destination totals come back.
+    names = dests.select("grp", F.col("id").alias("destination_id"), F.col("name"))
+    count_rows = (
+        findings.groupBy("finding", "grp", "destination_id")
+        .agg(F.sum("weight").alias("count"), F.count(F.lit(1)).alias("rows"))
+        .join(names, ["grp", "destination_id"], "left")
+        .collect()
+    )
+    by_dest = sorted(
+        (
+            {
+                "finding": r["finding"],
+                "group": r["grp"],
+                "destination": _destination_label(r["destination_id"], r["name"]),
+                "destination_id": r["destination_id"],
+                "count": int(r["count"]),
+                "rows": int(r["rows"]),
+            }
+            for r in count_rows
+        ),
+        key=lambda d: (list(FINDINGS).index(d["finding"]), d["group"], d["destination"]),
+    )
+    counts = {name: 0 for name in FINDINGS}
+    rows_per_type = {name: 0 for name in FINDINGS}
+    for d in by_dest:
+        counts[d["finding"]] += d["count"]
+        rows_per_type[d["finding"]] += d["rows"]
+
+    samples: dict[str, list[dict[str, Any]]] = {}
+    files: dict[str, str] = {}
+    if output:
+        _prepare_output(spark, output)
+    for name in FINDINGS:
+        if not rows_per_type[name]:
+            continue
+        of_type = findings.where(F.col("finding") == name)
+        samples[name] = [
+            json.loads(r["detail"]) for r in of_type.select("detail").limit(SAMPLE_ROWS).collect()
+        ]
+        if output:
+            rel = f"findings/{name}"
+            of_type.select("detail").write.mode("overwrite").text(_join(output, rel))
+            files[name] = rel
+
+    total = sum(counts.values())
+    summary: dict[str, Any] = {
+        "tool": "amqlite-audit",
+        "store": reader.source.description,
+        "backend": reader.source.backend,
+        "group": reader.group,
+        "groups": sorted(g[0] for g in group_info),
+        "now_ms": now_ms,
+        "audited_at": dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).isoformat(),
+        "duration_s": round(time.monotonic() - started, 3),
+        "reads": {k: {"rows": v.rows, "partitions": v.partitions} for k, v in reader.reads.items()},
+        "rows_read": sum(v.rows for v in reader.reads.values()),
+        "limits": {
+            "expiry_grace_ms": EXPIRY_GRACE_MS,
+            "dedup_grace_ms": DEDUP_GRACE_MS,
+            "stale_inflight_grace_ms": STALE_INFLIGHT_GRACE_MS,
+            "duplicate_content_window_ms": DUPLICATE_CONTENT_WINDOW_MS,
+            "rows_per_partition": reader.rows_per_partition,
+            "fetch_size": JDBC_FETCH_SIZE,
+        },
+        "clean": total == 0,
+        "total": total,
+        "counts": counts,
+        "findings": by_dest,
+        "samples": samples,
+        "output": output,
+        "files": files,
+    }
+    if output:
+        _write_text(spark, _join(output, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    return AuditResult(summary)
+
+
+def _destination_label(destination_id: int | None, name: str | None) -> str:
+    if destination_id is None:
+        return "-"
+    return name if name is not None else f"#{destination_id} (gone)"
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _is_local(path: str) -> bool:
+    scheme = urllib.parse.urlsplit(path).scheme
+    return scheme in ("", "file")
+
+
+def _local(path: str) -> str:
+    return urllib.parse.urlsplit(path).path if path.startswith("file:") else path
+
+
+def _join(base: str, rel: str) -> str:
+    return base.rstrip("/") + "/" + rel
+
+
+def _hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    return hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hpath
+
+
+def _prepare_output(spark: SparkSession, output: str) -> None:
+    """Findings of an earlier run in the same directory must not survive."""
+    findings = _join(output, "findings")
+    if _is_local(output):
+        os.makedirs(_local(output), exist_ok=True)
+        shutil.rmtree(_local(findings), ignore_errors=True)
+    else:  # HDFS, S3...: through Hadoop's FileSystem, as Spark writes there.
+        fs, hpath = _hadoop_path(spark, findings)
+        fs.delete(hpath, True)
+
+
+def _write_text(spark: SparkSession, path: str, text: str) -> None:
+    if _is_local(path):
+        with open(_local(path), "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    fs, hpath = _hadoop_path(spark, path)
+    stream = fs.create(hpath, True)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+
+
+def render_table(summary: dict[str, Any]) -> str:
+    """The report for people: what was read, one line per finding per group and
+    destination, a few sample rows, and the verdict."""
+    out: list[str] = []
+    reads = ", ".join(
+        f"{name} {r['rows']:,} rows/{r['partitions']} part" for name, r in summary["reads"].items()
+    )
+    groups = ", ".join(summary["groups"]) or "(none)"
+    out.append(f"amqlite audit of {summary['store']}  groups: {groups}")
+    out.append(f"read {reads} in {summary['duration_s']:.1f} s")
+    out.append("")
+    rows = [
+        (d["finding"], d["group"], d["destination"], f"{d['count']:,}") for d in summary["findings"]
+    ]
+    if rows:
+        head = ("FINDING", "GROUP", "DESTINATION", "COUNT")
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + f"  {{:>{widths[-1]}}}"
+        out.append(fmt.format(*head))
+        out.extend(fmt.format(*r) for r in rows)
+        out.append("")
+        out.append(f"samples (up to {SAMPLE_ROWS} per finding):")
+        for name, sample in summary["samples"].items():
+            out.append(f"  {name}: {FINDINGS[name]}")
+            out.extend(f"    {json.dumps(s, sort_keys=True)}" for s in sample)
+        out.append("")
+        kinds = sum(1 for c in summary["counts"].values() if c)
+        out.append(f"FOUND {summary['total']:,} in {kinds} finding type(s)")
+    else:
+        out.append("clean: no duplicates, orphans, stale state or sequence gaps found")
+    if summary["files"]:
+        out.append(f"rows written under {summary['output']}")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits on a bad argument; we owe the caller exit code 2 and one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _ArgError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="amqlite audit",
+        description="Audit an amqlite store for lost, orphaned and duplicated messages. "
+        "Exit 0: clean; 1: findings; 2: error.",
+    )
+    p.add_argument("--store", required=True, help="postgresql://... or sqlite:///path")
+    p.add_argument("--group", default=None, help="audit one group (default: all)")
+    p.add_argument(
+        "--master", default=None, help="Spark master (default: spark-submit's, else local[*])"
+    )
+    p.add_argument(
+        "--output",
+        default=None,
+        help="directory for summary.json and findings/<type>/ (JSON lines)",
+    )
+    p.add_argument("--json", action="store_true", help="print the JSON summary, not a table")
+    p.add_argument(
+        "--jdbc-jar", default=None, help="JDBC driver jar (default: Debian's, for the store's kind)"
+    )
+    p.add_argument(
+        "--rows-per-partition",
+        type=int,
+        default=ROWS_PER_PARTITION,
+        help=f"rows per JDBC read partition (default {ROWS_PER_PARTITION})",
+    )
+    p.add_argument(
+        "--now",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="judge expiry and ages as of this time, ms since the Unix epoch "
+        "(default: the store's clock)",
+    )
+    return p
+
+
+def _root_message(exc: BaseException, secrets: Sequence[str]) -> str:
+    """The innermost Java cause's first line: that is what the user can act on."""
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    msg = ""
+    if java is not None:
+        try:
+            cause = java
+            while cause.getCause() is not None and cause.getCause() != cause:
+                cause = cause.getCause()
+            msg = cause.toString() if cause.getMessage() is None else str(cause.getMessage())
+            if "ClassNotFoundException" in cause.getClass().getName():
+                msg = f"JDBC driver class not found ({msg}): install it or pass --jdbc-jar"
+        except Exception:
+            msg = ""
+    if not msg:
+        msg = str(exc)
+    line = next((s.strip() for s in msg.splitlines() if s.strip()), type(exc).__name__)
+    for s in secrets:
+        line = line.replace(s, "***")
+    return line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the audit; 0 clean, 1 findings, 2 error (one line on stderr)."""
+    try:
+        args = _parser().parse_args(list(argv) if argv is not None else sys.argv[1:])
+    except _ArgError as exc:
+        print(f"amqlite audit: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    secrets: Sequence[str] = ()
+    spark: SparkSession | None = None
+    owned = False
+    try:
+        if args.rows_per_partition < 1:
+            raise AuditError("--rows-per-partition must be at least 1")
+        source = parse_store_url(args.store)
+        secrets = source.secrets
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            jar = args.jdbc_jar or source.default_jar
+            if args.jdbc_jar and not os.path.exists(args.jdbc_jar):
+                raise AuditError(f"JDBC jar {args.jdbc_jar} does not exist")
+            spark = build_session(args.master, [jar] if os.path.exists(jar) else [])
+            owned = True
+        result = run_audit(
+            spark, source, args.group, args.output, args.rows_per_partition, args.now
+        )
+    except Exception as exc:  # AuditError, JDBC and Spark failures alike: one line
+        print(f"amqlite audit: error: {_root_message(exc, secrets)}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        if owned and spark is not None:
+            spark.stop()
+    if args.json:
+        print(json.dumps(result.summary, indent=2))
+    else:
+        print(render_table(result.summary))
+    return EXIT_CLEAN if result.clean else EXIT_FINDINGS
+
+
+if __name__ == "__main__":
+    sys.exit(main())

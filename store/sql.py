@@ -1,0 +1,985 @@
+"""One ``Store`` for SQLite and PostgreSQL on SQLAlchemy 2 Core.
+
+Every write transaction of a master starts with the *fence*: an UPDATE of the
+group's row guarded by ``epoch = :mine`` that must touch exactly one row. It
+proves the epoch and takes the row lock that serialises against a new master's
+``claim_epoch``. Under READ COMMITTED (PostgreSQL's default):
+
+* fence first: the claim's ``UPDATE amq_groups`` waits for our row lock; when
+  we commit, PostgreSQL re-reads the row for the claim (EvalPlanQual), so the
+  claim counts our batch and the new master's later reads see our rows;
+* claim first: our fence waits for the claim's row lock, re-reads the row,
+  finds a new epoch, touches 0 rows, and we roll back with ``Fenced``.
+
+On SQLite every write transaction is ``BEGIN IMMEDIATE``: one writer at a
+time for the whole file, so the same two outcomes hold.
+
+Dequeue and FOR UPDATE SKIP LOCKED: DESIGN.md asks for SKIP LOCKED "where the
+backend has it". We deliberately do not use it. SKIP LOCKED is for many
+competing consumers; here one fenced master reads, on the same thread that
+writes, and pages with an id cursor. The only rows another transaction could
+lock are those of a deposed master's last transaction; skipping them would
+move the cursor past them and lose them until the next activation, while a
+plain READ COMMITTED SELECT returns their committed state without waiting.
+FOR UPDATE would also dirty every page it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    case,
+    create_engine,
+    delete,
+    event,
+    exists,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import QueuePool
+
+from store import schema
+from store.api import (
+    Batch,
+    BatchResult,
+    DestinationRow,
+    Fenced,
+    Integrity,
+    NewMessage,
+    Recovery,
+    Ref,
+    Store,
+    StoredMessage,
+    StoreError,
+    SubscriptionRow,
+)
+from store.url import StoreURL, parse_store_url
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# -- limits and defaults ---------------------------------------------------
+
+#: Ids per ``IN (...)`` list. SQLite before 3.32 allowed 999 host parameters
+#: per statement; 500 leaves room for the others and keeps PostgreSQL's plans
+#: for the list cheap.
+IN_CHUNK = 500
+#: Connections per store: the committer thread, plus the background integrity
+#: check and registry heartbeats, which may run on other threads.
+POOL_SIZE = 2
+POOL_OVERFLOW = 2
+#: How long a thread waits for a pooled connection before giving up (s).
+POOL_TIMEOUT_S = 10.0
+#: libpq connect_timeout (s): a dead host must fail the connect quickly.
+CONNECT_TIMEOUT_S = 5
+#: libpq TCP keepalives: idle 5 s, then 3 probes 2 s apart, so a silent peer is
+#: declared dead after ~11 s instead of the kernel's default 2 h.
+KEEPALIVES_IDLE_S = 5
+KEEPALIVES_INTERVAL_S = 2
+KEEPALIVES_COUNT = 3
+#: libpq tcp_user_timeout (ms): unacknowledged writes fail after 10 s too.
+TCP_USER_TIMEOUT_MS = 10_000
+#: Server-side statement_timeout for store statements (ms). A group commit
+#: takes milliseconds; 15 s only trips on a wedged server or a lock held by a
+#: paused peer, and then the master should demote rather than wait.
+STATEMENT_TIMEOUT_MS = 15_000
+#: A paused process must not keep the group row locked forever: PostgreSQL
+#: ends a session idle inside a transaction for this long (ms).
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 30_000
+#: The integrity check counts every row: allow it 10 minutes (0 = no limit).
+INTEGRITY_STATEMENT_TIMEOUT_MS = 600_000
+#: SQLite: how long a writer waits for another process's write lock (ms).
+#: Writes are short; 10 s is far beyond a healthy wait.
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: UPDATE/DELETE ... RETURNING appeared in SQLite 3.35 (2021).
+SQLITE_MIN_VERSION = (3, 35, 0)
+#: Registry rows older than this are left out by ``read_registry`` (ms): a
+#: node heartbeats every few seconds, so 30 s means it is gone.
+REGISTRY_MAX_AGE_MS = 30_000
+#: The two-int advisory lock key serialising schema creation: "amql", 1. The
+#: two-int key space is separate from pg_advisory_lock(bigint) used by lockers.
+SCHEMA_LOCK_KEY = (0x616D716C, 1)
+APPLICATION_NAME = "amqlite-store"
+
+#: Schema upgrades: ``UPGRADES[v](conn)`` turns a version-v store into v+1. It
+#: runs inside the schema lock's transaction (advisory xact lock on
+#: PostgreSQL, BEGIN IMMEDIATE on SQLite), after ``create_all`` has added any
+#: new tables. Version 1 is the first: nothing to upgrade yet.
+UPGRADES: dict[int, Callable[[Connection], None]] = {}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _chunks(seq: Sequence[T], size: int = IN_CHUNK) -> Iterator[Sequence[T]]:
+    for i in range(0, len(seq), size):
+        yield seq[i : i + size]
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver error as one line (psycopg messages carry DETAIL/HINT lines)."""
+    orig = getattr(exc, "orig", None) or exc
+    text_ = str(orig).strip().splitlines()
+    return text_[0] if text_ else type(orig).__name__
+
+
+def _greatest(col: Any, value: Any) -> Any:
+    """greatest() that both dialects understand."""
+    return case((col > value, col), else_=value)
+
+
+def _make_engine(parsed: StoreURL, opts: dict[str, Any]) -> Engine:
+    """An engine for one store; ``opts`` override the module's defaults."""
+    pool = {
+        "poolclass": QueuePool,
+        "pool_size": opts.get("pool_size", POOL_SIZE),
+        "max_overflow": opts.get("max_overflow", POOL_OVERFLOW),
+        "pool_timeout": opts.get("pool_timeout", POOL_TIMEOUT_S),
+    }
+    if parsed.dialect == "sqlite":
+        return _make_sqlite_engine(parsed, opts, pool)
+    query = parsed.url.query
+    statement_timeout = opts.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS)
+    idle_timeout = opts.get("idle_in_transaction_timeout_ms", IDLE_IN_TRANSACTION_TIMEOUT_MS)
+    server_options = (
+        f"-c statement_timeout={statement_timeout} "
+        f"-c idle_in_transaction_session_timeout={idle_timeout}"
+    )
+    defaults: dict[str, Any] = {
+        "connect_timeout": opts.get("connect_timeout_s", CONNECT_TIMEOUT_S),
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVES_IDLE_S,
+        "keepalives_interval": KEEPALIVES_INTERVAL_S,
+        "keepalives_count": KEEPALIVES_COUNT,
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+        "application_name": opts.get("application_name", APPLICATION_NAME),
+    }
+    connect_args = {k: v for k, v in defaults.items() if k not in query}
+    user_options = query.get("options")
+    connect_args["options"] = f"{user_options} {server_options}" if user_options else server_options
+    return create_engine(parsed.url, connect_args=connect_args, **pool)
+
+
+def _make_sqlite_engine(parsed: StoreURL, opts: dict[str, Any], pool: dict[str, Any]) -> Engine:
+    if sqlite3.sqlite_version_info < SQLITE_MIN_VERSION:
+        raise StoreError(
+            f"SQLite {sqlite3.sqlite_version} is too old: amqlite needs "
+            f"{'.'.join(map(str, SQLITE_MIN_VERSION))} or newer"
+        )
+    assert parsed.path is not None
+    try:
+        parsed.path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot create {parsed.path.parent}: {e.strerror}") from None
+    busy = int(opts.get("busy_timeout_ms", SQLITE_BUSY_TIMEOUT_MS))
+    engine = create_engine(
+        parsed.url, connect_args={"check_same_thread": False, "timeout": busy / 1000}, **pool
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # We emit BEGIN ourselves (below): the sqlite3 module's legacy mode
+        # would run SELECTs outside the transaction.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {busy}")
+            mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{parsed.description}: SQLite refused WAL mode ({mode})")
+            # A RECEIPT promises durability. In WAL mode synchronous=NORMAL
+            # skips the fsync at commit, so a power loss may drop the last
+            # committed transactions; FULL syncs the WAL on every commit.
+            cur.execute("PRAGMA synchronous = FULL")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Writers take the file's write lock up front: a deferred transaction
+        # that reads and then writes can fail with SQLITE_BUSY (no wait) when
+        # another process wrote in between.
+        write = conn.get_execution_options().get("amq_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+class _Changes:
+    """Row-count changes of one transaction, for the counters."""
+
+    __slots__ = ("depth", "msgs", "pending")
+
+    def __init__(self) -> None:
+        self.depth: defaultdict[int, int] = defaultdict(int)
+        self.pending: defaultdict[int, int] = defaultdict(int)
+        self.msgs = 0  # message rows inserted minus deleted
+
+    def deleted_messages(self, destination_ids: Sequence[int]) -> None:
+        for d in destination_ids:
+            self.depth[d] -= 1
+        self.msgs -= len(destination_ids)
+
+
+class SqlStore(Store):
+    """The store on SQLite or PostgreSQL. Driven by one thread (the group
+    committer); ``check_integrity`` and the registry methods may run on another
+    thread because each operation checks its own connection out of the pool."""
+
+    def __init__(self, url: str, group: str, **opts: Any) -> None:
+        super().__init__(group)
+        self._parsed = parse_store_url(url)
+        self.description = self._parsed.description
+        self.dialect = self._parsed.dialect
+        self._opts = opts
+        self._engine: Engine | None = None
+        self._sqlite = self.dialect == "sqlite"
+        self._dinsert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
+        #: Test seam: called inside ``commit_batch`` right after the fence, while
+        #: the transaction holds the group row lock.
+        self.after_fence: Callable[[], None] | None = None
+        self._build_statements()
+
+    # -- statements, built once (SQLAlchemy caches their compiled form) ---
+    def _build_statements(self) -> None:
+        g, m, d, s = schema.groups, schema.messages, schema.destinations, schema.subscriptions
+        p, dd = schema.sub_pending, schema.dedup
+        p2 = p.alias("p2")
+        grp = bindparam("g")
+        ids = bindparam("ids", expanding=True)
+        max_id = bindparam("max_id", type_=BigInteger)
+        self._s_fence = (
+            update(g)
+            .where(g.c.grp == grp, g.c.epoch == bindparam("e"))
+            .values(
+                msg_count=g.c.msg_count + bindparam("delta", type_=BigInteger),
+                max_msg_id=_greatest(g.c.max_msg_id, max_id),
+                checkpoint_at=bindparam("now", type_=BigInteger),
+            )
+        )
+        self._s_count_fix = (
+            update(g)
+            .where(g.c.grp == grp)
+            .values(msg_count=g.c.msg_count + bindparam("delta", type_=BigInteger))
+        )
+        self._s_dedup_lookup = select(dd.c.dedup_key).where(
+            dd.c.grp == grp, dd.c.dedup_key.in_(bindparam("keys", expanding=True))
+        )
+        self._s_deliver_q = (
+            update(m)
+            .where(m.c.grp == grp, m.c.id.in_(ids))
+            .values(
+                delivery_count=m.c.delivery_count + bindparam("n"),
+                inflight_epoch=bindparam("e"),
+            )
+        )
+        self._s_deliver_s = (
+            update(p)
+            .where(p.c.grp == grp, p.c.sub_id == bindparam("s"), p.c.msg_id.in_(ids))
+            .values(
+                delivery_count=p.c.delivery_count + bindparam("n"),
+                inflight_epoch=bindparam("e"),
+            )
+        )
+        self._s_release_q = (
+            update(m).where(m.c.grp == grp, m.c.id.in_(ids)).values(inflight_epoch=None)
+        )
+        self._s_release_s = (
+            update(p)
+            .where(p.c.grp == grp, p.c.sub_id == bindparam("s"), p.c.msg_id.in_(ids))
+            .values(inflight_epoch=None)
+        )
+        self._s_move_lookup = select(m.c.id, m.c.destination_id).where(
+            m.c.grp == grp, m.c.id.in_(ids)
+        )
+        self._s_move = (
+            update(m)
+            .where(m.c.grp == grp, m.c.id == bindparam("i"))
+            .values(destination_id=bindparam("d"), inflight_epoch=None)
+        )
+        self._s_ack_q = (
+            delete(m).where(m.c.grp == grp, m.c.id.in_(ids)).returning(m.c.destination_id)
+        )
+        self._s_ack_s = delete(p).where(
+            p.c.grp == grp, p.c.sub_id == bindparam("s"), p.c.msg_id.in_(ids)
+        )
+        no_pending = ~exists().where(p2.c.grp == m.c.grp, p2.c.msg_id == m.c.id)
+        self._s_delete_orphans = (
+            delete(m)
+            .where(m.c.grp == grp, m.c.id.in_(ids), no_pending)
+            .returning(m.c.destination_id)
+        )
+        subs = bindparam("subs", expanding=True)
+        self._s_delete_sub_orphans = (
+            delete(m)
+            .where(
+                m.c.grp == grp,
+                m.c.id.in_(select(p.c.msg_id).where(p.c.grp == grp, p.c.sub_id.in_(subs))),
+                ~exists().where(
+                    p2.c.grp == m.c.grp, p2.c.msg_id == m.c.id, p2.c.sub_id.not_in(subs)
+                ),
+            )
+            .returning(m.c.destination_id)
+        )
+        self._s_delete_sub_pending = delete(p).where(p.c.grp == grp, p.c.sub_id.in_(subs))
+        self._s_delete_subs = delete(s).where(s.c.grp == grp, s.c.id.in_(subs))
+        self._s_depth = (
+            update(d)
+            .where(d.c.grp == grp, d.c.id == bindparam("i"))
+            .values(depth=d.c.depth + bindparam("n"))
+        )
+        self._s_pending = (
+            update(s)
+            .where(s.c.grp == grp, s.c.id == bindparam("i"))
+            .values(pending=s.c.pending + bindparam("n"))
+        )
+        msg_cols = (
+            m.c.id, m.c.destination_id, m.c.message_id, m.c.headers, m.c.body, m.c.priority,
+            m.c.expires_at, m.c.enqueued_at,
+        )
+        tail_cols = (m.c.producer_id, m.c.producer_seq, m.c.dedup_key)
+        self._s_page = (
+            select(*msg_cols, m.c.delivery_count, *tail_cols)
+            .where(
+                m.c.grp == grp,
+                m.c.destination_id == bindparam("d"),
+                m.c.id > bindparam("after"),
+            )
+            .order_by(m.c.id)
+            .limit(bindparam("n"))
+        )
+        self._s_sub_page = (
+            select(*msg_cols, p.c.delivery_count, *tail_cols)
+            .select_from(p.join(m, and_(m.c.grp == p.c.grp, m.c.id == p.c.msg_id)))
+            .where(p.c.grp == grp, p.c.sub_id == bindparam("s"), p.c.msg_id > bindparam("after"))
+            .order_by(p.c.msg_id)
+            .limit(bindparam("n"))
+        )
+        self._s_expired = (
+            select(m.c.id)
+            .where(m.c.grp == grp, m.c.expires_at > 0, m.c.expires_at <= bindparam("now"))
+            .order_by(m.c.expires_at, m.c.id)
+            .limit(bindparam("n"))
+        )
+        self._s_reap_pending = (
+            delete(p).where(p.c.grp == grp, p.c.msg_id.in_(ids)).returning(p.c.sub_id, p.c.msg_id)
+        )
+        self._s_reap_messages = (
+            delete(m).where(m.c.grp == grp, m.c.id.in_(ids)).returning(m.c.id, m.c.destination_id)
+        )
+        oldest = (
+            select(dd.c.dedup_key)
+            .where(dd.c.grp == grp, dd.c.created_at < bindparam("before"))
+            .order_by(dd.c.created_at)
+            .limit(bindparam("n"))
+        )
+        self._s_prune = delete(dd).where(dd.c.grp == grp, dd.c.dedup_key.in_(oldest))
+
+    # -- lifecycle ---------------------------------------------------------
+    def open(self) -> None:
+        if self._engine is not None:
+            return
+        self._engine = _make_engine(self._parsed, self._opts)
+        try:
+            self._ensure_schema()
+        except BaseException:
+            self._engine.dispose()
+            self._engine = None
+            raise
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine, for read-only tools (audit, CLI) and tests."""
+        if self._engine is None:
+            raise StoreError(f"{self.description}: store is not open")
+        return self._engine
+
+    @contextlib.contextmanager
+    def _tx(self, what: str, write: bool = True) -> Iterator[Connection]:
+        """One transaction; any database error becomes ``StoreError`` after rollback."""
+        if self._engine is None:
+            raise StoreError(f"{self.description}: store is not open")
+        try:
+            with self._engine.connect() as conn:
+                if write and self._sqlite:
+                    conn.execution_options(amq_write=True)
+                with conn.begin():
+                    yield conn
+        except SQLAlchemyError as e:
+            raise StoreError(f"{self.description}: {what} failed: {_one_line(e)}") from e
+
+    def _ensure_schema(self) -> None:
+        """Create or upgrade the schema under a lock so that racing brokers agree."""
+        with self._tx("schema creation") as conn:
+            if not self._sqlite:
+                conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:a, :b)"),
+                    {"a": SCHEMA_LOCK_KEY[0], "b": SCHEMA_LOCK_KEY[1]},
+                )
+            found = self._schema_version(conn)
+            if found is not None and found > schema.SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.description}: store schema v{found} is newer than this "
+                    f"amqlite (v{schema.SCHEMA_VERSION}): upgrade amqlite"
+                )
+            schema.metadata.create_all(conn)
+            meta = schema.meta
+            if found is None:
+                conn.execute(
+                    insert(meta).values(key="schema_version", value=str(schema.SCHEMA_VERSION))
+                )
+                log.info("%s: created schema v%d", self.description, schema.SCHEMA_VERSION)
+                return
+            for version in range(found, schema.SCHEMA_VERSION):
+                log.info("%s: upgrading schema v%d -> v%d", self.description, version, version + 1)
+                UPGRADES[version](conn)
+            if found != schema.SCHEMA_VERSION:
+                conn.execute(
+                    update(meta)
+                    .where(meta.c.key == "schema_version")
+                    .values(value=str(schema.SCHEMA_VERSION))
+                )
+
+    @staticmethod
+    def _schema_version(conn: Connection) -> int | None:
+        if not inspect(conn).has_table(schema.meta.name):
+            return None
+        value = conn.scalar(
+            select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
+        )
+        return int(value) if value is not None else None
+
+    # -- epoch -------------------------------------------------------------
+    def claim_epoch(self, node: str, token: int | None = None, dedup_window_ms: int = 0) -> int:
+        g = schema.groups
+        now = _now_ms()
+        with self._tx("claim_epoch") as conn:
+            conn.execute(
+                self._dinsert(g)
+                .values(grp=self.group, epoch=0, msg_count=0, max_msg_id=0, dedup_window_ms=0)
+                .on_conflict_do_nothing(index_elements=[g.c.grp])
+            )
+            # Blocks behind a running batch's fence, then sees its commit.
+            row = conn.execute(
+                update(g)
+                .where(g.c.grp == self.group)
+                .values(
+                    epoch=_greatest(g.c.epoch + 1, token or 0),
+                    master=node,
+                    epoch_started_at=now,
+                    dedup_window_ms=dedup_window_ms,
+                )
+                .returning(g.c.epoch, g.c.msg_count, g.c.max_msg_id)
+            ).one()
+            conn.execute(
+                insert(schema.activations).values(
+                    grp=self.group,
+                    epoch=row.epoch,
+                    node=node,
+                    activated_at=now,
+                    expected_count=row.msg_count,
+                    expected_max_id=row.max_msg_id,
+                )
+            )
+        log.info("%s: group %r epoch %d claimed by %s", self.description, self.group,
+                 row.epoch, node)
+        return int(row.epoch)
+
+    def _fence(
+        self, conn: Connection, epoch: int, delta: int = 0, max_id: int = 0, now: int = 0
+    ) -> None:
+        params = {"g": self.group, "e": epoch, "delta": delta, "max_id": max_id,
+                  "now": now or _now_ms()}
+        if conn.execute(self._s_fence, params).rowcount != 1:
+            raise Fenced(f"{self.description}: group {self.group!r} is no longer at epoch {epoch}")
+
+    def _current_epoch(self, conn: Connection) -> tuple[int, int] | None:
+        g = schema.groups
+        row = conn.execute(
+            select(g.c.epoch, g.c.max_msg_id).where(g.c.grp == self.group)
+        ).first()
+        return None if row is None else (int(row.epoch), int(row.max_msg_id))
+
+    # -- activation --------------------------------------------------------
+    def recover(self, epoch: int) -> Recovery:
+        d, s, m = schema.destinations, schema.subscriptions, schema.messages
+        with self._tx("recover", write=False) as conn:
+            current = self._current_epoch(conn)
+            if current is None or current[0] != epoch:
+                raise Fenced(f"{self.description}: group {self.group!r} is not at epoch {epoch}")
+            dests = [
+                DestinationRow(r.id, r.name, r.kind, r.depth)
+                for r in conn.execute(
+                    select(d.c.id, d.c.name, d.c.kind, d.c.depth)
+                    .where(d.c.grp == self.group)
+                    .order_by(d.c.id)
+                )
+            ]
+            subs = [
+                SubscriptionRow(r.id, r.client_id, r.name, r.destination_id, r.selector, r.pending)
+                for r in conn.execute(
+                    select(s.c.id, s.c.client_id, s.c.name, s.c.destination_id, s.c.selector,
+                           s.c.pending)
+                    .where(s.c.grp == self.group)
+                    .order_by(s.c.id)
+                )
+            ]
+            # Newest id by the primary key index (one descent, O(log n)).
+            top = conn.scalar(
+                select(m.c.id).where(m.c.grp == self.group).order_by(m.c.id.desc()).limit(1)
+            )
+        # max_msg_id is the highest id ever committed: acking the newest
+        # message must not hand its id out again (the dedup rows refer to it).
+        next_msg = max(top or 0, current[1]) + 1
+        return Recovery(
+            epoch=epoch,
+            destinations=dests,
+            subscriptions=subs,
+            next_message_id=next_msg,
+            next_destination_id=max((x.id for x in dests), default=0) + 1,
+            next_subscription_id=max((x.id for x in subs), default=0) + 1,
+        )
+
+    def check_integrity(self, epoch: int) -> Integrity:
+        g, m, a = schema.groups, schema.messages, schema.activations
+        if self._engine is None:
+            raise StoreError(f"{self.description}: store is not open")
+        try:
+            with self._engine.connect() as conn:
+                if not self._sqlite:
+                    # One snapshot for the counters and the count: commits of
+                    # the running master must not fall in between.
+                    conn.execution_options(isolation_level="REPEATABLE READ")
+                with conn.begin():
+                    if not self._sqlite:
+                        conn.execute(
+                            text(f"SET LOCAL statement_timeout = {INTEGRITY_STATEMENT_TIMEOUT_MS}")
+                        )
+                    counters = conn.execute(
+                        select(g.c.msg_count, g.c.max_msg_id).where(g.c.grp == self.group)
+                    ).one()
+                    actual = conn.execute(
+                        select(func.count(), func.max(m.c.id)).where(m.c.grp == self.group)
+                    ).one()
+                    activation_count = conn.scalar(
+                        select(a.c.expected_count).where(a.c.grp == self.group, a.c.epoch == epoch)
+                    )
+        except SQLAlchemyError as e:
+            raise StoreError(f"{self.description}: integrity check failed: {_one_line(e)}") from e
+        result = Integrity(
+            expected_count=int(counters.msg_count),
+            expected_max_id=int(counters.max_msg_id),
+            actual_count=int(actual[0]),
+            actual_max_id=int(actual[1] or 0),
+        )
+        if activation_count is not None:
+            # The activation row holds the counters as of activation; the
+            # running master has changed them since by exactly
+            # (msg_count - expected_count), so shift the count back.
+            at_activation = result.actual_count - (result.expected_count - activation_count)
+            with self._tx("integrity record") as conn:
+                conn.execute(
+                    update(a)
+                    .where(a.c.grp == self.group, a.c.epoch == epoch)
+                    .values(
+                        actual_count=at_activation,
+                        actual_max_id=result.actual_max_id,
+                        mismatch=result.mismatch,
+                    )
+                )
+        if result.mismatch:
+            log.error(
+                "%s: group %r integrity MISMATCH at epoch %d: counters say %d rows (max id %d), "
+                "store holds %d rows (max id %d)", self.description, self.group, epoch,
+                result.expected_count, result.expected_max_id, result.actual_count,
+                result.actual_max_id,
+            )
+        return result
+
+    def end_activation(self, epoch: int) -> None:
+        a = schema.activations
+        try:
+            with self._tx("end_activation") as conn:
+                self._fence(conn, epoch)
+                conn.execute(
+                    update(a)
+                    .where(a.c.grp == self.group, a.c.epoch == epoch)
+                    .values(ended_at=_now_ms())
+                )
+        except Fenced:
+            pass
+
+    # -- the batch ---------------------------------------------------------
+    def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:
+        now = _now_ms()
+        inserts = batch.inserts
+        # The fence carries the expected change of msg_count; what really
+        # happened (dedup drops, topic rows, missing rows) is corrected at the
+        # end in the same transaction, only when it differs.
+        queue_acks = [mid for sid, mid in batch.acks if sid is None]
+        predicted = len(inserts) - len(queue_acks)
+        max_id = max((x.id for x in inserts), default=0)
+        result = BatchResult()
+        ch = _Changes()
+        with self._tx("commit") as conn:
+            self._fence(conn, epoch, predicted, max_id, now)
+            if self.after_fence is not None:
+                self.after_fence()
+            if batch.destinations:
+                self._create_destinations(conn, batch.destinations, now)
+            if batch.subscriptions:
+                self._create_subscriptions(conn, batch.subscriptions, now)
+            if inserts:
+                self._insert(conn, inserts, now, result, ch)
+            if batch.deliveries:
+                self._deliver(conn, epoch, batch, ch)
+            if batch.releases:
+                self._release(conn, batch.releases)
+            if batch.moves:
+                self._move(conn, batch.moves, ch)
+            if queue_acks:
+                self._ack_queue(conn, queue_acks, ch)
+            if len(queue_acks) != len(batch.acks):
+                self._ack_subscriptions(conn, batch.acks, ch)
+            if batch.removed_subscriptions:
+                self._remove_subscriptions(conn, batch.removed_subscriptions, ch)
+            self._write_counters(conn, ch, predicted, batch.removed_subscriptions)
+        return result
+
+    def _create_destinations(
+        self, conn: Connection, rows: Sequence[DestinationRow], now: int
+    ) -> None:
+        conn.execute(
+            insert(schema.destinations),
+            [
+                {"grp": self.group, "id": r.id, "name": r.name, "kind": r.kind,
+                 "created_at": now, "depth": 0}
+                for r in rows
+            ],
+        )
+
+    def _create_subscriptions(
+        self, conn: Connection, rows: Sequence[SubscriptionRow], now: int
+    ) -> None:
+        conn.execute(
+            insert(schema.subscriptions),
+            [
+                {"grp": self.group, "id": r.id, "client_id": r.client_id, "name": r.name,
+                 "destination_id": r.destination_id, "selector": r.selector,
+                 "created_at": now, "pending": 0}
+                for r in rows
+            ],
+        )
+
+    def _insert(
+        self,
+        conn: Connection,
+        inserts: Sequence[NewMessage],
+        now: int,
+        result: BatchResult,
+        ch: _Changes,
+    ) -> None:
+        g = self.group
+        keys = {x.dedup_key for x in inserts if x.dedup_key is not None}
+        if keys:
+            stored: set[str] = set()
+            for chunk in _chunks(list(keys)):
+                stored.update(conn.scalars(self._s_dedup_lookup, {"g": g, "keys": chunk}))
+            seen: set[str] = set()
+            kept: list[NewMessage] = []
+            for x in inserts:
+                k = x.dedup_key
+                if k is not None:
+                    if k in stored or k in seen:
+                        result.duplicates.add(k)
+                        result.duplicate_ids.add(x.id)
+                        continue
+                    seen.add(k)
+                kept.append(x)
+            inserts = kept
+            if not inserts:
+                return
+        dumps = json.dumps
+        rows = []
+        dedup_rows = []
+        pending_rows = []
+        depth = ch.depth
+        pending = ch.pending
+        for x in inserts:
+            rows.append(
+                {"grp": g, "id": x.id, "destination_id": x.destination_id,
+                 "message_id": x.message_id, "producer_id": x.producer_id,
+                 "producer_seq": x.producer_seq, "dedup_key": x.dedup_key,
+                 "priority": x.priority, "expires_at": x.expires_at,
+                 "enqueued_at": x.enqueued_at or now, "delivery_count": 0,
+                 "inflight_epoch": None, "headers": dumps(x.headers, separators=(",", ":")),
+                 "body": x.body}
+            )
+            depth[x.destination_id] += 1
+            if x.dedup_key is not None:
+                dedup_rows.append(
+                    {"grp": g, "dedup_key": x.dedup_key, "producer_id": x.producer_id,
+                     "producer_seq": x.producer_seq, "msg_id": x.id, "created_at": now}
+                )
+            for sub in x.subscriber_ids:
+                pending_rows.append(
+                    {"grp": g, "sub_id": sub, "msg_id": x.id, "delivery_count": 0,
+                     "inflight_epoch": None}
+                )
+                pending[sub] += 1
+        ch.msgs += len(rows)
+        conn.execute(insert(schema.messages), rows)
+        if dedup_rows:
+            conn.execute(insert(schema.dedup), dedup_rows)
+        if pending_rows:
+            conn.execute(insert(schema.sub_pending), pending_rows)
+
+    def _deliver(self, conn: Connection, epoch: int, batch: Batch, ch: _Changes) -> None:
+        acked = set(batch.acks)
+        counts = Counter(r for r in batch.deliveries if r not in acked)
+        # One statement per (subscription, times delivered in this batch).
+        groups: defaultdict[tuple[int | None, int], list[int]] = defaultdict(list)
+        for (sid, mid), n in counts.items():
+            groups[(sid, n)].append(mid)
+        for (sid, n), mids in groups.items():
+            for chunk in _chunks(mids):
+                if sid is None:
+                    conn.execute(self._s_deliver_q,
+                                 {"g": self.group, "e": epoch, "n": n, "ids": chunk})
+                else:
+                    conn.execute(self._s_deliver_s,
+                                 {"g": self.group, "e": epoch, "n": n, "s": sid, "ids": chunk})
+
+    def _release(self, conn: Connection, refs: Sequence[Ref]) -> None:
+        by_sub: defaultdict[int | None, list[int]] = defaultdict(list)
+        for sid, mid in refs:
+            by_sub[sid].append(mid)
+        for sid, mids in by_sub.items():
+            for chunk in _chunks(mids):
+                if sid is None:
+                    conn.execute(self._s_release_q, {"g": self.group, "ids": chunk})
+                else:
+                    conn.execute(self._s_release_s, {"g": self.group, "s": sid, "ids": chunk})
+
+    def _move(self, conn: Connection, moves: Sequence[tuple[int, int]], ch: _Changes) -> None:
+        final: dict[int, int] = {}
+        for mid, dest in moves:  # a later move of the same message wins
+            final[mid] = dest
+        ids = list(final)
+        origin: dict[int, int] = {}
+        for chunk in _chunks(ids):
+            for mid, src in conn.execute(self._s_move_lookup, {"g": self.group, "ids": chunk}):
+                origin[mid] = src
+        params = []
+        for mid, dest in final.items():
+            src = origin.get(mid)
+            if src is None:  # already gone: nothing to move
+                continue
+            params.append({"g": self.group, "i": mid, "d": dest})
+            ch.depth[src] -= 1
+            ch.depth[dest] += 1
+        if params:
+            conn.execute(self._s_move, params)
+
+    def _ack_queue(self, conn: Connection, mids: Sequence[int], ch: _Changes) -> None:
+        for chunk in _chunks(mids):
+            ch.deleted_messages(
+                conn.scalars(self._s_ack_q, {"g": self.group, "ids": chunk}).all()
+            )
+
+    def _ack_subscriptions(self, conn: Connection, acks: Sequence[Ref], ch: _Changes) -> None:
+        by_sub: defaultdict[int, list[int]] = defaultdict(list)
+        for sid, mid in acks:
+            if sid is not None:
+                by_sub[sid].append(mid)
+        candidates: set[int] = set()
+        for sid, mids in by_sub.items():
+            for chunk in _chunks(mids):
+                n = conn.execute(self._s_ack_s, {"g": self.group, "s": sid, "ids": chunk}).rowcount
+                ch.pending[sid] -= n
+            candidates.update(mids)
+        self._delete_orphans(conn, list(candidates), ch)
+
+    def _delete_orphans(self, conn: Connection, mids: Sequence[int], ch: _Changes) -> None:
+        """Delete the message rows among ``mids`` that no subscription is owed."""
+        for chunk in _chunks(mids):
+            ch.deleted_messages(
+                conn.scalars(self._s_delete_orphans, {"g": self.group, "ids": chunk}).all()
+            )
+
+    def _remove_subscriptions(self, conn: Connection, sids: Sequence[int], ch: _Changes) -> None:
+        for chunk in _chunks(list(dict.fromkeys(sids))):
+            params = {"g": self.group, "subs": chunk}
+            ch.deleted_messages(conn.scalars(self._s_delete_sub_orphans, params).all())
+            conn.execute(self._s_delete_sub_pending, params)
+            conn.execute(self._s_delete_subs, params)
+
+    def _write_counters(
+        self, conn: Connection, ch: _Changes, predicted: int, removed: Sequence[int] = ()
+    ) -> None:
+        g = self.group
+        depth = [{"g": g, "i": k, "n": v} for k, v in ch.depth.items() if v]
+        if depth:
+            conn.execute(self._s_depth, depth)
+        gone = set(removed)
+        pending = [
+            {"g": g, "i": k, "n": v} for k, v in ch.pending.items() if v and k not in gone
+        ]
+        if pending:
+            conn.execute(self._s_pending, pending)
+        if ch.msgs != predicted:
+            conn.execute(self._s_count_fix, {"g": g, "delta": ch.msgs - predicted})
+
+    # -- paging ------------------------------------------------------------
+    @staticmethod
+    def _stored(rows: Any) -> list[StoredMessage]:
+        loads = json.loads
+        return [
+            StoredMessage(
+                r[0], r[1], r[2], loads(r[3]), bytes(r[4]), r[5], r[6], r[7], r[8], r[9], r[10],
+                r[11],
+            )
+            for r in rows
+        ]
+
+    def load_page(self, destination_id: int, after_id: int, limit: int) -> list[StoredMessage]:
+        params = {"g": self.group, "d": destination_id, "after": after_id, "n": limit}
+        with self._tx("load_page", write=False) as conn:
+            return self._stored(conn.execute(self._s_page, params))
+
+    def load_subscription_page(
+        self, subscription_id: int, after_id: int, limit: int
+    ) -> list[StoredMessage]:
+        params = {"g": self.group, "s": subscription_id, "after": after_id, "n": limit}
+        with self._tx("load_subscription_page", write=False) as conn:
+            return self._stored(conn.execute(self._s_sub_page, params))
+
+    # -- housekeeping --------------------------------------------------------
+    def reap_expired(self, epoch: int, now_ms: int, limit: int) -> list[Ref]:
+        """Expired messages go whether in flight or not; a later ACK of one is a no-op."""
+        ch = _Changes()
+        refs: list[Ref] = []
+        with self._tx("reap_expired") as conn:
+            self._fence(conn, epoch)
+            ids = conn.scalars(self._s_expired, {"g": self.group, "now": now_ms, "n": limit}).all()
+            owed: defaultdict[int, list[int]] = defaultdict(list)
+            for chunk in _chunks(ids):
+                for sid, mid in conn.execute(self._s_reap_pending, {"g": self.group, "ids": chunk}):
+                    owed[mid].append(sid)
+                    ch.pending[sid] -= 1
+                for mid, dest in conn.execute(
+                    self._s_reap_messages, {"g": self.group, "ids": chunk}
+                ):
+                    ch.deleted_messages((dest,))
+                    subs = owed.get(mid)
+                    if subs:
+                        refs.extend((sid, mid) for sid in subs)
+                    else:
+                        refs.append((None, mid))
+            self._write_counters(conn, ch, 0)
+        return refs
+
+    def prune_dedup(self, epoch: int, older_than_ms: int, limit: int) -> int:
+        with self._tx("prune_dedup") as conn:
+            self._fence(conn, epoch)
+            params = {"g": self.group, "before": older_than_ms, "n": limit}
+            return int(conn.execute(self._s_prune, params).rowcount)
+
+    # -- registry ------------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        role: str,
+        services: str | list[str] | tuple[str, ...],
+        host: str | None,
+        pid: int | None,
+        epoch: int | None,
+    ) -> None:
+        r = schema.registry
+        now = _now_ms()
+        if not isinstance(services, str):
+            services = ",".join(services)
+        stmt = self._dinsert(r)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[r.c.grp, r.c.name],
+            set_={
+                "role": stmt.excluded.role,
+                "services": stmt.excluded.services,
+                "host": stmt.excluded.host,
+                "pid": stmt.excluded.pid,
+                "epoch": stmt.excluded.epoch,
+                "heartbeat_at": stmt.excluded.heartbeat_at,
+                # A new process under the same name is a new start.
+                "started_at": case(
+                    (r.c.pid == stmt.excluded.pid, r.c.started_at),
+                    else_=stmt.excluded.started_at,
+                ),
+            },
+        )
+        with self._tx("register") as conn:
+            conn.execute(
+                stmt,
+                {"grp": self.group, "name": name, "role": role, "services": services,
+                 "host": host, "pid": pid, "epoch": epoch, "started_at": now,
+                 "heartbeat_at": now},
+            )
+
+    def unregister(self, name: str) -> None:
+        r = schema.registry
+        with self._tx("unregister") as conn:
+            conn.execute(delete(r).where(r.c.grp == self.group, r.c.name == name))
+
+
+def read_registry(
+    url: str, group: str | None = None, max_age_ms: int | None = REGISTRY_MAX_AGE_MS
+) -> list[dict[str, Any]]:
+    """Registry rows (one dict per node, columns as keys), freshest heartbeats
+    only unless ``max_age_ms`` is None. For the CLI: needs no lock and creates
+    nothing; a store that does not exist yet has no rows."""
+    parsed = parse_store_url(url)
+    if parsed.path is not None and not parsed.path.exists():
+        return []
+    engine = _make_engine(parsed, {"pool_size": 1, "max_overflow": 0})
+    r = schema.registry
+    query = select(r).order_by(r.c.grp, r.c.name)
+    if group is not None:
+        query = query.where(r.c.grp == group)
+    if max_age_ms is not None:
+        query = query.where(r.c.heartbeat_at >= _now_ms() - max_age_ms)
+    try:
+        with engine.connect() as conn:
+            if not inspect(conn).has_table(r.name):
+                return []
+            return [dict(row._mapping) for row in conn.execute(query)]
+    except SQLAlchemyError as e:
+        raise StoreError(f"{parsed.description}: reading the registry failed: {_one_line(e)}") \
+            from e
+    finally:
+        engine.dispose()
