@@ -83,9 +83,9 @@ def open_locker(
 ) -> Locker:
     """The locker for ``url``; raises ``LockerError`` (one line) on a bad URL.
 
-    ``session_timeout``: ZooKeeper's session timeout; for PostgreSQL, how long a
-    dead network may go unnoticed (TCP keepalives, ``tcp_user_timeout``);
-    unused by the file locker. ``node`` names this broker in the lock (file
+    ``session_timeout``: ZooKeeper's session timeout; the file and PostgreSQL
+    lockers have no session to time out and ignore it (PostgreSQL's TCP
+    timeouts are ``lockers.postgres.PG_DEAD_PEER_TIMEOUT``). ``node`` names this broker in the lock (file
     note, znode data, ``application_name``); default ``host:pid``.
     Nothing connects until the first ``try_acquire``/``acquire``.
     """
@@ -119,15 +119,9 @@ def open_locker(
         return locker
 
     if scheme in _PG_SCHEMES or scheme.startswith("postgresql+"):
-        from lockers.postgres import PG_SESSION_TIMEOUT, PostgresLocker
+        from lockers.postgres import PostgresLocker
 
-        return PostgresLocker(
-            url,
-            group,
-            node=node,
-            session_timeout=session_timeout or PG_SESSION_TIMEOUT,
-            keepalive_interval=interval,
-        )
+        return PostgresLocker(url, group, node=node, keepalive_interval=interval)
 
     if scheme == "zk":
         parts = urlsplit(url)

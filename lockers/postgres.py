@@ -51,8 +51,9 @@ T = TypeVar("T")
 #: either side. ActiveMQ's JDBC locker leaned on the OS default (2 h keepalive,
 #: ~15 min retransmissions) and failed over after minutes; 5 s is well above a
 #: loaded LAN's round trip and short enough that a half-open master session
-#: stops blocking the slave quickly. ``session_timeout`` overrides it.
-PG_SESSION_TIMEOUT = 5.0
+#: stops blocking the slave quickly. ``PostgresLocker(dead_peer_timeout=)``
+#: overrides it (``open_locker``'s ``session_timeout`` is ZooKeeper's alone).
+PG_DEAD_PEER_TIMEOUT = 5.0
 
 #: Unanswered keepalive probes before the connection is declared dead. With
 #: idle = 40 % and interval = 20 % of the session timeout, three probes add up
@@ -129,16 +130,16 @@ def key_parts(key: int) -> tuple[int, int]:
     return unsigned >> 32, unsigned & 0xFFFF_FFFF
 
 
-def tcp_settings(session_timeout: float) -> dict[str, int]:
-    """libpq keepalive/timeout parameters that notice a dead peer in ``session_timeout``."""
-    idle = max(PG_MIN_TCP_SECONDS, round(session_timeout * PG_KEEPALIVES_IDLE_SHARE))
-    interval = max(PG_MIN_TCP_SECONDS, round(session_timeout * PG_KEEPALIVES_INTERVAL_SHARE))
+def tcp_settings(dead_peer_timeout: float) -> dict[str, int]:
+    """libpq keepalive/timeout parameters that notice a dead peer in ``dead_peer_timeout``."""
+    idle = max(PG_MIN_TCP_SECONDS, round(dead_peer_timeout * PG_KEEPALIVES_IDLE_SHARE))
+    interval = max(PG_MIN_TCP_SECONDS, round(dead_peer_timeout * PG_KEEPALIVES_INTERVAL_SHARE))
     return {
         "keepalives": 1,
         "keepalives_idle": idle,
         "keepalives_interval": interval,
         "keepalives_count": PG_KEEPALIVES_COUNT,
-        "tcp_user_timeout": round(max(PG_MIN_TCP_SECONDS, session_timeout) * 1000),
+        "tcp_user_timeout": round(max(PG_MIN_TCP_SECONDS, dead_peer_timeout) * 1000),
         "connect_timeout": PG_CONNECT_TIMEOUT,
     }
 
@@ -200,7 +201,7 @@ class PostgresLocker(Locker):
         group: str,
         *,
         node: str,
-        session_timeout: float = PG_SESSION_TIMEOUT,
+        dead_peer_timeout: float = PG_DEAD_PEER_TIMEOUT,
         keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL,
         wait_slice: float = PG_WAIT_SLICE,
     ) -> None:
@@ -209,7 +210,7 @@ class PostgresLocker(Locker):
             params = conninfo_to_dict(strip_driver(url))
         except psycopg.Error as e:
             raise LockerError(f"bad PostgreSQL URL: {_redacted(e)}") from None
-        for name, value in tcp_settings(session_timeout).items():
+        for name, value in tcp_settings(dead_peer_timeout).items():
             params.setdefault(name, value)  # an operator's explicit setting wins
         params["application_name"] = f"{APPLICATION_NAME_PREFIX}:{group}:{node}"[
             :MAX_APPLICATION_NAME
@@ -217,7 +218,7 @@ class PostgresLocker(Locker):
         self._conninfo = make_conninfo("", **params)
         self.group = group
         self.node = node
-        self.session_timeout = session_timeout
+        self.dead_peer_timeout = dead_peer_timeout
         self.keepalive_interval = keepalive_interval
         self.wait_slice = wait_slice
         self.key = advisory_key(group)
@@ -238,7 +239,7 @@ class PostgresLocker(Locker):
     def _connect_blocking(self) -> _Session:
         conn = psycopg.connect(self._conninfo, autocommit=True)
         try:
-            ka = tcp_settings(self.session_timeout)
+            ka = tcp_settings(self.dead_peer_timeout)
             sets = [
                 f"SET tcp_keepalives_idle = {ka['keepalives_idle']}",
                 f"SET tcp_keepalives_interval = {ka['keepalives_interval']}",

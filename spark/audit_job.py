@@ -559,7 +559,7 @@ def check_duplicate_content(m: DataFrame) -> DataFrame:
             F.col("prev_id").alias("previous_msg_id"),
             F.col("prev_key").alias("previous_dedup_key"),
             (F.col("enqueued_at") - F.col("prev_at")).alias("apart_ms"),
-            F.hex("body_sha").alias("body_sha256"),
+            F.lower(F.hex("body_sha")).alias("body_sha256"),
         )
     )
     return _finding(

@@ -7,6 +7,7 @@ import pytest
 from lockers import Locker, LockerError, open_locker
 from lockers.file import FileLocker
 from lockers.postgres import (
+    PG_DEAD_PEER_TIMEOUT,
     PostgresLocker,
     advisory_key,
     key_parts,
@@ -22,6 +23,7 @@ from lockers.zookeeper import ZK_DEFAULT_ROOT, ZooKeeperLocker
         ("postgresql://amq@db.example:5433/amq", PostgresLocker),
         ("postgres://amq@db.example/amq", PostgresLocker),
         ("postgresql+psycopg://amq@db.example/amq", PostgresLocker),
+        ("postgresql+psycopg2://amq@db.example/amq", PostgresLocker),
         ("zk://zk1:2181,zk2:2181/amq", ZooKeeperLocker),
         ("zk://zk1:2181", ZooKeeperLocker),
     ],
@@ -43,6 +45,7 @@ def test_url_picks_backend(url: str, kind: type[Locker]) -> None:
         ("zk://user:pw@zk1:2181/amq", "user info"),
         ("zk://zk1:2181/a//b", "bad root path"),
         ("postgresql://h/db?nosuchparam=1", "bad PostgreSQL URL"),
+        ("postgresql://u:p%zzs3cr3t@h/db", "bad PostgreSQL URL"),
     ],
 )
 def test_bad_url_is_one_clear_line(url: str, needle: str) -> None:
@@ -51,6 +54,7 @@ def test_bad_url_is_one_clear_line(url: str, needle: str) -> None:
     message = str(info.value)
     assert needle in message
     assert "\n" not in message
+    assert "s3cr3t" not in message  # libpq quotes the bad token: it may be the password
 
 
 @pytest.mark.parametrize("group", ["", "a/b", "..", "-x", "x" * 101, "spa ce"])
@@ -82,9 +86,10 @@ def test_settings_reach_the_locker() -> None:
     assert zk.session_timeout == 3.0
     assert zk.keepalive_interval == 0.25
     assert zk.lock_path == f"{ZK_DEFAULT_ROOT}/groups/g/lock"
-    pg = open_locker("postgresql://h/db", "g", session_timeout=10)
+    pg = open_locker("postgresql://h/db", "g", session_timeout=10, keepalive_interval=0.5)
     assert isinstance(pg, PostgresLocker)
-    assert pg.session_timeout == 10.0
+    assert pg.dead_peer_timeout == PG_DEAD_PEER_TIMEOUT  # a ZooKeeper setting: not for TCP
+    assert pg.keepalive_interval == 0.5
 
 
 def test_advisory_key_is_stable_and_signed_64_bit() -> None:

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from urllib.parse import urlsplit
 
 import pytest
 
 from lockers import LockerError, LockLost, LockState, open_locker
-from lockers.postgres import APPLICATION_NAME_PREFIX, PostgresLocker, advisory_key, key_parts
+from lockers.postgres import (
+    APPLICATION_NAME_PREFIX,
+    PG_CALL_TIMEOUT,
+    PostgresLocker,
+    advisory_key,
+    key_parts,
+    tcp_settings,
+)
 from tests.lockers.helpers import Holder, StateRecorder, eventually, run
 from tests.servers import PostgresServer
 
@@ -178,8 +187,8 @@ def test_slave_waits_in_slices_bounded_by_lock_timeout(
         assert await a.try_acquire()
         waiting = asyncio.create_task(b.acquire())
         sql = (
-            "SELECT query_start FROM pg_stat_activity WHERE application_name = "
-            f"'{_app('g', 'b')}' AND wait_event_type = 'Lock'"
+            "SELECT query_start FROM pg_stat_activity WHERE datname = current_database()"
+            f" AND application_name = '{_app('g', 'b')}' AND wait_event_type = 'Lock'"
         )
         first = await eventually(
             lambda: asyncio.to_thread(postgres_server.psql, sql, _dbname(pg_url)),
@@ -217,7 +226,7 @@ def test_terminated_lock_session_is_a_lost_lock(
         killed = await asyncio.to_thread(
             postgres_server.psql,
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            f" WHERE application_name = '{_app('g', 'a')}'",
+            f" WHERE datname = current_database() AND application_name = '{_app('g', 'a')}'",
             _dbname(pg_url),
         )
         assert killed == "1"
@@ -280,6 +289,73 @@ def test_database_restart_loses_the_lock_and_the_slave_takes_over(
         await b.keepalive()
         rows = await advisory_rows(postgres_server, pg_url)
         assert [(r[0], r[1]) for r in rows] == [(_app("g", "b"), True)]
+        await a.close()
+        await b.close()
+
+    run(main())
+
+
+def test_lock_session_has_tcp_settings_on_both_sides(pg_url: str) -> None:
+    async def main() -> None:
+        a = PostgresLocker(pg_url, "g", node="a", dead_peer_timeout=5)
+        assert await a.try_acquire()
+        session = a._session  # white box: what libpq and the server were told
+        assert session is not None
+        conn = session.conn
+        wanted = tcp_settings(5)
+        client = conn.info.get_parameters()
+        for name in ("keepalives", "keepalives_idle", "keepalives_interval",
+                     "keepalives_count", "tcp_user_timeout", "connect_timeout"):
+            assert client[name] == str(wanted[name]), name
+
+        def server_side() -> dict[str, str]:
+            names = ("tcp_keepalives_idle", "tcp_keepalives_interval",
+                     "tcp_keepalives_count", "tcp_user_timeout")
+            return {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}
+
+        shown = await asyncio.to_thread(server_side)
+        assert shown == {
+            "tcp_keepalives_idle": str(wanted["keepalives_idle"]),
+            "tcp_keepalives_interval": str(wanted["keepalives_interval"]),
+            "tcp_keepalives_count": str(wanted["keepalives_count"]),
+            "tcp_user_timeout": str(wanted["tcp_user_timeout"]),  # SHOW gives the socket's ms
+        }
+        await a.close()
+
+    run(main())
+
+
+def test_stalled_lock_session_is_a_lost_lock(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    """A backend that stops answering (TCP still up) must not keep a master waiting."""
+
+    async def main() -> None:
+        a = open_locker(pg_url, "g", node="a")
+        recorder = StateRecorder()
+        a.add_listener(recorder)
+        assert await a.try_acquire()
+        pid = int(
+            await asyncio.to_thread(
+                postgres_server.psql,
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                f" AND application_name = '{_app('g', 'a')}'",
+                _dbname(pg_url),
+            )
+        )
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(LockLost):
+                await a.keepalive()
+            took = time.monotonic() - start
+            assert took < PG_CALL_TIMEOUT + 2.0
+            assert recorder.states == [LockState.LOST]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # The abandoned session is closed, so its lock goes with it.
+        b = open_locker(pg_url, "g", node="b")
+        await asyncio.wait_for(b.acquire(), 10.0)
         await a.close()
         await b.close()
 

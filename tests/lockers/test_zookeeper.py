@@ -252,3 +252,22 @@ def test_expired_session_is_a_lost_lock(zookeeper_server: ZooKeeperServer, zk_ur
         await b.close()
 
     run(main())
+
+
+def test_lock_node_deleted_under_the_holder_is_a_lost_lock(
+    zk_url: str, zk_admin: KazooClient
+) -> None:
+    async def main() -> None:
+        a = _zk(zk_url, "a")
+        recorder = StateRecorder()
+        a.add_listener(recorder)
+        assert await a.try_acquire()
+        path = _lock_path(zk_url, "g")
+        [node] = await children(zk_admin, path)
+        await asyncio.to_thread(zk_admin.delete, f"{path}/{node}")
+        with pytest.raises(LockLost):
+            await a.keepalive()
+        assert recorder.states == [LockState.LOST]
+        await a.close()
+
+    run(main())
