@@ -18,6 +18,7 @@ import time
 
 from amqlite.auth import Authenticator, load_users
 from amqlite.broker import Broker
+from amqlite.registry import NullRegistry, Registry, open_registry
 from amqlite.server import StompServer
 from amqlite.settings import Settings
 from lockers import LockerError, LockLost, LockState, open_locker
@@ -53,6 +54,8 @@ class Node:
         self.broker: Broker | None = None
         self.server: StompServer | None = None
         self.role = "starting"
+        #: This node's registry entry (cluster-list, discovery); never blocks or raises.
+        self.registry: Registry = NullRegistry()
 
     # -- entry point ----------------------------------------------------------------
     async def run(self) -> int:
@@ -73,9 +76,11 @@ class Node:
         try:
             if not await self._open_store(store):
                 return EXIT_OK
+            self.registry = open_registry(s, store)
             while not self.stopping.is_set():
                 self.role = "slave"
                 log.info("node %s: slave of group %s, waiting for the lock", s.name, s.group)
+                await self.registry.announce("slave", None)
                 if not await self._until_stopped(locker.acquire(s.lock_poll_interval)):
                     break
                 outcome = await self._serve_as_master(store, locker, auth)
@@ -86,6 +91,10 @@ class Node:
                 self.lost.clear()
             return EXIT_OK
         finally:
+            with contextlib.suppress(Exception):
+                await self.registry.withdraw()
+            with contextlib.suppress(Exception):
+                await self.registry.close()
             with contextlib.suppress(Exception):
                 await locker.close()
             with contextlib.suppress(Exception):
@@ -175,9 +184,10 @@ class Node:
             s.name, s.group, epoch, *s.bind_address, (time.monotonic() - started) * 1000,
             len(recovery.destinations), len(recovery.subscriptions),
         )
+        await self.registry.announce("master", epoch)
         background = [
             asyncio.ensure_future(self._keepalive(locker)),
-            asyncio.ensure_future(self._check_integrity(committer, store, epoch)),
+            asyncio.ensure_future(self._check_integrity(epoch)),
             asyncio.ensure_future(self._housekeeping(committer, store, epoch)),
         ]
         stop = asyncio.ensure_future(self.stopping.wait())
@@ -194,6 +204,7 @@ class Node:
             self.role = "demoted"
             log.error("node %s: DEMOTED (%s): closing every client, writing nothing more",
                       s.name, self.lost_reason)
+            await self.registry.announce("slave", None)
             server.stop_accepting()
             broker.pause()
             server.close_all("broker lost mastership; fail over")
@@ -231,17 +242,23 @@ class Node:
                 self._demote(f"lock keepalive failed: {exc}")
                 return
 
-    async def _check_integrity(self, committer: GroupCommitter, store, epoch: int) -> None:
-        """HornetQ-style journal comparison, off the activation path (it is O(n))."""
+    async def _check_integrity(self, epoch: int) -> None:
+        """HornetQ-style journal comparison, off the activation path: it counts
+        every row, so it runs on its own connection and never delays a commit."""
+        s = self.settings
+        checker = open_store(s.store, s.group)
         try:
-            result = await committer.call(store.check_integrity, epoch)
+            await asyncio.to_thread(checker.open)
+            result = await asyncio.to_thread(checker.check_integrity, epoch)
         except StoreError as exc:
             log.warning("integrity check failed to run: %s", exc)
             return
+        finally:
+            await asyncio.to_thread(checker.close)
         if result.mismatch:
             log.warning(
                 "INTEGRITY MISMATCH in group %s: the previous master committed %d messages "
-                "(max id %d) but the store holds %d (max id %d)", self.settings.group,
+                "(max id %d) but the store holds %d (max id %d)", s.group,
                 result.expected_count, result.expected_max_id, result.actual_count,
                 result.actual_max_id,
             )

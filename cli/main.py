@@ -13,6 +13,7 @@ import click
 
 from amqlite import __version__
 from amqlite.settings import SettingsError, load_settings
+from cli import cluster_cmds
 
 #: Exit status for a usage or configuration error (click uses 2 for usage too).
 EXIT_USAGE = 2
@@ -77,6 +78,9 @@ def passwd(password: str) -> None:
     from amqlite.auth import hash_password
 
     click.echo(hash_password(password))
+
+
+cluster_cmds.register(cli)
 
 
 def main() -> None:

@@ -85,8 +85,9 @@ def open_locker(
 
     ``session_timeout``: ZooKeeper's session timeout; the file and PostgreSQL
     lockers have no session to time out and ignore it (PostgreSQL's TCP
-    timeouts are ``lockers.postgres.PG_DEAD_PEER_TIMEOUT``). ``node`` names this broker in the lock (file
-    note, znode data, ``application_name``); default ``host:pid``.
+    timeouts are ``lockers.postgres.PG_DEAD_PEER_TIMEOUT``). ``node`` names this
+    broker in the lock (file note, znode data, ``application_name``); default
+    ``host:pid``.
     Nothing connects until the first ``try_acquire``/``acquire``.
     """
     if not isinstance(group, str) or not GROUP_NAME.fullmatch(group):

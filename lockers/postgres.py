@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors
@@ -91,6 +91,11 @@ PG_WAIT_SLICE = 10.0
 PG_CANCEL_TIMEOUT = 2.0
 PG_CANCEL_RESEND = 0.2
 PG_CANCEL_GRACE = 3.0
+
+#: A cancel request is delivered asynchronously and may hit the *next* query
+#: instead of the wait it was meant for; each one hits at most one query, and we
+#: send at most PG_CANCEL_GRACE / PG_CANCEL_RESEND of them (15).
+PG_SETTLE_TRIES = round(PG_CANCEL_GRACE / PG_CANCEL_RESEND) + 1
 
 #: Reconnect backoff of a waiting slave: start fast (a restarted server is back
 #: in well under a second), cap at 2 s so a slave notices a returning server
@@ -216,6 +221,17 @@ class PostgresLocker(Locker):
             :MAX_APPLICATION_NAME
         ]
         self._conninfo = make_conninfo("", **params)
+        # The server gets the same numbers as libpq, so both ends give up together.
+        try:
+            self._server_tcp = {
+                "tcp_keepalives_idle": int(params["keepalives_idle"]),
+                "tcp_keepalives_interval": int(params["keepalives_interval"]),
+                "tcp_keepalives_count": int(params["keepalives_count"]),
+                "tcp_user_timeout": int(params["tcp_user_timeout"]),
+            }
+        except ValueError:
+            raise LockerError("bad PostgreSQL URL: keepalives_* and tcp_user_timeout "
+                              "must be whole numbers") from None
         self.group = group
         self.node = node
         self.dead_peer_timeout = dead_peer_timeout
@@ -234,22 +250,16 @@ class PostgresLocker(Locker):
         self._io = asyncio.Lock()  # one call at a time on the connection
         self._held = False
         self._closed = False
+        self._waiting: tuple[asyncio.Future[Any], _Session] | None = None  # a slave's wait
 
     # -- blocking parts (one thread at a time per session) -------------------
     def _connect_blocking(self) -> _Session:
         conn = psycopg.connect(self._conninfo, autocommit=True)
         try:
-            ka = tcp_settings(self.dead_peer_timeout)
-            sets = [
-                f"SET tcp_keepalives_idle = {ka['keepalives_idle']}",
-                f"SET tcp_keepalives_interval = {ka['keepalives_interval']}",
-                f"SET tcp_keepalives_count = {ka['keepalives_count']}",
-                f"SET tcp_user_timeout = {ka['tcp_user_timeout']}",
-                # An idle-session limit set on the role or database would end
-                # our session and so the lock; the master is never idle long,
-                # but a slave between slices is.
-                "SET idle_in_transaction_session_timeout = 0",
-            ]
+            sets = [f"SET {name} = {value}" for name, value in self._server_tcp.items()]
+            # An idle-session limit set on the role or database would end our
+            # session, and the lock with it, between two keepalives.
+            sets.append("SET idle_in_transaction_session_timeout = 0")
             if conn.info.server_version >= 140000:
                 sets.append("SET idle_session_timeout = 0")
             conn.execute("; ".join(sets))
@@ -294,9 +304,36 @@ class PostgresLocker(Locker):
         self._set_mode(s, "wait")
         try:
             s.conn.execute("SELECT pg_advisory_lock(%s::bigint)", (self.key,))
-        except (errors.LockNotAvailable, errors.QueryCanceled):
-            return False  # the slice ran out, or we cancelled it
+        except errors.LockNotAvailable:
+            return False  # the slice ran out while waiting: nothing granted
+        except errors.QueryCanceled:
+            # Cancelled, possibly just *after* the grant: a session lock
+            # survives the statement's error, so look instead of assuming.
+            return self._holds_blocking(s)
         return True
+
+    def _holds_blocking(self, s: _Session) -> bool:
+        """Whether our session holds the lock, riding out stray cancel requests."""
+        for attempt in range(PG_SETTLE_TRIES):
+            try:
+                return self._check_blocking(s) > 0
+            except errors.QueryCanceled:
+                if attempt == PG_SETTLE_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _give_back_blocking(self, s: _Session) -> None:
+        """After a cancelled lock call: make sure the session holds nothing."""
+        for attempt in range(PG_SETTLE_TRIES):
+            try:
+                if not self._holds_blocking(s):
+                    return
+                self._unlock_blocking(s)  # held at most once: we never stack
+            except errors.QueryCanceled:
+                if attempt == PG_SETTLE_TRIES - 1:
+                    raise
+        if self._holds_blocking(s):
+            raise LockerError(f"{self.description}: cannot give the lock back")
 
     def _check_blocking(self, s: _Session) -> int:
         self._set_mode(s, "short")
@@ -349,7 +386,7 @@ class PostgresLocker(Locker):
         *,
         takes_lock: bool = False,
         server_wait: bool = False,
-        timeout: float | None = PG_CALL_TIMEOUT,
+        timeout: float = PG_CALL_TIMEOUT,
     ) -> T:
         """Run ``fn`` on the session in a thread; on cancellation undo what it did.
 
@@ -364,8 +401,8 @@ class PostgresLocker(Locker):
             s = await self._ensure_session()
             fut = run_blocking(lambda: self._use(s, fn), name="amqlite-pg-call")
             try:
-                if timeout is None:
-                    return await asyncio.shield(fut)
+                if server_wait:
+                    self._waiting = fut, s
                 await asyncio.wait({fut}, timeout=timeout)  # never cancels fut
                 if not fut.done():
                     self._detach(s)
@@ -378,12 +415,35 @@ class PostgresLocker(Locker):
                     await asyncio.shield(cleanup)
                 raise
             except psycopg.Error as e:
-                if s.conn.broken or s.conn.closed or isinstance(e, psycopg.OperationalError):
+                broken = s.conn.broken or s.conn.closed or isinstance(e, psycopg.OperationalError)
+                if broken or takes_lock:
+                    # A lock call that failed may still have been granted: only
+                    # ending the session makes sure nothing is left behind.
                     self._detach(s)
                 raise LockerError(f"{self.description}: {_first_line(e)}") from None
+            except _Aborted:
+                raise LockerError(f"{self.description}: connection abandoned") from None
         finally:
+            self._waiting = None
             if not handed_off:
                 self._io.release()
+
+    async def _interrupt_wait(self) -> None:
+        """Cut a slave's server-side wait short (close() must not sit out a slice)."""
+        if self._waiting is None:
+            return
+        fut, s = self._waiting
+        deadline = time.monotonic() + PG_CANCEL_GRACE
+        while not fut.done() and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    run_blocking(
+                        lambda: s.conn.cancel_safe(timeout=PG_CANCEL_TIMEOUT),
+                        name="amqlite-pg-cancel",
+                    ),
+                    PG_CANCEL_TIMEOUT + 1,
+                )
+            await asyncio.wait({fut}, timeout=PG_CANCEL_RESEND)
 
     async def _after_cancel(
         self, s: _Session, fut: asyncio.Future[T], takes_lock: bool, server_wait: bool
@@ -411,17 +471,19 @@ class PostgresLocker(Locker):
                 return
             with s.guard:
                 s.abort = False
-            if fut.exception() is not None:
-                if s.conn.broken or s.conn.closed:
-                    self._detach(s)
+            exc = fut.exception()
+            if s.conn.broken or s.conn.closed:
+                self._detach(s)  # closing the session ends whatever it held
                 return
-            if takes_lock and fut.result() is True:
-                # Granted just as we cancelled: give it back (once: we never stack).
-                try:
-                    await run_blocking(lambda: self._use(s, self._unlock_blocking))
-                except Exception as e:
-                    log.warning("%s: unlock after cancel failed: %s", self.description, e)
-                    self._detach(s)
+            if not takes_lock or isinstance(exc, _Aborted):
+                return  # nothing was asked of the server that could leave a lock
+            # Whatever the call returned, the lock may have been granted just as
+            # we cancelled: look, and give it back.
+            try:
+                await run_blocking(lambda: self._use(s, self._give_back_blocking))
+            except Exception as e:
+                log.warning("%s: giving the lock back after cancel: %s", self.description, e)
+                self._detach(s)
         except Exception:
             log.exception("%s: clean-up after a cancelled call failed", self.description)
             self._detach(s)
@@ -448,18 +510,25 @@ class PostgresLocker(Locker):
         failing = False
         while not self._held:
             try:
+                # A backend that stopped answering would never end its slice:
+                # bound the wait on our side too, then reconnect.
                 got = await self._op(
-                    self._wait_lock_blocking, takes_lock=True, server_wait=True, timeout=None
+                    self._wait_lock_blocking,
+                    takes_lock=True,
+                    server_wait=True,
+                    timeout=self.wait_slice + PG_CALL_TIMEOUT,
                 )
             except LockerError as e:
                 if self._closed:
                     raise
                 if not failing:
-                    log.warning("%s: %s; retrying", self.description, e)
+                    log.warning("%s; retrying", e)
                     failing = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, PG_RECONNECT_MAX)
                 continue
+            if self._closed:  # close() interrupted the wait; it drops the session after us
+                raise LockerError(f"{self.description}: closed")
             if failing:
                 log.info("%s: connection back, waiting for the lock", self.description)
                 failing = False
@@ -507,6 +576,7 @@ class PostgresLocker(Locker):
             return
         await self.release()
         self._closed = True
+        await self._interrupt_wait()
         async with self._io:
             s, self._session = self._session, None
             if s is not None:

@@ -357,6 +357,12 @@ class ZooKeeperLocker(Locker):
             return None
         except KazooException as e:
             raise LockerError(f"{self.description}: {e!r}") from None
+        if grant is not None and (
+            client is not self._client or self._conn_state == KazooState.LOST
+        ):
+            # The session ended between the grant and now: the node went with it.
+            await self._stop_client(client)
+            return None
         if grant is not None and self._conn_state != KazooState.CONNECTED:
             # Between the grant and now the connection went: it is suspended.
             self._take(client, grant)
@@ -406,7 +412,7 @@ class ZooKeeperLocker(Locker):
                 if self._closed:
                     raise
                 if not failing:
-                    log.warning("%s: %s; retrying", self.description, e)
+                    log.warning("%s; retrying", e)
                     failing = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, ZK_RECONNECT_MAX)

@@ -396,6 +396,12 @@ class StoreReader:
             self.reads.setdefault(name, TableRead(partitions=1)).rows += n
         return df
 
+    def cache(self, df: DataFrame) -> DataFrame:
+        """Keep a result that several actions use, without reading it now."""
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(df)
+        return df
+
     def release(self) -> None:
         for df in self._cached:
             with contextlib.suppress(Exception):
@@ -769,6 +775,22 @@ def check_sequence_gap(m: DataFrame, dd: DataFrame) -> DataFrame:
 
 
 @dataclass
+class StoreData:
+    """The cached reads every check works from."""
+
+    now_ms: int
+    group_names: list[str]
+    groups: DataFrame  # grp, epoch, epoch_started_at, dedup_window_ms, live_master
+    bounds: DataFrame  # grp, max_id (B)
+    messages: DataFrame
+    pending: DataFrame
+    dedup: DataFrame
+    destinations: DataFrame
+    subscriptions: DataFrame
+    unowed: DataFrame  # topic messages without pending rows, confirmed
+
+
+@dataclass
 class AuditResult:
     summary: dict[str, Any]
 
@@ -790,7 +812,16 @@ def run_audit(
     started = time.monotonic()
     reader = StoreReader(spark, source, group, rows_per_partition)
     try:
-        return _audit(spark, reader, output, started, now_ms)
+        data = read_store(reader, now_ms)
+        findings = reader.cache(all_findings(data))
+        summary = _summarize(reader, data, findings)
+        if output:
+            summary["output"] = output
+            summary["files"] = _write_findings(spark, findings, output, summary["counts"])
+        summary["duration_s"] = round(time.monotonic() - started, 3)
+        if output:
+            _write_text(spark, _join(output, "summary.json"), json.dumps(summary, indent=2) + "\n")
+        return AuditResult(summary)
     finally:
         reader.release()
 
@@ -808,40 +839,51 @@ def _now_ms(reader: StoreReader) -> int:
     return int(time.time() * 1000)
 
 
-def _audit(
-    spark: SparkSession,
-    reader: StoreReader,
-    output: str | None,
-    started: float,
-    now_ms: int | None,
-) -> AuditResult:
-    if now_ms is None:
-        now_ms = _now_ms(reader)
-    where = reader.where_group()
+GROUP_TYPES = {
+    "grp": "string",
+    "epoch": "bigint",
+    "epoch_started_at": "bigint",
+    "dedup_window_ms": "bigint",
+}
+REGISTRY_TYPES = {
+    "grp": "string",
+    "name": "string",
+    "role": "string",
+    "epoch": "bigint",
+    "heartbeat_at": "bigint",
+}
+DESTINATION_TYPES = {"grp": "string", "id": "bigint", "name": "string", "kind": "string"}
+SUBSCRIPTION_TYPES = {"grp": "string", "id": "bigint", "destination_id": "bigint"}
+PENDING_TYPES = {
+    "grp": "string",
+    "sub_id": "bigint",
+    "msg_id": "bigint",
+    "inflight_epoch": "bigint",
+}
+DEDUP_TYPES = {
+    "grp": "string",
+    "dedup_key": "string",
+    "producer_id": "string",
+    "producer_seq": "bigint",
+    "msg_id": "bigint",
+    "created_at": "bigint",
+}
 
-    # Phase 0: groups and message bounds (B) - tiny, collected.
-    group_rows = reader.small(
-        f"SELECT grp, epoch, epoch_started_at, dedup_window_ms FROM amq_groups{where}",
-        {
-            "grp": "string",
-            "epoch": "bigint",
-            "epoch_started_at": "bigint",
-            "dedup_window_ms": "bigint",
-        },
-    ).collect()
+
+def _select(types: dict[str, str], table: str, where: str) -> str:
+    return f"SELECT {', '.join(types)} FROM {table}{where}"
+
+
+def _read_groups(reader: StoreReader, now_ms: int) -> tuple[list[str], DataFrame]:
+    """Groups and registry are a few rows each: read, joined in the driver."""
+    where = reader.where_group()
+    group_rows = reader.small(_select(GROUP_TYPES, "amq_groups", where), GROUP_TYPES).collect()
     if reader.group is not None and not group_rows:
         raise AuditError(f"group {reader.group!r} not found in {reader.source.description}")
     registry = reader.small(
-        f"SELECT grp, name, role, epoch, heartbeat_at FROM amq_registry{where}",
-        {
-            "grp": "string",
-            "name": "string",
-            "role": "string",
-            "epoch": "bigint",
-            "heartbeat_at": "bigint",
-        },
+        _select(REGISTRY_TYPES, "amq_registry", where), REGISTRY_TYPES
     ).collect()
-    group_info = []
+    rows = []
     for g in group_rows:
         live = sorted(
             r["name"]
@@ -851,7 +893,7 @@ def _audit(
             and r["epoch"] == g["epoch"]
             and (r["heartbeat_at"] or 0) >= now_ms - REGISTRY_LIVE_MS
         )
-        group_info.append(
+        rows.append(
             (
                 g["grp"],
                 g["epoch"],
@@ -860,41 +902,49 @@ def _audit(
                 live[0] if live else None,
             )
         )
-    groups = spark.createDataFrame(
-        group_info,
+    df = reader.spark.createDataFrame(
+        rows,
         "grp string, epoch bigint, epoch_started_at bigint, dedup_window_ms bigint, "
         "live_master string",
     )
+    return sorted(r[0] for r in rows), df
+
+
+def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
+    """Every read, in the order that keeps a live broker from causing findings."""
+    spark, where = reader.spark, reader.where_group()
+    now = now_ms if now_ms is not None else _now_ms(reader)
+    group_names, groups = _read_groups(reader, now)
+
+    # B: the newest message id per group, before anything else is read.
     bound_rows = reader.small(
         f"SELECT grp, MIN(id) AS min_id, MAX(id) AS max_id, COUNT(*) AS n "
         f"FROM amq_messages{where} GROUP BY grp",
         {"grp": "string", "min_id": "bigint", "max_id": "bigint", "n": "bigint"},
     ).collect()
-    max_b = {r["grp"]: int(r["max_id"]) for r in bound_rows}
-    bounds = spark.createDataFrame(list(max_b.items()), "grp string, max_id bigint")
+    max_id = {r["grp"]: int(r["max_id"]) for r in bound_rows}
+    bounds = spark.createDataFrame(list(max_id.items()), "grp string, max_id bigint")
     m_count = sum(int(r["n"]) for r in bound_rows)
     m_lo = min((int(r["min_id"]) for r in bound_rows), default=None)
-    m_hi = max(max_b.values(), default=None)
+    m_hi = max(max_id.values(), default=None)
 
-    # Phase 1: parents, first read.
-    dest_select = f"SELECT grp, id, name, kind FROM amq_destinations{where}"
-    dest_types = {"grp": "string", "id": "bigint", "name": "string", "kind": "string"}
-    sub_select = f"SELECT grp, id, destination_id FROM amq_subscriptions{where}"
-    sub_types = {"grp": "string", "id": "bigint", "destination_id": "bigint"}
-    d1 = reader.materialize(reader.small(dest_select, dest_types))
-    s1 = reader.materialize(reader.small(sub_select, sub_types))
+    # Parents, first read.
+    dest_sql = _select(DESTINATION_TYPES, "amq_destinations", where)
+    sub_sql = _select(SUBSCRIPTION_TYPES, "amq_subscriptions", where)
+    d1 = reader.materialize(reader.small(dest_sql, DESTINATION_TYPES))
+    s1 = reader.materialize(reader.small(sub_sql, SUBSCRIPTION_TYPES))
 
-    # Phase 2: messages (id <= B), then pending rows, then the dedup window.
-    m_select, m_types = _message_select(reader, m_hi if m_hi is not None else 0)
-    m = reader.big("amq_messages", m_select, m_types, "id", m_lo, m_hi, m_count)
-    m = _hash_content(m.join(F.broadcast(bounds), "grp").where(F.col("id") <= F.col("max_id")))
-    m = reader.materialize(m.drop("max_id"), "amq_messages")
+    # Messages (id <= B), then pending rows, then the dedup window.
+    m_sql, m_types = _message_select(reader, m_hi if m_hi is not None else 0)
+    m = reader.big("amq_messages", m_sql, m_types, "id", m_lo, m_hi, m_count)
+    m = m.join(F.broadcast(bounds), "grp").where(F.col("id") <= F.col("max_id")).drop("max_id")
+    m = reader.materialize(_hash_content(m), "amq_messages")
 
     p_lo, p_hi, p_n = _bounds(reader, "amq_sub_pending", "msg_id")
     p = reader.big(
         "amq_sub_pending",
-        f"SELECT grp, sub_id, msg_id, inflight_epoch FROM amq_sub_pending{where}",
-        {"grp": "string", "sub_id": "bigint", "msg_id": "bigint", "inflight_epoch": "bigint"},
+        _select(PENDING_TYPES, "amq_sub_pending", where),
+        PENDING_TYPES,
         "msg_id",
         p_lo,
         p_hi,
@@ -905,16 +955,8 @@ def _audit(
     d_lo, d_hi, d_n = _bounds(reader, "amq_dedup", "created_at")
     dd = reader.big(
         "amq_dedup",
-        "SELECT grp, dedup_key, producer_id, producer_seq, msg_id, created_at "
-        f"FROM amq_dedup{where}",
-        {
-            "grp": "string",
-            "dedup_key": "string",
-            "producer_id": "string",
-            "producer_seq": "bigint",
-            "msg_id": "bigint",
-            "created_at": "bigint",
-        },
+        _select(DEDUP_TYPES, "amq_dedup", where),
+        DEDUP_TYPES,
         "created_at",
         d_lo,
         d_hi,
@@ -922,13 +964,14 @@ def _audit(
     )
     dd = reader.materialize(dd, "amq_dedup")
 
-    # Phase 3: parents again; either read vouches for a parent.
-    d2 = reader.small(dest_select, dest_types)
-    s2 = reader.small(sub_select, sub_types)
+    # Parents again: either read vouches for a parent.
+    d2 = reader.small(dest_sql, DESTINATION_TYPES)
+    s2 = reader.small(sub_sql, SUBSCRIPTION_TYPES)
     dests = reader.materialize(d1.unionByName(d2).dropDuplicates(["grp", "id"]), "amq_destinations")
     subs = reader.materialize(s1.unionByName(s2).dropDuplicates(["grp", "id"]), "amq_subscriptions")
 
-    # Phase 4: confirm topic messages without pending rows by reading ids again.
+    # A topic message without pending rows may have been acknowledged by its last
+    # subscriber since it was read: confirm with a second, narrow read of the ids.
     unowed = reader.materialize(topic_messages_without_pending(m, dests, p))
     if not unowed.isEmpty():
         again = reader.big(
@@ -944,29 +987,36 @@ def _audit(
         unowed = unowed.join(
             again.select("grp", F.col("id").alias("msg_id")), ["grp", "msg_id"], "left_semi"
         )
-    orphan_topic = _finding(
-        "orphan_topic_message", unowed, ["grp", "destination_id", "msg_id", "enqueued_at"]
-    )
+    return StoreData(now, group_names, groups, bounds, m, p, dd, dests, subs, unowed)
 
+
+def all_findings(d: StoreData) -> DataFrame:
+    """Every check, as one DataFrame of one shape."""
     checks = [
-        check_duplicate_identity(m, dd),
-        check_duplicate_content(m),
-        check_orphan_destination(m, dests),
-        check_orphan_subscription(p, subs, m),
-        orphan_topic,
-        check_ack_without_message(p, m, subs, bounds),
-        check_stale_inflight(m, p, subs, groups, now_ms),
-        check_expired_unreaped(m, groups, now_ms),
-        check_dedup_expired(dd, groups, now_ms),
-        check_sequence_gap(m, dd),
+        check_duplicate_identity(d.messages, d.dedup),
+        check_duplicate_content(d.messages),
+        check_orphan_destination(d.messages, d.destinations),
+        check_orphan_subscription(d.pending, d.subscriptions, d.messages),
+        _finding(
+            "orphan_topic_message", d.unowed, ["grp", "destination_id", "msg_id", "enqueued_at"]
+        ),
+        check_ack_without_message(d.pending, d.messages, d.subscriptions, d.bounds),
+        check_stale_inflight(d.messages, d.pending, d.subscriptions, d.groups, d.now_ms),
+        check_expired_unreaped(d.messages, d.groups, d.now_ms),
+        check_dedup_expired(d.dedup, d.groups, d.now_ms),
+        check_sequence_gap(d.messages, d.dedup),
     ]
     findings = checks[0]
     for df in checks[1:]:
         findings = findings.unionByName(df)
-    findings = reader.materialize(findings)
+    return findings
 
-    # One pass counts everything; only the (small) per-destination totals come back.
-    names = dests.select("grp", F.col("id").alias("destination_id"), F.col("name"))
+
+def _summarize(reader: StoreReader, d: StoreData, findings: DataFrame) -> dict[str, Any]:
+    """Totals per finding, group and destination, and a few sample rows: the only
+    things that come back to the driver, and they are bounded by the number of
+    destinations, not of messages."""
+    names = d.destinations.select("grp", F.col("id").alias("destination_id"), "name")
     count_rows = (
         findings.groupBy("finding", "grp", "destination_id")
         .agg(F.sum("weight").alias("count"), F.count(F.lit(1)).alias("rows"))
@@ -985,40 +1035,32 @@ def _audit(
             }
             for r in count_rows
         ),
-        key=lambda d: (list(FINDINGS).index(d["finding"]), d["group"], d["destination"]),
+        key=lambda x: (list(FINDINGS).index(x["finding"]), x["group"], x["destination"]),
     )
     counts = {name: 0 for name in FINDINGS}
-    rows_per_type = {name: 0 for name in FINDINGS}
-    for d in by_dest:
-        counts[d["finding"]] += d["count"]
-        rows_per_type[d["finding"]] += d["rows"]
-
+    for row in by_dest:
+        counts[row["finding"]] += row["count"]
     samples: dict[str, list[dict[str, Any]]] = {}
-    files: dict[str, str] = {}
-    if output:
-        _prepare_output(spark, output)
-    for name in FINDINGS:
-        if not rows_per_type[name]:
-            continue
-        of_type = findings.where(F.col("finding") == name)
-        samples[name] = [
-            json.loads(r["detail"]) for r in of_type.select("detail").limit(SAMPLE_ROWS).collect()
-        ]
-        if output:
-            rel = f"findings/{name}"
-            of_type.select("detail").write.mode("overwrite").text(_join(output, rel))
-            files[name] = rel
-
+    if by_dest:
+        w = Window.partitionBy("finding").orderBy("grp", "destination_id", "detail")
+        for r in (
+            findings.withColumn("n", F.row_number().over(w))
+            .where(F.col("n") <= SAMPLE_ROWS)
+            .orderBy("finding", "n")
+            .select("finding", "detail")
+            .collect()
+        ):
+            samples.setdefault(r["finding"], []).append(json.loads(r["detail"]))
     total = sum(counts.values())
-    summary: dict[str, Any] = {
+    return {
         "tool": "amqlite-audit",
         "store": reader.source.description,
         "backend": reader.source.backend,
         "group": reader.group,
-        "groups": sorted(g[0] for g in group_info),
-        "now_ms": now_ms,
-        "audited_at": dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).isoformat(),
-        "duration_s": round(time.monotonic() - started, 3),
+        "groups": d.group_names,
+        "now_ms": d.now_ms,
+        "audited_at": dt.datetime.fromtimestamp(d.now_ms / 1000, dt.UTC).isoformat(),
+        "duration_s": None,
         "reads": {k: {"rows": v.rows, "partitions": v.partitions} for k, v in reader.reads.items()},
         "rows_read": sum(v.rows for v in reader.reads.values()),
         "limits": {
@@ -1033,13 +1075,30 @@ def _audit(
         "total": total,
         "counts": counts,
         "findings": by_dest,
-        "samples": samples,
-        "output": output,
-        "files": files,
+        "samples": {k: samples[k] for k in FINDINGS if k in samples},
+        "output": None,
+        "files": {},
     }
-    if output:
-        _write_text(spark, _join(output, "summary.json"), json.dumps(summary, indent=2) + "\n")
-    return AuditResult(summary)
+
+
+def _write_findings(
+    spark: SparkSession, findings: DataFrame, output: str, counts: dict[str, int]
+) -> dict[str, str]:
+    """All finding rows in one write, as JSON lines, one folder per finding type
+    (Spark names them finding=<type>; renamed to <type>). A rerun into the same
+    directory leaves no rows of the previous run behind."""
+    folder = _join(output, "findings")
+    _remove_tree(spark, folder)
+    _make_dirs(spark, output)
+    if not any(counts.values()):
+        return {}
+    findings.select("finding", "detail").write.partitionBy("finding").text(folder)
+    files = {}
+    for name, count in counts.items():
+        if count:
+            _rename(spark, _join(folder, f"finding={name}"), _join(folder, name))
+            files[name] = f"findings/{name}"
+    return files
 
 
 def _destination_label(destination_id: int | None, name: str | None) -> str:
@@ -1071,15 +1130,30 @@ def _hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
     return hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hpath
 
 
-def _prepare_output(spark: SparkSession, output: str) -> None:
-    """Findings of an earlier run in the same directory must not survive."""
-    findings = _join(output, "findings")
-    if _is_local(output):
-        os.makedirs(_local(output), exist_ok=True)
-        shutil.rmtree(_local(findings), ignore_errors=True)
-    else:  # HDFS, S3...: through Hadoop's FileSystem, as Spark writes there.
-        fs, hpath = _hadoop_path(spark, findings)
+def _remove_tree(spark: SparkSession, path: str) -> None:
+    if _is_local(path):
+        shutil.rmtree(_local(path), ignore_errors=True)
+    else:  # HDFS, S3...: through Hadoop's FileSystem, where Spark writes too.
+        fs, hpath = _hadoop_path(spark, path)
         fs.delete(hpath, True)
+
+
+def _make_dirs(spark: SparkSession, path: str) -> None:
+    if _is_local(path):
+        os.makedirs(_local(path), exist_ok=True)
+    else:
+        fs, hpath = _hadoop_path(spark, path)
+        fs.mkdirs(hpath)
+
+
+def _rename(spark: SparkSession, src: str, dst: str) -> None:
+    if _is_local(src):
+        os.replace(_local(src), _local(dst))
+    else:
+        fs, hsrc = _hadoop_path(spark, src)
+        _, hdst = _hadoop_path(spark, dst)
+        if not fs.rename(hsrc, hdst):
+            raise AuditError(f"could not rename {src} to {dst}")
 
 
 def _write_text(spark: SparkSession, path: str, text: str) -> None:

@@ -222,7 +222,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def check_integrity(self, epoch: int) -> Integrity:
         """Compare the group's committed counters with count(*)/max(id) and record
-        the result on the activation row. O(messages): run it in the background."""
+        the result on the activation row. O(messages): run it in the background,
+        on a thread of its own rather than the group committer's (it uses its
+        own connection and one snapshot, so commits may go on meanwhile)."""
 
     @abc.abstractmethod
     def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:

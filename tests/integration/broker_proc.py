@@ -414,7 +414,7 @@ class Collector(stomp.ConnectionListener):
 class Client:
     """A connected stomp.py connection and its collector."""
 
-    conn: stomp.Connection
+    conn: stomp.Connection12
     listener: Collector
     port: int
     subscriptions: list[str] = field(default_factory=list)
@@ -484,7 +484,7 @@ def wait_receipt(listener: Collector, receipt: str, timeout: float, what: str) -
                         f"errors={listener.error_texts()})")
 
 
-def send_with_receipt(conn: stomp.Connection, dest: str, body: str,
+def send_with_receipt(conn: stomp.Connection12, dest: str, body: str,
                       headers: Mapping[str, str] | None = None, timeout: float = WAIT) -> str:
     """SEND and wait until the broker confirms it with a RECEIPT; return the receipt id."""
     listener = conn.get_listener(LISTENER)
@@ -535,8 +535,8 @@ def open_client(
 
     The wait uses our own Condition with a deadline: stomp.py's wait=True has none.
     """
-    conn = stomp.Connection([(HOST, port)], heartbeats=heartbeats, reconnect_attempts_max=1,
-                            timeout=5)
+    conn = stomp.Connection12([(HOST, port)], heartbeats=heartbeats,
+                              reconnect_attempts_max=1, timeout=5)
     listener = Collector()
     conn.set_listener(LISTENER, listener)
     client = Client(conn, listener, port)

@@ -46,6 +46,7 @@ def test_url_picks_backend(url: str, kind: type[Locker]) -> None:
         ("zk://zk1:2181/a//b", "bad root path"),
         ("postgresql://h/db?nosuchparam=1", "bad PostgreSQL URL"),
         ("postgresql://u:p%zzs3cr3t@h/db", "bad PostgreSQL URL"),
+        ("postgresql://h/db?keepalives_idle=soon", "whole numbers"),
     ],
 )
 def test_bad_url_is_one_clear_line(url: str, needle: str) -> None:
@@ -103,7 +104,7 @@ def test_advisory_key_is_stable_and_signed_64_bit() -> None:
     assert key_parts(5) == (0, 5)
 
 
-def test_tcp_settings_notice_a_dead_peer_within_the_session_timeout() -> None:
+def test_tcp_settings_notice_a_dead_peer_within_the_timeout() -> None:
     s = tcp_settings(5.0)
     assert s["keepalives"] == 1
     assert s["keepalives_idle"] + s["keepalives_interval"] * s["keepalives_count"] <= 5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import time
 from urllib.parse import urlsplit
@@ -14,6 +15,7 @@ from lockers import LockerError, LockLost, LockState, open_locker
 from lockers.postgres import (
     APPLICATION_NAME_PREFIX,
     PG_CALL_TIMEOUT,
+    PG_CANCEL_GRACE,
     PostgresLocker,
     advisory_key,
     key_parts,
@@ -24,6 +26,9 @@ from tests.servers import PostgresServer
 
 #: Takeover target after a release or a crash: the slave waits on the server.
 TAKEOVER_LIMIT = 1.0
+
+#: Rounds of the cancel-versus-grant race: enough to hit both outcomes.
+RACE_ROUNDS = 40
 
 #: A restarted PostgreSQL plus the slave's reconnect backoff (capped at 2 s).
 RESTART_TAKEOVER_LIMIT = 30.0
@@ -349,6 +354,7 @@ def test_stalled_lock_session_is_a_lost_lock(
             with pytest.raises(LockLost):
                 await a.keepalive()
             took = time.monotonic() - start
+            print(f"\npostgres: stalled lock session noticed in {took:.2f} s")
             assert took < PG_CALL_TIMEOUT + 2.0
             assert recorder.states == [LockState.LOST]
         finally:
@@ -360,3 +366,81 @@ def test_stalled_lock_session_is_a_lost_lock(
         await b.close()
 
     run(main())
+
+
+def test_cancel_racing_a_grant_never_leaves_or_stacks_a_lock(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    """Cancel the slave's wait at varied moments around the master's release."""
+    rng = random.Random(20_26)  # fixed seed: the same interleavings on every run
+
+    async def main() -> None:
+        a = open_locker(pg_url, "g", node="a")
+        b = open_locker(pg_url, "g", node="b")
+        outcomes = {"took it": 0, "cancelled": 0}
+        for _ in range(RACE_ROUNDS):
+            assert await a.try_acquire()
+            waiting = asyncio.create_task(b.acquire())
+            await asyncio.sleep(rng.uniform(0, 0.01))  # vary the interleaving, not a wait
+            releasing = asyncio.create_task(a.release())
+            await asyncio.sleep(rng.uniform(0, 0.004))
+            waiting.cancel()
+            try:
+                await waiting
+                took = True
+            except asyncio.CancelledError:
+                took = False
+            outcomes["took it" if took else "cancelled"] += 1
+            await releasing
+            rows = [(r[0], r[1]) for r in await advisory_rows(postgres_server, pg_url)]
+            if took:
+                assert rows == [(_app("g", "b"), True)]
+                await b.keepalive()
+                await b.release()
+            else:
+                assert rows == []
+            assert await advisory_rows(postgres_server, pg_url) == []
+        print(f"\npostgres: cancel races {outcomes}")
+        await a.close()
+        await b.close()
+
+    run(main())
+
+
+
+def test_close_interrupts_a_waiting_slave(postgres_server: PostgresServer, pg_url: str) -> None:
+    async def main() -> None:
+        a = open_locker(pg_url, "g", node="a")
+        b = open_locker(pg_url, "g", node="b")
+        assert await a.try_acquire()
+        waiting = asyncio.create_task(b.acquire())
+        await eventually(
+            lambda: _has(advisory_rows(postgres_server, pg_url), (_app("g", "b"), False)),
+            10.0, "b waits on the server",
+        )
+        start = time.monotonic()
+        await b.close()
+        took = time.monotonic() - start
+        with pytest.raises(LockerError, match="closed"):
+            await waiting
+        # Not the rest of a 10 s wait slice.
+        assert took < PG_CANCEL_GRACE, took
+        await a.release()
+        await eventually(
+            lambda: _empty(advisory_rows(postgres_server, pg_url)), 10.0, "no lock left"
+        )
+        assert not await _can_try(b)
+        await a.close()
+
+    run(main())
+
+
+async def _empty(rows_coro) -> bool:
+    return await rows_coro == []
+
+
+async def _can_try(locker) -> bool:
+    try:
+        return await locker.try_acquire()
+    except LockerError:
+        return False

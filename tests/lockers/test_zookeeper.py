@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -10,7 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 from kazoo.client import KazooClient
 
-from lockers import LockLost, LockState, open_locker
+from lockers import LockerError, LockLost, LockState, open_locker
 from lockers.zookeeper import ZooKeeperLocker
 from tests.lockers.helpers import Holder, StateRecorder, eventually, run
 from tests.servers import ZooKeeperServer
@@ -22,6 +23,9 @@ SHORT_SESSION = 2.0
 #: Session timeout for the stop-and-restart test: a JVM restart on a busy
 #: two-core machine takes a few seconds and must fit inside it.
 LONG_SESSION = 15.0
+
+#: Rounds of the cancel-versus-grant race: enough to hit both outcomes.
+RACE_ROUNDS = 30
 
 #: Takeover target after a release: the contender waits on a watch.
 TAKEOVER_LIMIT = 1.0
@@ -269,5 +273,60 @@ def test_lock_node_deleted_under_the_holder_is_a_lost_lock(
             await a.keepalive()
         assert recorder.states == [LockState.LOST]
         await a.close()
+
+    run(main())
+
+
+def test_cancel_racing_a_grant_never_leaves_a_node(zk_url: str, zk_admin: KazooClient) -> None:
+    """Cancel the slave's wait at varied moments around the master's release."""
+    rng = random.Random(20_26)  # fixed seed: the same interleavings on every run
+
+    async def main() -> None:
+        a, b = _zk(zk_url, "a"), _zk(zk_url, "b")
+        path = _lock_path(zk_url, "g")
+        outcomes = {"took it": 0, "cancelled": 0}
+        for _ in range(RACE_ROUNDS):
+            assert await a.try_acquire()
+            waiting = asyncio.create_task(b.acquire())
+            await asyncio.sleep(rng.uniform(0, 0.02))  # vary the interleaving, not a wait
+            releasing = asyncio.create_task(a.release())
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            waiting.cancel()
+            try:
+                await waiting
+                took = True
+            except asyncio.CancelledError:
+                took = False
+            outcomes["took it" if took else "cancelled"] += 1
+            await releasing
+            nodes = await children(zk_admin, path)
+            if took:
+                assert len(nodes) == 1
+                await b.keepalive()
+                await b.release()
+            else:
+                assert nodes == []
+            assert await children(zk_admin, path) == []
+        print(f"\nzookeeper: cancel races {outcomes}")
+        await a.close()
+        await b.close()
+
+    run(main())
+
+
+def test_close_interrupts_a_waiting_slave(zk_url: str, zk_admin: KazooClient) -> None:
+    async def main() -> None:
+        a, b = _zk(zk_url, "a"), _zk(zk_url, "b")
+        path = _lock_path(zk_url, "g")
+        assert await a.try_acquire()
+        mine = await children(zk_admin, path)
+        waiting = asyncio.create_task(b.acquire())
+        await eventually(lambda: _count(zk_admin, path, 2), 10.0, "b queued behind a")
+        await b.close()
+        with pytest.raises(LockerError, match="closed"):
+            await asyncio.wait_for(waiting, 10.0)
+        assert await children(zk_admin, path) == mine  # b's session and node are gone
+        await a.close()
+        assert await children(zk_admin, path) == []
 
     run(main())

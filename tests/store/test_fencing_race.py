@@ -136,3 +136,36 @@ def test_batch_waits_for_a_running_claim(
             assert [m.id for m in a.load_page(QUEUE.id, 0, 10)] == [1]
     finally:
         a.close()
+
+
+def test_sqlite_claim_serialises_behind_a_running_batch(tmp_path) -> None:
+    """SQLite's BEGIN IMMEDIATE gives the same guarantee with a file lock."""
+    url = f"sqlite:///{tmp_path / 'amqlite.db'}"
+    a, ea = open_master(url)
+    b = open_store(url, "g1")
+    assert isinstance(b, SqlStore)
+    b.open()
+    try:
+        fenced_in, go = threading.Event(), threading.Event()
+
+        def hold_the_write_lock() -> None:
+            fenced_in.set()
+            assert go.wait(DEADLINE_S)
+
+        a.after_fence = hold_the_write_lock
+        batch = Runner(lambda: a.commit_batch(ea, Batch(inserts=[msg(1), msg(2)])))
+        batch.start()
+        assert fenced_in.wait(DEADLINE_S)
+        claim = Runner(lambda: b.claim_epoch("node-b"))
+        claim.start()
+        go.set()
+        batch.outcome()  # the claim cannot have gone first: we held the write lock
+        eb = claim.outcome()
+        assert sql(b, "SELECT expected_count FROM amq_activations WHERE epoch = :e",
+                   e=eb) == [(2,)]
+        a.after_fence = None
+        with pytest.raises(Fenced):
+            a.commit_batch(ea, Batch(inserts=[msg(3)]))
+    finally:
+        a.close()
+        b.close()

@@ -193,3 +193,19 @@ def test_drain_then_close(make_store: MakeStore) -> None:
 
     run(scenario)
     assert one(s, "SELECT count(*) FROM amq_messages") == 49
+
+
+def test_commit_delay_waits_for_more_work_until_the_batch_is_full(make_store: MakeStore) -> None:
+    s, e = master(make_store)
+
+    async def scenario() -> None:
+        # A delay far beyond DEADLINE_S: only a full batch can end the wait.
+        gc = GroupCommitter(s, e, asyncio.get_running_loop(), lambda exc: None,
+                            max_batch_ops=2, commit_delay_ms=3_600_000)
+        first = gc.submit(Batch(inserts=[msg(1)]))
+        second = gc.submit(Batch(inserts=[msg(2)]))
+        await asyncio.gather(first, second)
+        assert (gc.commits, gc.batches) == (1, 2)
+        gc.close()
+
+    run(scenario)

@@ -19,6 +19,7 @@ from store import (
     parse_store_url,
     read_registry,
 )
+from store import sql as store_sql
 from store.schema import SCHEMA_VERSION
 from tests.servers import free_port
 from tests.store.conftest import (
@@ -120,6 +121,18 @@ def test_newer_schema_is_refused(make_store: MakeStore, store_url: str) -> None:
     late = open_store(store_url, "g1")
     with pytest.raises(StoreError, match="v99 is newer"):
         late.open()
+
+
+def test_older_schema_runs_the_upgrade_hooks(
+    make_store: MakeStore, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = make_store()
+    sql(a, "UPDATE amq_meta SET value = '0' WHERE key = 'schema_version'")
+    ran: list[int] = []
+    monkeypatch.setitem(store_sql.UPGRADES, 0, lambda conn: ran.append(0))
+    make_store()
+    assert ran == [0]
+    assert one(a, "SELECT value FROM amq_meta") == str(SCHEMA_VERSION)
 
 
 def test_sqlite_is_wal_with_full_sync(tmp_path: Path) -> None:
@@ -456,3 +469,19 @@ def test_unreachable_postgres_is_a_store_error() -> None:
     with pytest.raises(StoreError) as info:
         s.open()
     assert "secret" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_postgres_sessions_notice_a_dead_peer_and_time_out(pg_url: str) -> None:
+    s = open_store(pg_url, "g")
+    assert isinstance(s, SqlStore)
+    s.open()
+    try:
+        assert one(s, "SHOW statement_timeout") == "15s"
+        assert one(s, "SHOW idle_in_transaction_session_timeout") == "30s"
+        with s.engine.connect() as conn:
+            params = conn.connection.driver_connection.info.get_parameters()
+        assert params["keepalives"] == "1"
+        assert params["tcp_user_timeout"] == "10000"
+        assert params["connect_timeout"] == "5"
+    finally:
+        s.close()

@@ -1,0 +1,107 @@
+"""Helpers for the client tests: run async tests, record listener callbacks, wait on state."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from amqlite.codec import Frame
+
+#: Upper bound for one async test; a hang fails instead of blocking the suite.
+TEST_TIMEOUT = 60.0
+#: Default deadline for waiting on the client's state.
+WAIT = 10.0
+
+_T = TypeVar("_T")
+
+
+def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test function on a fresh event loop, bounded by TEST_TIMEOUT."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        async def bounded() -> None:
+            async with asyncio.timeout(TEST_TIMEOUT):
+                await fn(*args, **kwargs)
+
+        asyncio.run(bounded())
+
+    return wrapper
+
+
+async def poll_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll client-side state with a deadline (the state has no event of its own)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(0.005)
+
+
+async def within(awaitable: Awaitable[_T], timeout: float = WAIT) -> _T:
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
+class RecordingListener:
+    """A transport listener that records every callback; tests wait on it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+        self.threads: set[str] = set()
+        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+
+    def _record(self, name: str, value: object = None) -> None:
+        self.events.append((name, value))
+        self.threads.add(threading.current_thread().name)
+        for predicate, future in list(self._waiters):
+            if not future.done() and predicate():
+                future.set_result(None)
+
+    def on_command(self, frame: Frame) -> None:
+        self._record("command", frame)
+
+    def on_exception(self, exc: BaseException) -> None:
+        self._record("exception", exc)
+
+    def on_interrupted(self) -> None:
+        self._record("interrupted")
+
+    def on_resumed(self) -> None:
+        self._record("resumed")
+
+    def names(self) -> list[str]:
+        """Callbacks other than on_command, in order."""
+        return [name for name, _ in self.events if name != "command"]
+
+    def count(self, name: str) -> int:
+        return sum(1 for n, _ in self.events if n == name)
+
+    def exceptions(self) -> list[BaseException]:
+        return [v for n, v in self.events if n == "exception"]  # type: ignore[misc]
+
+    def commands(self) -> list[str]:
+        return [v.command for n, v in self.events if n == "command"]  # type: ignore[attr-defined]
+
+    async def wait_for(self, predicate: Callable[[], bool], what: str,
+                       timeout: float = WAIT) -> None:
+        if predicate():
+            return
+        future = asyncio.get_running_loop().create_future()
+        entry = (predicate, future)
+        self._waiters.append(entry)
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            raise AssertionError(f"listener: {what} not seen within {timeout}s; "
+                                 f"events: {self.names()}") from None
+        finally:
+            self._waiters.remove(entry)
+
+    async def wait_count(self, name: str, count: int, timeout: float = WAIT) -> None:
+        await self.wait_for(lambda: self.count(name) >= count, f"{count}x {name}", timeout)

@@ -1,0 +1,47 @@
+"""Fixtures for the cluster tests (registry, cluster-list, containers, ZooKeeper HA):
+the integration harness's broker factory and clients, store URLs, ZooKeeper roots, and
+a private ZooKeeper for tests that stop it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The broker harness's fixtures and its failure hook (broker logs on failure).
+from tests.integration.conftest import (  # noqa: F401
+    broker_factory,
+    clients,
+    pytest_runtest_makereport,
+)
+from tests.servers import ZooKeeperServer
+
+_roots = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store: a SQLite file in tmp_path or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store' / 'amqlite.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def zk_url(zookeeper_server: ZooKeeperServer) -> str:
+    """A fresh root on the session's ZooKeeper, so tests never see each other's nodes."""
+    return f"zk://{zookeeper_server.hosts}/amqcluster{next(_roots)}"
+
+
+@pytest.fixture
+def private_zookeeper() -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper of this test's own, for tests that stop and restart it (the
+    session's server is shared by every other ZooKeeper test)."""
+    server = ZooKeeperServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()

@@ -1,0 +1,71 @@
+"""The audit job against the embedded SQLite store, through xerial's JDBC driver
+(Debian's libxerial-sqlite-jdbc-java), opened read-only."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from spark.audit_job import EXIT_CLEAN, EXIT_FINDINGS, FINDINGS
+from tests.spark.conftest import Run, run_audit
+from tests.spark.seed import CLEAN_GROUPS, DAMAGE, create_store
+
+pytestmark = pytest.mark.spark
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def damaged_sqlite(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Run, str, str]:
+    db = tmp_path_factory.mktemp("sqlite-store") / "amqlite.db"
+    now = int(time.time() * 1000)
+    create_store(f"sqlite:///{db}", now, damaged=True)
+    before = _digest(db)
+    out = str(tmp_path_factory.mktemp("audit-sqlite"))
+    run = run_audit(["--store", f"sqlite:///{db}", "--now", str(now)], out)
+    return run, before, _digest(db)
+
+
+def test_damaged_sqlite_store_reports_every_finding_exactly(
+    damaged_sqlite: tuple[Run, str, str],
+) -> None:
+    run, _, _ = damaged_sqlite
+    assert run.code == EXIT_FINDINGS, run.stderr
+    assert run.summary["backend"] == "sqlite"
+    expected = {finding: {finding: d.count} for finding, (_, d) in DAMAGE.items()}
+    assert run.counts_by_group() == expected
+    for finding, (_, d) in DAMAGE.items():
+        assert len(run.finding_rows(finding)) == d.rows, finding
+    assert set(run.summary["groups"]) == set(CLEAN_GROUPS) | set(DAMAGE)
+
+
+def test_the_audit_never_writes_to_the_store(damaged_sqlite: tuple[Run, str, str]) -> None:
+    _, before, after = damaged_sqlite
+    assert after == before
+
+
+def test_clean_sqlite_store_exits_0(spark: SparkSession, tmp_path: Path) -> None:
+    db = tmp_path / "amqlite.db"
+    now = int(time.time() * 1000)
+    create_store(f"sqlite:///{db}", now, damaged=False)
+    run = run_audit(["--store", f"sqlite:///{db}", "--now", str(now)])
+    assert run.code == EXIT_CLEAN, run.stderr
+    assert run.stdout.endswith(
+        "clean: no duplicates, orphans, stale state or sequence gaps found\n"
+    )
+    assert "FOUND" not in run.stdout
+    assert not any(line.startswith(tuple(FINDINGS)) for line in run.stdout.splitlines())
+
+
+def test_missing_sqlite_file_exits_2(spark: SparkSession, tmp_path: Path) -> None:
+    run = run_audit(["--store", f"sqlite:///{tmp_path}/nope.db"])
+    assert run.code == 2
+    assert run.stderr == f"amqlite audit: error: SQLite store {tmp_path}/nope.db does not exist\n"
