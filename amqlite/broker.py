@@ -323,8 +323,8 @@ class Subscription:
             return
         # Record the delivery before the client can see it (see module docstring).
         self.delivering += 1
-        broker.writes.stage(lambda ok: self._delivery_recorded(message, previous, ok)) \
-            .deliveries.append(ref)
+        broker.writes.stage_delivery(
+            ref, lambda ok: self._delivery_recorded(message, previous, ok))
 
     def _delivery_recorded(self, message: Message, previous: int, ok: bool) -> None:
         self.delivering -= 1
@@ -370,12 +370,24 @@ class WriteBuffer:
         self.failed = False
         self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
         self.inflight_batches = 0
+        self._released: set[Ref] = set()
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
             self.callbacks.append(lambda result: callback(result is not None))
         self._schedule()
         return self.batch
+
+    def stage_releases(self, refs: list[Ref]) -> None:
+        """Deliverable again. Remembered so a redelivery of the same message is
+        never merged into this batch (the store applies deliveries first)."""
+        self.stage().releases.extend(refs)
+        self._released.update(refs)
+
+    def stage_delivery(self, ref: Ref, callback: StagedCallback) -> None:
+        if ref in self._released:
+            self.flush()  # release first, in its own batch, then the new delivery
+        self.stage(callback).deliveries.append(ref)
 
     def stage_result(self, callback: Callable[[BatchResult | None], None]) -> Batch:
         self.callbacks.append(callback)
@@ -395,6 +407,7 @@ class WriteBuffer:
         if not len(batch) and not callbacks:
             return
         self.batch, self.callbacks = Batch(), []
+        self._released.clear()
         if self.failed or self.committer is None:
             for cb in callbacks:
                 cb(None)
@@ -688,7 +701,7 @@ class Broker:
             if result is None:
                 return  # the store failed: no receipt; the node is demoting
             for m, durables in to_store:
-                if m.dedup_key is not None and m.dedup_key in result.duplicates:
+                if m.id in result.duplicate_ids:
                     self.stats["duplicates"] += 1
                     continue
                 self._route_committed(m, durables)
@@ -833,7 +846,7 @@ class Broker:
         if sub.inflight:
             releases = [d.ref for d in sub.inflight.values() if d.ref is not None]
             if releases:
-                self.writes.stage().releases.extend(releases)
+                self.writes.stage_releases(releases)
             for delivery in sub.inflight.values():
                 source.push(delivery.message)
             sub.inflight.clear()
@@ -896,7 +909,7 @@ class Broker:
         m = d.message
         if m.delivery_count <= self.settings.max_redeliveries:
             if d.ref is not None:
-                batch.releases.append(d.ref)
+                self.writes.stage_releases([d.ref])
             source.push(m)
             return
         self.stats["dead_lettered"] += 1

@@ -211,6 +211,7 @@ class StompTestServer:
                 self._store([frame])
         elif command == "SUBSCRIBE":
             conn.subs[frame.headers["id"]] = dict(frame.headers)
+            self.dispatch(frame.headers["destination"])
         elif command == "UNSUBSCRIBE":
             conn.subs.pop(frame.headers.get("id", ""), None)
         elif command in ("ACK", "NACK"):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from stomp.exception import StompException
 
 from amqlite.discovery import DiscoveryError, resolve
 from tests.integration.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
@@ -124,7 +125,7 @@ class Producer(threading.Thread):
                            "amqlite.producerSeq": str(seq)}
                 try:
                     client.send(self.queue, f"m{seq}", headers, timeout=RECEIPT_WAIT)
-                except AssertionError:
+                except (AssertionError, StompException):  # no RECEIPT, or disconnected
                     client.close()
                     client = None
                     continue
