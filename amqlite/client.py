@@ -533,8 +533,11 @@ class _Connection:
                 return connected
 
     def start(self, on_frame: Callable[[_Connection, Frame], None]) -> None:
-        """Begin reading and heart-beating; frames go to ``on_frame`` (swappable)."""
+        """Begin reading and heart-beating; frames go to ``on_frame``. Starting a started
+        connection (a standby being promoted) only redirects its frames."""
         self.on_frame = on_frame
+        if self._tasks:
+            return
         self._tasks.append(self.loop.create_task(self._read_loop()))
         heartbeat = self.protocol.heartbeat
         if heartbeat.send_ms or heartbeat.expect_ms:

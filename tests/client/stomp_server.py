@@ -171,7 +171,7 @@ class StompTestServer:
 
     def connection_lost(self, conn: ServerConn) -> None:
         conn.closed = True
-        for destination, frame in conn.inflight.values():
+        for destination, frame in reversed(conn.inflight.values()):
             again = Frame(frame.command, {**frame.headers, "redelivered": "true"}, frame.body)
             self.queues.setdefault(destination, []).insert(0, again)
         conn.inflight.clear()
