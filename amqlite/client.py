@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from amqlite.codec import Frame, ProtocolError
+from amqlite.codec import Frame, ProtocolError, encode_frame
 from amqlite.failover_uri import (
     BrokerURL,
     TcpURI,
@@ -205,10 +205,13 @@ _RESOLVERS: dict[str | None, Resolver] = {}
 def register_discovery_resolver(resolver: Resolver | None, scheme: str | None = None) -> None:
     """Plug a resolver for ``discovery:`` URLs: ``resolver(agent) -> [tcp URI, ...]``.
 
-    ``agent`` is the text after ``discovery:`` (``fabric:default``, ``zk://h:2181/amqlite``,
-    ...). ``scheme`` restricts it to agents starting with ``scheme:``; None registers the
-    fallback. It is called on every reconnect pass (a sync resolver runs in a worker thread,
-    an async one on the loop); an empty list counts as a failed pass. ``None`` unregisters.
+    ``agent`` is the text after ``discovery:`` without the failover options
+    (``zk://h:2181/amqlite?group=default``, ``fabric:default``, ...). ``scheme`` restricts
+    it to agents starting with ``scheme:``; None registers the fallback. Without any,
+    ``amqlite.discovery.resolve_agent`` serves the schemes it lists (zk, postgresql,
+    sqlite). It is called on every reconnect pass (a sync resolver runs in a worker
+    thread, an async one on the loop); an empty list counts as a failed pass. ``None``
+    unregisters.
     """
     if resolver is None:
         _RESOLVERS.pop(scheme, None)
@@ -217,8 +220,19 @@ def register_discovery_resolver(resolver: Resolver | None, scheme: str | None = 
 
 
 def _find_resolver(agent: str) -> Resolver | None:
+    """A registered resolver for the agent's scheme, the registered fallback, or else the
+    built-in registry lookup (``amqlite.discovery``) for the schemes it knows."""
     scheme = agent.partition(":")[0] if ":" in agent else None
-    return _RESOLVERS.get(scheme) or _RESOLVERS.get(None)
+    found = _RESOLVERS.get(scheme) or _RESOLVERS.get(None)
+    if found is not None:
+        return found
+    try:  # imported late: it pulls in the registry backends
+        from amqlite import discovery
+    except ImportError:
+        return None
+    schemes: Sequence[str] = getattr(discovery, "AGENT_SCHEMES", ())
+    resolve: Resolver | None = getattr(discovery, "resolve_agent", None)
+    return resolve if scheme in schemes else None
 
 
 # --- small public types --------------------------------------------------------------------
@@ -816,6 +830,10 @@ class AsyncClient:
         frame_headers["persistent"] = "true" if persistent else "false"
         frame_headers[PRODUCER_ID_HEADER] = self.producer_id
         frame_headers[PRODUCER_SEQ_HEADER] = str(seq)
+        try:  # fail now, not at the replay after a reconnect
+            encode_frame(Frame("SEND", frame_headers), "1.2")
+        except ProtocolError as exc:
+            raise ValueError(f"cannot send these headers: {exc}") from None
         if transaction is not None:
             return self._send_in_transaction(transaction, Frame("SEND", frame_headers, data), seq)
         wants_receipt = persistent or self.options.track_messages
@@ -1320,7 +1338,9 @@ class AsyncClient:
                     last_error = exc
                 log.debug("connect to %s failed: %s", uri, _describe(last_error))
             if not uris and last_error is None:
-                last_error = ConnectionError("no URIs to connect to")
+                found = f": discovery {self.url.discovery!r} found no broker" \
+                    if self.url.kind == "discovery" else ""
+                last_error = ConnectionError(f"no URIs to connect to{found}")
             outcome = self._policy.pass_failed()
             listed = ", ".join(map(str, uris))
             if outcome.give_up:
@@ -1598,14 +1618,14 @@ class AsyncClient:
 
     def _fail(self, exc: BaseException) -> None:
         self._failure = exc
-        if self._first is not None and not self._first.done():
-            self._first.set_exception(exc)
-            self._first.exception()  # retrieved: connect() re-raises it
         self._shutdown(exc)
         self._notify("on_exception", exc)
 
     def _shutdown(self, exc: BaseException) -> None:
         """Close every connection and fail everything still pending."""
+        if self._first is not None and not self._first.done():
+            self._first.set_exception(exc)
+            self._first.exception()  # retrieved here; connect() re-raises it
         self.closed = True
         self._closing.set()
         self._connected.clear()

@@ -86,3 +86,14 @@ def resolve(uri: str) -> list[str]:
     except RegistryError as e:
         raise DiscoveryError(str(e)) from None
     return order_services(members)
+
+
+#: Agent schemes ``resolve_agent`` answers for (amqlite.client's resolver hook is keyed
+#: by the agent's scheme).
+AGENT_SCHEMES = ("zk", "postgresql", "postgres", "sqlite")
+
+
+def resolve_agent(agent: str) -> list[str]:
+    """``resolve`` for the text after ``discovery:`` (the client's resolver hook:
+    ``register_discovery_resolver(resolve_agent, scheme)`` for each AGENT_SCHEMES)."""
+    return resolve(SCHEME + agent)

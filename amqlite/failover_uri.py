@@ -13,8 +13,12 @@ ActiveMQ 5.x), so an operator's existing URLs keep working:
     exactly as in ActiveMQ (so ``failover:tcp://a:1?randomize=false`` is an error naming
     ``randomize`` as a failover option: write ``failover:(tcp://a:1)?randomize=false``).
 ``discovery:(agent)?options``, ``discovery:agent?options``
-    ask a resolver (``amqlite.client`` hook) for the group's current tcp URIs on every
-    reconnect pass; the options are failover options.
+    ask a resolver (``amqlite.client`` hook; by default ``amqlite.discovery``) for the
+    group's current tcp URIs on every reconnect pass. Query parameters that are failover
+    options (or ``nested.*``) configure the failover transport; the others stay with the
+    agent (``discovery:zk://h:2181/amqlite?group=orders&randomize=false`` asks the
+    ZooKeeper registry about ``group=orders``), except names so close to a failover
+    option that they are surely a typo, which are errors.
 
 Inner (tcp) options: ``connectionTimeout`` (ms for TCP connect plus the STOMP handshake,
 ActiveMQ's TcpTransport default 30000) and ``heartBeat`` (``cx,cy`` ms offered in CONNECT).
@@ -395,6 +399,23 @@ class BrokerURL:
         return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
 
 
+def _split_discovery_query(query: str, where: str) -> tuple[str, str]:
+    """Discovery query -> (failover part, agent part), raw text kept for the agent."""
+    ours: list[str] = []
+    agents: list[str] = []
+    for part in query.split("&"):
+        if not part:
+            continue
+        name = unquote(part.partition("=")[0]).strip()
+        if name in _FAILOVER_PARSERS or name.startswith("nested."):
+            ours.append(part)
+        elif difflib.get_close_matches(name, _FAILOVER_PARSERS, n=1, cutoff=0.8):
+            raise _unknown(name, _FAILOVER_PARSERS, f"failover ({where})")
+        else:
+            agents.append(part)
+    return "&".join(ours), "&".join(agents)
+
+
 def _failover_options(query: str, where: str) -> FailoverOptions:
     values: dict[str, Any] = {}
     nested: list[tuple[str, str]] = []
@@ -493,6 +514,9 @@ def parse_broker_url(text: str) -> BrokerURL:
         agent = agent.strip()
         if not agent:
             raise URIError(f"discovery URL {raw!r}: no discovery agent (discovery:AGENT)")
+        query, agent_query = _split_discovery_query(query, raw)
+        if agent_query:
+            agent += ("&" if "?" in agent else "?") + agent_query
         return BrokerURL(raw, "discovery", (), _failover_options(query, raw), discovery=agent)
     raise URIError(
         f"broker URL {raw!r}: unsupported scheme {scheme!r} (use tcp://, failover: or discovery:)"

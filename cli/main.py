@@ -80,7 +80,17 @@ def passwd(password: str) -> None:
     click.echo(hash_password(password))
 
 
-cluster_cmds.register(cli)
+def _register_commands() -> None:
+    """Sub-commands that live in their own modules (and import what they need lazily)."""
+    from cli import client_cmds
+    from cli.audit_cmd import audit
+
+    client_cmds.register(cli)
+    cluster_cmds.register(cli)
+    cli.add_command(audit)
+
+
+_register_commands()
 
 
 def main() -> None:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from amqlite.codec import Frame, ProtocolError
 from amqlite.protocol import FrameReceived, StompProtocol
@@ -23,6 +25,8 @@ from amqlite.protocol import FrameReceived, StompProtocol
 HOST = "127.0.0.1"
 #: Deadline for a test's wait on server state.
 WAIT = 10.0
+
+_T = TypeVar("_T")
 
 
 @dataclass(eq=False)
@@ -59,6 +63,7 @@ class StompTestServer:
         self.accept_and_close = False  # accept TCP, then close at once (a failing broker)
         self.refuse_connect: str | None = None  # answer CONNECT with this ERROR message
         self.withhold_receipts = False  # process SENDs but send no RECEIPT (crash window)
+        self.withhold_ack_receipts = False  # the same for ACK/NACK
         self.connected_headers: dict[str, str] = {}
         self.receipt_headers: dict[str, str] = {}
         self.reject_destination: str | None = None  # SEND there -> ERROR with receipt-id
@@ -231,7 +236,8 @@ class StompTestServer:
             conn.transactions.pop(frame.headers["transaction"], None)
         if receipt is None:
             return
-        if command == "SEND" and self.withhold_receipts:
+        if (command == "SEND" and self.withhold_receipts) or (
+                command in ("ACK", "NACK") and self.withhold_ack_receipts):
             self.withheld.append(receipt)
             return
         conn.write(Frame("RECEIPT", {"receipt-id": receipt, **self.receipt_headers}))
@@ -282,3 +288,36 @@ class _ServerProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.conn is not None:
             self.server.connection_lost(self.conn)
+
+
+class ServerThread:
+    """The test server on its own event loop thread, for tests of the blocking Client."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-server",
+                                       daemon=True)
+        self.server = StompTestServer()
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        self.call(self.server.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        self.loop.close()
+
+    def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
+
+    def do(self, fn: Callable[[], _T]) -> _T:
+        """Run a plain function on the server's loop (its state is not thread-safe)."""
+
+        async def run() -> _T:
+            return fn()
+
+        return self.call(run())

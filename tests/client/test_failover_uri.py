@@ -120,6 +120,18 @@ def test_discovery_forms() -> None:
     assert bare.options.nested_map() == {"connectionTimeout": "50"}
 
 
+def test_discovery_agent_keeps_its_own_parameters() -> None:
+    # amqlite.discovery's forms: the registry URL and its group stay with the agent
+    url = parse_broker_url("discovery:zk://127.0.0.1:2181/amqlite?group=default&randomize=false")
+    assert url.discovery == "zk://127.0.0.1:2181/amqlite?group=default"
+    assert url.options.randomize is False
+    url = parse_broker_url("discovery:(zk://zk1:2181,zk2:2181/amqlite)?group=orders&timeout=5")
+    assert url.discovery == "zk://zk1:2181,zk2:2181/amqlite?group=orders"
+    assert url.options.timeout == 5
+    url = parse_broker_url("discovery:(postgresql://db/amq?sslmode=require)?group=g")
+    assert url.discovery == "postgresql://db/amq?sslmode=require&group=g"
+
+
 def test_uri_list() -> None:
     uris = parse_uri_list("tcp://a:1, tcp://b:2\ntcp://a:1", {"connectionTimeout": "5"})
     assert [u.port for u in uris] == [1, 2]
@@ -155,7 +167,7 @@ def test_uri_list() -> None:
         ("failover:tcp://a:1?randomize=false", "failover option"),
         ("failover:(tcp://a:1,ftp://b:2)", "'ftp'"),
         ("discovery:", "no discovery agent"),
-        ("discovery:(x)?bogus=1", "'bogus'"),
+        ("discovery:(zk://h:1/r)?group=g&randomise=false", "'randomise'"),
         ("nonsense", "nonsense"),
     ],
 )

@@ -243,6 +243,28 @@ async def test_ack_after_failover_is_reported_and_message_redelivered() -> None:
 
 
 @async_test
+async def test_ack_in_flight_when_the_connection_drops_is_reported() -> None:
+    server = await started()
+    listener = RecordingListener()
+    client = AsyncClient(failover(server), listener=listener)
+    await client.connect()
+    sub = await client.subscribe("queue://q", ack="client-individual")
+    server.publish("/queue/q", b"work")
+    message = await within(sub.receive())
+    assert message is not None
+    server.withhold_ack_receipts = True
+    acking = asyncio.create_task(client.ack(message))
+    await server.wait_for(lambda: len(server.acks) == 1, "the ACK")
+    server.kill_connections()
+    assert await within(acking) is False
+    assert client.unconfirmed_acks == [message]
+    [reported] = listener.exceptions()
+    assert isinstance(reported, AckNotConfirmedError) and "RECEIPT" in reported.reason
+    await client.disconnect()
+    await server.stop()
+
+
+@async_test
 async def test_queued_client_ack_messages_are_dropped_at_an_interruption() -> None:
     server = await started()
     listener = RecordingListener()
@@ -561,6 +583,17 @@ async def test_discovery_uses_the_resolver_hook() -> None:
     await server.stop()
 
 
+@async_test
+async def test_discovery_defaults_to_the_registry_resolver(tmp_path: Path) -> None:
+    # No resolver registered: amqlite.discovery reads the (empty) registry of a store.
+    store = tmp_path / "amqlite.db"
+    client = AsyncClient(f"discovery:(sqlite:///{store})?group=none&startupMaxReconnectAttempts=1")
+    with pytest.raises(ConnectionFailedError) as info:
+        await client.connect()
+    assert "after 1 attempt" in str(info.value)
+    assert "found no broker" in str(info.value)  # the registry was asked, and is empty
+
+
 def test_destinations() -> None:
     assert stomp_destination("queue://a.b") == "/queue/a.b"
     assert stomp_destination("topic://t") == "/topic/t"
@@ -568,3 +601,14 @@ def test_destinations() -> None:
     for bad in ("x", "queue://", "/temp-queue/x", "/queue/"):
         with pytest.raises(ValueError, match="destination"):
             stomp_destination(bad)
+
+
+@async_test
+async def test_disconnect_while_connecting_ends_connect() -> None:
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    client = AsyncClient(failover(dead, initialReconnectDelay=20))
+    connecting = asyncio.create_task(client.connect())
+    await poll_until(lambda: client._policy.failures >= 1, "a failed pass")
+    await client.disconnect()
+    with pytest.raises(ClientClosedError):
+        await within(connecting)

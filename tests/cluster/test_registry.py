@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from amqlite.discovery import DiscoveryError, parse, resolve
+from amqlite.discovery import DiscoveryError, parse, resolve, resolve_agent
 from amqlite.registry import (
     STORE_MAX_AGE_MS,
     ZK_CHECK_INTERVAL,
@@ -209,6 +209,9 @@ def test_discovery_resolves_the_store_registry_master_first(store_url: str) -> N
                 assert time.monotonic() < deadline, f"resolve gave {got} after the failover"
                 await asyncio.sleep(0.02)
             assert await asyncio.to_thread(resolve, f"discovery:{store_url}?group=none") == []
+            # The client's resolver hook gets the text after "discovery:".
+            assert await asyncio.to_thread(resolve_agent, f"{store_url}?group=g3") == [
+                a.advertise, b.advertise]
         finally:
             for r in (ra, rb):
                 await r.withdraw()

@@ -337,7 +337,7 @@ class Producer(threading.Thread):
                     for s in sorted(pending):
                         self._send(client, s, inflight)
                         self.resent += 1
-                except stomp.exception.StompException:
+                except (stomp.exception.StompException, OSError):
                     self._drop(client)
                     self._client = None
                     continue
@@ -351,7 +351,7 @@ class Producer(threading.Thread):
                         self.sent.add(seq)
                     self._send(client, seq, inflight)
                     next_new = now + PRODUCER_INTERVAL
-            except stomp.exception.StompException:
+            except (stomp.exception.StompException, OSError):
                 pass  # the connection is gone: noticed below
             wait = max(0.0, min(next_new - time.monotonic(), 0.2))
             listener.wait_for(lambda lst=listener: bool(lst.receipts.intersection(inflight))

@@ -21,11 +21,13 @@ QUIET = 0.6
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
+    """A small redelivery limit so the DLQ path takes three deliveries, not seven."""
     return module_factory.start(name="acks",
                                 env={"AMQLITE_MAX_REDELIVERIES": str(MAX_REDELIVERIES)})
 
 
 def fill(client: Client, queue: str, bodies: list[str]) -> None:
+    """Enqueue with receipts, so the messages are stored before anyone subscribes."""
     for body in bodies:
         client.send(queue, body)
 

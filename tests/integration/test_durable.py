@@ -19,10 +19,12 @@ QUIET = 0.6
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
+    """One broker for the tests that need no restart."""
     return module_factory.start(name="durable")
 
 
 def durable_client(clients: ClientPool, port: int, client_id: str) -> Client:
+    """Durable subscriptions belong to a client-id given on CONNECT."""
     return clients(port, headers={"client-id": client_id})
 
 

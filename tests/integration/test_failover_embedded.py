@@ -69,6 +69,7 @@ def drain(client: Client, queue: str, expected: int, quiet: float = 1.0,
 
 
 def duplicates(bodies: list[str]) -> list[str]:
+    """Bodies are unique per send, so a repeated body is a message stored/delivered twice."""
     return [b for b, n in collections.Counter(bodies).items() if n > 1]
 
 

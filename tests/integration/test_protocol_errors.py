@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.broker_proc import (
+    REPO_ROOT,
     BrokerFactory,
     BrokerProcess,
     Client,
@@ -57,6 +58,7 @@ def assert_error_then_closed(raw: RawStomp, what: str) -> None:
 
 
 def send_frame_bytes(destination: str, headers: dict[str, str], body: bytes) -> bytes:
+    """A SEND with content-length, built by hand so any limit can be exceeded."""
     head = "SEND\n" + f"destination:{destination}\n" + "".join(
         f"{k}:{v}\n" for k, v in headers.items())
     return head.encode() + f"content-length:{len(body)}\n\n".encode() + body + b"\x00"
@@ -97,6 +99,7 @@ def test_frame_within_limits_is_accepted(broker: BrokerProcess, clients: ClientP
 
 
 def test_frame_over_max_frame_size_gets_error_and_close(broker: BrokerProcess) -> None:
+    """A frame over max_frame_size must not be buffered without bound: ERROR, close."""
     with RawStomp(broker.port) as raw:
         raw.connect()
         raw.send_raw(send_frame_bytes("/queue/big", {}, b"x" * (MAX_FRAME_SIZE + 4000)))
@@ -105,6 +108,7 @@ def test_frame_over_max_frame_size_gets_error_and_close(broker: BrokerProcess) -
 
 
 def test_too_many_headers_gets_error_and_close(broker: BrokerProcess) -> None:
+    """More headers than max_header_count is an attack, not a message: ERROR, close."""
     headers = {f"x-h{i}": "v" for i in range(MAX_HEADER_COUNT + 4)}
     with RawStomp(broker.port) as raw:
         raw.connect()
@@ -114,6 +118,7 @@ def test_too_many_headers_gets_error_and_close(broker: BrokerProcess) -> None:
 
 
 def test_header_too_long_gets_error_and_close(broker: BrokerProcess) -> None:
+    """A header line over max_header_length: ERROR, close."""
     with RawStomp(broker.port) as raw:
         raw.connect()
         raw.send_raw(send_frame_bytes("/queue/long", {"x-long": "v" * (MAX_HEADER_LENGTH * 4)},
@@ -205,25 +210,23 @@ def test_connection_over_max_connections_gets_error(broker_factory: BrokerFactor
 
 
 def password_hash(password: str) -> str:
-    """The users-file hash: amqlite.auth.hash_password, else `amqlite passwd PASSWORD`."""
-    try:
-        from amqlite.auth import hash_password
-    except ImportError:
-        out = subprocess.run([*amqlite_command(), "passwd", password], check=True,
-                             capture_output=True, text=True, timeout=30)
-        return out.stdout.strip().splitlines()[-1]
-    return hash_password(password)
+    """The users-file hash exactly as an operator makes it: `amqlite passwd`."""
+    out = subprocess.run([*amqlite_command(), "passwd", "--password", password], check=True,
+                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
 def auth_broker(module_factory: BrokerFactory, tmp_path_factory: pytest.TempPathFactory,
                 ) -> BrokerProcess:
+    """A broker requiring login alice / s3cret from a TOML users file."""
     users: Path = tmp_path_factory.mktemp("auth") / "users.toml"
     users.write_text(f'[users]\nalice = "{password_hash("s3cret")}"\n')
     return module_factory.start(name="auth", env={"AMQLITE_USERS_FILE": str(users)})
 
 
 def test_auth_wrong_passcode_gets_error_and_close(auth_broker: BrokerProcess) -> None:
+    """A known login with the wrong passcode is refused with ERROR and the socket closed."""
     with RawStomp(auth_broker.port) as raw:
         raw.send_frame("CONNECT", {"accept-version": "1.2", "host": "localhost",
                                    "login": "alice", "passcode": "wrong"})
@@ -232,6 +235,7 @@ def test_auth_wrong_passcode_gets_error_and_close(auth_broker: BrokerProcess) ->
 
 def test_auth_missing_credentials_refused(auth_broker: BrokerProcess,
                                           clients: ClientPool) -> None:
+    """No credentials, a login without passcode, or an unknown login: all refused."""
     with pytest.raises(ConnectRefused):
         clients(auth_broker.port)
     with pytest.raises(ConnectRefused):
@@ -241,6 +245,7 @@ def test_auth_missing_credentials_refused(auth_broker: BrokerProcess,
 
 
 def test_auth_right_passcode_connects(auth_broker: BrokerProcess, clients: ClientPool) -> None:
+    """The users file's hash (from `amqlite passwd`) admits the right passcode."""
     client = clients(auth_broker.port, username="alice", passcode="s3cret")
     queue = f"/queue/{unique('authed')}"
     client.subscribe(queue)

@@ -18,6 +18,7 @@ QUIET = 0.6
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
+    """One broker for the module; each test uses its own queue."""
     return module_factory.start(name="tx")
 
 
