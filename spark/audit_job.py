@@ -494,29 +494,48 @@ def _identity() -> Column:
 def check_duplicate_identity(m: DataFrame, dd: DataFrame) -> DataFrame:
     """A row is surplus when another row with its identity has a lower id, or
     when the dedup window names another message for it (that first copy was
-    stored, and consumed, before this one was stored again)."""
+    stored, and consumed, before this one was stored again).
+
+    One aggregation over messages and dedup entries together finds the
+    identities in question; only their (few) rows are joined back."""
     rows = m.select("grp", "id", "destination_id", _identity().alias("identity")).where(
         F.col("identity").isNotNull()
     )
-    targets = dd.where(F.col("msg_id").isNotNull()).select(
-        "grp", F.col("dedup_key").alias("identity"), F.col("msg_id").alias("dedup_msg_id")
-    )
-    per_key = (
-        rows.join(targets, ["grp", "identity"], "left")
-        .groupBy("grp", "identity")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min("id").alias("first_id"),
-            F.max(F.coalesce((F.col("id") == F.col("dedup_msg_id")).cast("int"), F.lit(0))).alias(
-                "target_seen"
-            ),
-            F.max("dedup_msg_id").alias("dedup_msg_id"),
+    none = F.lit(None).cast("bigint")
+    tagged = rows.select(
+        "grp", "identity", F.col("id").alias("mid"), none.alias("did")
+    ).unionByName(
+        dd.where(F.col("msg_id").isNotNull()).select(
+            "grp",
+            F.col("dedup_key").alias("identity"),
+            none.alias("mid"),
+            F.col("msg_id").alias("did"),
         )
-        .withColumn("ghost", F.col("dedup_msg_id").isNotNull() & (F.col("target_seen") == 0))
-        .where((F.col("n") > 1) | F.col("ghost"))
     )
+    suspects = (
+        tagged.groupBy("grp", "identity")
+        .agg(
+            F.count("mid").alias("n"),
+            F.min("mid").alias("first_id"),
+            F.max("did").alias("dedup_msg_id"),
+        )
+        .where(
+            (F.col("n") > 1)
+            | (
+                (F.col("n") == 1)
+                & F.col("dedup_msg_id").isNotNull()
+                & (F.col("dedup_msg_id") != F.col("first_id"))
+            )
+        )
+    )
+    per_key = Window.partitionBy("grp", "identity")
     dup = (
-        rows.join(per_key, ["grp", "identity"])
+        rows.join(suspects, ["grp", "identity"])
+        .withColumn(
+            "ghost",
+            F.col("dedup_msg_id").isNotNull()
+            & ~F.max(F.coalesce(F.col("id") == F.col("dedup_msg_id"), F.lit(False))).over(per_key),
+        )
         .where((F.col("id") != F.col("first_id")) | F.col("ghost"))
         .select(
             "grp",
@@ -537,17 +556,20 @@ def check_duplicate_identity(m: DataFrame, dd: DataFrame) -> DataFrame:
 
 
 def check_duplicate_content(m: DataFrame) -> DataFrame:
-    """Only contents seen more than once are sorted: the window runs over the
-    (rare) repeats, not over the store."""
+    """Only contents seen more than once are sorted: a 64-bit hash of the key
+    finds the repeats in one narrow aggregation (a collision only adds a
+    candidate), and the window then runs over those rows, not the store."""
     key = ["grp", "producer_id", "body_sha", "headers_sha"]
-    pm = m.where(F.col("producer_id").isNotNull() & F.col("body_sha").isNotNull())
-    repeated = pm.groupBy(*key).count().where(F.col("count") > 1).drop("count")
+    pm = m.where(F.col("producer_id").isNotNull() & F.col("body_sha").isNotNull()).withColumn(
+        "content_hash", F.xxhash64(*key)
+    )
+    repeated = pm.groupBy("content_hash").count().where(F.col("count") > 1).select("content_hash")
     w = Window.partitionBy(*key).orderBy("enqueued_at", "id")
     same_identity = F.col("dedup_key").isNotNull() & F.col("dedup_key").eqNullSafe(
         F.col("prev_key")
     )
     dup = (
-        pm.join(repeated, key, "left_semi")
+        pm.join(repeated, "content_hash", "left_semi")
         .withColumn("prev_at", F.lag("enqueued_at").over(w))
         .withColumn("prev_id", F.lag("id").over(w))
         .withColumn("prev_key", F.lag("dedup_key").over(w))
@@ -734,26 +756,26 @@ def check_sequence_gap(m: DataFrame, dd: DataFrame) -> DataFrame:
     identity is in the dedup window. Below a producer's oldest dedup entry a
     consumed message leaves no trace at all, so only numbers from that entry up
     are compared; a producer with no dedup entry cannot be checked. The count
-    is the number of missing sequence numbers."""
+    is the number of missing sequence numbers.
 
-    def seqs(df: DataFrame) -> DataFrame:
+    One shuffle by producer: the floor and the predecessor are windows over the
+    same partition; a number present twice (message and dedup entry) is a
+    step of 0, not a gap."""
+
+    def seqs(df: DataFrame, in_dedup: bool) -> DataFrame:
         return df.where(
             F.col("producer_id").isNotNull() & F.col("producer_seq").isNotNull()
-        ).select("grp", "producer_id", F.col("producer_seq").alias("seq"))
+        ).select(
+            "grp", "producer_id", F.col("producer_seq").alias("seq"), F.lit(in_dedup).alias("dd")
+        )
 
-    floor = seqs(dd).groupBy("grp", "producer_id").agg(F.min("seq").alias("floor"))
-    present = (
-        seqs(m)
-        .unionByName(seqs(dd))
-        .join(floor, ["grp", "producer_id"])
-        .where(F.col("seq") >= F.col("floor"))
-        .select("grp", "producer_id", "seq")
-        .distinct()
-    )
-    w = Window.partitionBy("grp", "producer_id").orderBy("seq")
+    producer = Window.partitionBy("grp", "producer_id")
     gaps = (
-        present.withColumn("prev", F.lag("seq").over(w))
-        .where(F.col("seq") - F.col("prev") > 1)
+        seqs(m, False)
+        .unionByName(seqs(dd, True))
+        .withColumn("floor", F.min(F.when(F.col("dd"), F.col("seq"))).over(producer))
+        .withColumn("prev", F.lag("seq").over(producer.orderBy("seq")))
+        .where((F.col("prev") >= F.col("floor")) & (F.col("seq") - F.col("prev") > 1))
         .select(
             "grp",
             F.lit(None).cast("bigint").alias("destination_id"),

@@ -71,6 +71,8 @@ class PgGroup:
     brokers: list[BrokerProcess] = field(default_factory=list)
     #: AMQLITE_LOCK_KEEPALIVE of every node.
     keepalive: str = LOCK_KEEPALIVE
+    #: More AMQLITE_* settings for every node.
+    env: dict[str, str] = field(default_factory=dict)
     #: time.monotonic() when wait_one_master last saw its master serving alone.
     first_seen: float = 0.0
 
@@ -80,7 +82,8 @@ class PgGroup:
 
     def start(self, count: int = 3) -> BrokerProcess:
         """Start `count` nodes at once (--rejoin); return the master once it is the only one."""
-        env = {"AMQLITE_LOCK_KEEPALIVE": self.keepalive, "AMQLITE_LOCK_POLL_INTERVAL": "0.1"}
+        env = {"AMQLITE_LOCK_KEEPALIVE": self.keepalive, "AMQLITE_LOCK_POLL_INTERVAL": "0.1",
+               **self.env}
         for i in range(1, count + 1):
             self.brokers.append(self.factory.new(
                 name=f"n{i}", group=self.group, env=env,
