@@ -13,12 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 import time
 
 from amqlite.auth import Authenticator, load_users
 from amqlite.broker import Broker
-from amqlite.registry import NullRegistry, Registry, open_registry
+from amqlite.registry import (
+    NullRegistry,
+    Registry,
+    RegistryError,
+    open_registry,
+    read_members,
+    registry_url,
+)
 from amqlite.server import StompServer
 from amqlite.settings import Settings
 from lockers import LockerError, LockLost, LockState, open_locker
@@ -36,6 +44,9 @@ EXIT_DEMOTED = 3
 GRACEFUL_DRAIN_TIMEOUT = 10.0
 #: Back-off while the store is unreachable at start or after a failed activation.
 RETRY_DELAY = 1.0
+#: How often a master re-reads its group's members to update clients' URIs.
+#: The registry itself notices a change within ~1 s; polling faster buys nothing.
+CLUSTER_POLL_INTERVAL = 1.0
 #: Housekeeping batch sizes: small so a housekeeping commit never stalls SENDs.
 REAP_BATCH = 1000
 PRUNE_BATCH = 5000
@@ -190,6 +201,8 @@ class Node:
             asyncio.ensure_future(self._check_integrity(epoch)),
             asyncio.ensure_future(self._housekeeping(committer, store, epoch)),
         ]
+        if s.update_cluster_clients:
+            background.append(asyncio.ensure_future(self._cluster_updates(server)))
         stop = asyncio.ensure_future(self.stopping.wait())
         lost = asyncio.ensure_future(self.lost.wait())
         try:
@@ -265,6 +278,34 @@ class Node:
         else:
             log.info("integrity check ok: %d messages, max id %d", result.actual_count,
                      result.actual_max_id)
+
+    async def _cluster_updates(self, server: StompServer) -> None:
+        """Tell connected clients the group's URIs when brokers join (and leave,
+        with update_cluster_clients_on_remove): ActiveMQ's updateClusterClients."""
+        s = self.settings
+        url = registry_url(s)
+        name_filter = re.compile(s.update_cluster_filter) if s.update_cluster_filter else None
+        known: list[str] = list(server.cluster_uris)
+        while True:
+            try:
+                members = await asyncio.to_thread(read_members, url, s.group)
+            except RegistryError as exc:
+                log.debug("cluster update: registry unreadable: %s", exc)
+                members = []
+            others = [
+                uri for m in sorted(members, key=lambda m: m.name)
+                if m.name != s.name and (name_filter is None or name_filter.search(m.name))
+                for uri in m.services
+            ]
+            uris = [s.advertise, *dict.fromkeys(u for u in others if u != s.advertise)]
+            if uris != known:
+                added = set(uris) - set(known)
+                removed = set(known) - set(uris)
+                push = bool(added) or (bool(removed) and s.update_cluster_clients_on_remove)
+                server.set_cluster_uris(uris, push)
+                log.info("cluster URIs now %s%s", ",".join(uris), " (pushed)" if push else "")
+                known = uris
+            await asyncio.sleep(CLUSTER_POLL_INTERVAL)
 
     async def _housekeeping(self, committer: GroupCommitter, store, epoch: int) -> None:
         """Reap expired messages and forget dedup keys past the window."""

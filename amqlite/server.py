@@ -34,6 +34,10 @@ WRITE_BUFFER_LOW = 1 * 1024 * 1024
 #: Frames of one connection waiting for a commit before we stop reading from
 #: it: a producer that sends without receipts cannot pile up unbounded work.
 MAX_PENDING_COMMITS = 2000
+#: Headers our client (amqlite.client) reads to learn the group's URIs.
+CLUSTER_URIS_HEADER = "amqlite.clusterURIs"
+REBALANCE_HEADER = "amqlite.rebalance"
+CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
 RESUME_PENDING_COMMITS = 1000
 
 
@@ -53,6 +57,7 @@ class StompServer:
         self.server: asyncio.base_events.Server | None = None
         self.session_ids = itertools.count(1)
         self.session_prefix = uuid.uuid4().hex[:8]
+        self.cluster_uris: list[str] = [settings.advertise]
 
     async def start(self) -> None:
         host, port = self.settings.bind_address
@@ -73,6 +78,28 @@ class StompServer:
     def pause_reading(self) -> None:
         for conn in list(self.connections):
             conn.pause_reading()
+
+    # -- cluster URIs pushed to clients (ActiveMQ's updateClusterClients) ------------
+    def cluster_headers(self, rebalance: bool = False) -> dict[str, str]:
+        if not self.settings.update_cluster_clients or not self.cluster_uris:
+            return {}
+        headers = {CLUSTER_URIS_HEADER: ",".join(self.cluster_uris)}
+        if rebalance:
+            headers[REBALANCE_HEADER] = "true"
+        return headers
+
+    def set_cluster_uris(self, uris: list[str], push: bool) -> None:
+        """Remember the group's client URIs (master first); with ``push``, tell
+        every connected client now, on a RECEIPT no client asked for (the only
+        server frame STOMP allows outside a request; stomp.py ignores it)."""
+        self.cluster_uris = list(uris)
+        if not push or not self.settings.update_cluster_clients:
+            return
+        headers = {"receipt-id": CLUSTER_UPDATE_RECEIPT,
+                   **self.cluster_headers(self.settings.rebalance_cluster_clients)}
+        for conn in list(self.connections):
+            if conn.connected:
+                conn.write_frame(Frame("RECEIPT", dict(headers)))
 
     def close_all(self, reason: str) -> None:
         for conn in list(self.connections):
@@ -245,7 +272,8 @@ class ClientConnection(asyncio.Protocol):
             reply = self.proto.accept_connect(
                 frame,
                 server_heartbeat=self.server.settings.heartbeat_ms,
-                extra_headers={"server": f"amqlite/{__version__}", "session": session},
+                extra_headers={"server": f"amqlite/{__version__}", "session": session,
+                               **self.server.cluster_headers()},
             )
         except ProtocolError as exc:
             self._protocol_failed(exc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import tomllib
 from dataclasses import dataclass, field
@@ -121,6 +122,12 @@ class Settings:
                      "max_header_length", "default_prefetch"):
             if getattr(s, name) <= 0:
                 raise SettingsError(f"{name}: must be a positive number")
+        if s.update_cluster_filter:
+            try:
+                re.compile(s.update_cluster_filter)
+            except re.error as e:
+                raise SettingsError(f"update_cluster_filter: not a regular expression: {e}") \
+                    from None
         if s.max_redeliveries < 0:
             raise SettingsError("max_redeliveries: must be >= 0")
         if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
