@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                     "messages": args.count,
                     "rows_read": rows,
                     "reads": summary.get("reads"),
+                    "timings": summary.get("timings"),
                     "seed_s": round(seed_s, 2),
                     "session_start_s": round(session_s, 2),
                     "audit_s": round(audit_s, 2),

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession, Window
 from pyspark.sql import functions as F
 
 # --------------------------------------------------------------------------- limits
@@ -56,10 +56,10 @@ DEFAULT_SQLITE_JAR = "/usr/share/java/sqlite-jdbc.jar"
 PG_DRIVER = "org.postgresql.Driver"
 SQLITE_DRIVER = "org.sqlite.JDBC"
 
-#: Rows per JDBC partition. One partition = one read transaction; a narrow row
-#: streams at roughly 100-200k rows/s per connection, so ~100k rows keeps each
-#: transaction (and the snapshot it holds against vacuum and SKIP LOCKED
-#: dequeues) to about a second.
+#: Rows per JDBC partition. One partition = one read transaction. bench/audit_bench.py
+#: reads ~50k message rows/s per connection (two shared cores), so 100k rows keep
+#: each transaction, and the snapshot it holds against vacuum and SKIP LOCKED
+#: dequeues, to about two seconds.
 ROWS_PER_PARTITION = 100_000
 #: Upper bound on partitions per table: each is a task and a connection; past a
 #: few hundred the per-task overhead dominates and the store sees a connection storm.
@@ -93,10 +93,17 @@ REGISTRY_LIVE_MS = 30_000
 #: its identity after a failover does so within seconds.
 DUPLICATE_CONTENT_WINDOW_MS = 60_000
 
+#: Headers every amqlite client send carries with new values (amqlite/client.py):
+#: left out when comparing the headers of two sends.
+IDENTITY_HEADERS = ("amqlite.producerId", "amqlite.producerSeq")
+
 #: Sample rows per finding type in the summary and the table.
 SAMPLE_ROWS = 5
 #: Local runs: shuffle partitions per core (the 200 default is for clusters).
 LOCAL_SHUFFLE_PARTITIONS_PER_CORE = 2
+
+#: Set to see the traceback behind an error line.
+DEBUG_ENV = "AMQLITE_AUDIT_DEBUG"
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -117,8 +124,6 @@ FINDINGS: dict[str, str] = {
     "sequence_gap": "producer sequence numbers the store never got",
 }
 
-FINDING_SCHEMA = "finding string, grp string, destination_id bigint, weight bigint, detail string"
-
 
 class AuditError(Exception):
     """A problem we can explain in one line: exit code 2, no traceback."""
@@ -137,7 +142,6 @@ class StoreSource:
     default_jar: str
     description: str  # the URL without its password
     properties: dict[str, str] = field(default_factory=dict, repr=False)
-    path: str | None = None  # SQLite file
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -205,7 +209,6 @@ def _sqlite_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
         description=f"sqlite:///{path}",
         # xerial: open_mode 1 = SQLITE_OPEN_READONLY; the audit never writes.
         properties={"open_mode": "1", "busy_timeout": str(SQLITE_BUSY_TIMEOUT_MS)},
-        path=path,
     )
 
 
@@ -214,11 +217,7 @@ def _pg_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
     if not host:
         raise AuditError(f"bad store URL {strip_password(url)!r}: no host (JDBC needs TCP)")
     port = parts.port or 5432
-    user = (
-        urllib.parse.unquote(parts.username or "")
-        or os.environ.get("PGUSER")
-        or (getpass.getuser())
-    )
+    user = urllib.parse.unquote(parts.username or "") or os.environ.get("PGUSER") or _os_user()
     password = (
         urllib.parse.unquote(parts.password)
         if parts.password is not None
@@ -259,6 +258,14 @@ def _pg_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
         description=strip_password(url),
         properties=props,
     )
+
+
+def _os_user() -> str:
+    """libpq's default user; containers may have no passwd entry for our uid."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "postgres"
 
 
 def sql_literal(value: str) -> str:
@@ -344,7 +351,7 @@ class StoreReader:
         conds += [c for c in extra if c]
         return (" WHERE " + " AND ".join(conds)) if conds else ""
 
-    def _reader(self) -> Any:
+    def _reader(self) -> DataFrameReader:
         r = (
             self.spark.read.format("jdbc")
             .option("url", self.source.jdbc_url)
@@ -429,32 +436,30 @@ MESSAGE_TYPES = {
 
 def _message_select(reader: StoreReader, max_id: int) -> tuple[str, dict[str, str]]:
     """Only what the checks need. Bodies are reduced to a hash at the source
-    where the database can hash (PostgreSQL), and only for rows that have a
-    producer (the content check is per producer)."""
+    where the database can hash (PostgreSQL; SQLite ships them), and body and
+    headers are read only for rows that have a producer (the content check is
+    per producer)."""
     cols = ", ".join(MESSAGE_TYPES)
     where = reader.where_group(f"id <= {max_id}")
+    headers = "CASE WHEN producer_id IS NULL THEN NULL ELSE headers END AS headers"
     if reader.source.backend == "postgresql":
-        content = (
-            "CASE WHEN producer_id IS NULL THEN NULL ELSE sha256(body) END AS body_sha, "
-            "CASE WHEN producer_id IS NULL THEN NULL "
-            "ELSE sha256(convert_to(headers, 'UTF8')) END AS headers_sha"
-        )
-        types = {**MESSAGE_TYPES, "body_sha": "binary", "headers_sha": "binary"}
-    else:  # SQLite has no hash function: ship body and headers, hash in Spark.
-        content = "body, headers"
+        body = "CASE WHEN producer_id IS NULL THEN NULL ELSE sha256(body) END AS body_sha"
+        types = {**MESSAGE_TYPES, "body_sha": "binary", "headers": "string"}
+    else:
+        body = "CASE WHEN producer_id IS NULL THEN NULL ELSE body END AS body"
         types = {**MESSAGE_TYPES, "body": "binary", "headers": "string"}
-    return f"SELECT {cols}, {content} FROM amq_messages{where}", types
+    return f"SELECT {cols}, {body}, {headers} FROM amq_messages{where}", types
 
 
 def _hash_content(df: DataFrame) -> DataFrame:
-    if "body_sha" in df.columns:
-        return df
-    has_producer = F.col("producer_id").isNotNull()
-    return (
-        df.withColumn("body_sha", F.when(has_producer, F.unhex(F.sha2(F.col("body"), 256))))
-        .withColumn("headers_sha", F.when(has_producer, F.unhex(F.sha2(F.col("headers"), 256))))
-        .drop("body", "headers")
-    )
+    """Headers are compared without the producer's identity headers (every send
+    carries a new sequence number) and regardless of their order."""
+    if "body" in df.columns:
+        df = df.withColumn("body_sha", F.unhex(F.sha2(F.col("body"), 256))).drop("body")
+    parsed = F.from_json(F.col("headers"), "map<string,string>")
+    user = F.map_filter(parsed, lambda k, _v: ~k.isin(*IDENTITY_HEADERS))
+    canonical = F.coalesce(F.to_json(F.array_sort(F.map_entries(user))), F.col("headers"))
+    return df.withColumn("headers_sha", F.unhex(F.sha2(canonical, 256))).drop("headers")
 
 
 def _bounds(reader: StoreReader, table: str, column: str) -> tuple[int | None, int | None, int]:
@@ -702,21 +707,16 @@ def check_stale_inflight(
     )
 
 
-def check_expired_unreaped(m: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
-    """A row in flight under the current epoch awaits its consumer's ack and is
-    not the reaper's to take."""
+def check_expired_unreaped(m: DataFrame, now_ms: int) -> DataFrame:
+    """The reaper takes expired rows whether in flight or not (store/sql.py
+    ``reap_expired``), so in-flight rows are no excuse."""
     cutoff = now_ms - EXPIRY_GRACE_MS
-    expired = (
-        m.where((F.col("expires_at") > 0) & (F.col("expires_at") < F.lit(cutoff)))
-        .join(F.broadcast(groups.select("grp", "epoch")), "grp", "left")
-        .where(~F.coalesce(F.col("inflight_epoch") == F.col("epoch"), F.lit(False)))
-        .select(
-            "grp",
-            "destination_id",
-            F.col("id").alias("msg_id"),
-            "expires_at",
-            (F.lit(now_ms) - F.col("expires_at")).alias("overdue_ms"),
-        )
+    expired = m.where((F.col("expires_at") > 0) & (F.col("expires_at") < F.lit(cutoff))).select(
+        "grp",
+        "destination_id",
+        F.col("id").alias("msg_id"),
+        "expires_at",
+        (F.lit(now_ms) - F.col("expires_at")).alias("overdue_ms"),
     )
     return _finding(
         "expired_unreaped",
@@ -835,12 +835,20 @@ def run_audit(
     reader = StoreReader(spark, source, group, rows_per_partition)
     try:
         data = read_store(reader, now_ms)
+        read_done = time.monotonic()
         findings = reader.cache(all_findings(data))
         summary = _summarize(reader, data, findings)
+        checked = time.monotonic()
         if output:
             summary["output"] = output
             summary["files"] = _write_findings(spark, findings, output, summary["counts"])
-        summary["duration_s"] = round(time.monotonic() - started, 3)
+        done = time.monotonic()
+        summary["duration_s"] = round(done - started, 3)
+        summary["timings"] = {
+            "read_s": round(read_done - started, 3),
+            "check_s": round(checked - read_done, 3),
+            "write_s": round(done - checked, 3),
+        }
         if output:
             _write_text(spark, _join(output, "summary.json"), json.dumps(summary, indent=2) + "\n")
         return AuditResult(summary)
@@ -1024,7 +1032,7 @@ def all_findings(d: StoreData) -> DataFrame:
         ),
         check_ack_without_message(d.pending, d.messages, d.subscriptions, d.bounds),
         check_stale_inflight(d.messages, d.pending, d.subscriptions, d.groups, d.now_ms),
-        check_expired_unreaped(d.messages, d.groups, d.now_ms),
+        check_expired_unreaped(d.messages, d.now_ms),
         check_dedup_expired(d.dedup, d.groups, d.now_ms),
         check_sequence_gap(d.messages, d.dedup),
     ]
@@ -1200,7 +1208,7 @@ def render_table(summary: dict[str, Any]) -> str:
     )
     groups = ", ".join(summary["groups"]) or "(none)"
     out.append(f"amqlite audit of {summary['store']}  groups: {groups}")
-    out.append(f"read {reads} in {summary['duration_s']:.1f} s")
+    out.append(f"read {reads}; took {summary['duration_s']:.1f} s")
     out.append("")
     rows = [
         (d["finding"], d["group"], d["destination"], f"{d['count']:,}") for d in summary["findings"]
@@ -1292,7 +1300,7 @@ def _root_message(exc: BaseException, secrets: Sequence[str]) -> str:
         except Exception:
             msg = ""
     if not msg:
-        msg = str(exc)
+        msg = str(exc) if isinstance(exc, AuditError) else f"{type(exc).__name__}: {exc}"
     line = next((s.strip() for s in msg.splitlines() if s.strip()), type(exc).__name__)
     for s in secrets:
         line = line.replace(s, "***")
@@ -1325,6 +1333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark, source, args.group, args.output, args.rows_per_partition, args.now
         )
     except Exception as exc:  # AuditError, JDBC and Spark failures alike: one line
+        if os.environ.get(DEBUG_ENV):
+            raise
         print(f"amqlite audit: error: {_root_message(exc, secrets)}", file=sys.stderr)
         return EXIT_ERROR
     finally:

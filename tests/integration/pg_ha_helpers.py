@@ -209,6 +209,19 @@ class PgGroup:
             f"fenced counters say {count} rows (max id {max_id}), the table holds {rows} "
             f"(max id {top}): something wrote around the fence")
 
+        # Master E allocates ids above amq_activations.expected_max_id(E) (everything committed
+        # before its claim) and stores only SENDs it received after activated_at(E). A row
+        # above that id but enqueued before that time was committed by an older epoch after
+        # E's claim: a stale write that got past the fence.
+        unknown = self.scalar("SELECT count(*) FROM amq_activations WHERE expected_max_id IS NULL"
+                              f" AND grp = '{self.group}'")
+        assert unknown == "0", f"{unknown} activations did not record the store's max id"
+        late = self.rows(
+            "SELECT a.epoch, m.id, m.enqueued_at, a.activated_at FROM amq_activations a"
+            " JOIN amq_messages m ON m.grp = a.grp AND m.id > a.expected_max_id"
+            f" AND m.enqueued_at < a.activated_at WHERE a.grp = '{self.group}'")
+        assert not late, f"rows committed by an older epoch after a newer claim: {late[:10]}"
+
         acts = self.activations()
         epochs = [a[0] for a in acts]
         assert epochs == sorted(set(epochs)) and epochs[-1] == epoch, (

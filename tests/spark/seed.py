@@ -62,6 +62,15 @@ def engine_url(url: str) -> str:
     return url
 
 
+def _headers(user: dict[str, str], producer: str | None, seq: int | None) -> str:
+    """As the broker stores them: the user's headers with the client's identity
+    headers (amqlite/client.py), in frame order, compact JSON."""
+    headers = dict(user)
+    if producer is not None:
+        headers |= {"amqlite.producerId": producer, "amqlite.producerSeq": str(seq)}
+    return json.dumps(headers, separators=(",", ":"))
+
+
 def _msg(
     grp: str,
     id_: int,
@@ -89,7 +98,7 @@ def _msg(
         "enqueued_at": at,
         "delivery_count": 1 if inflight is not None else 0,
         "inflight_epoch": inflight,
-        "headers": json.dumps(headers or {"persistent": "true"}, sort_keys=True),
+        "headers": _headers(headers or {"persistent": "true"}, producer, seq),
         "body": body,
     }
 
@@ -194,8 +203,8 @@ def seed_group(
         dest = ORDERS if seq <= 16 else PRICES
         body = b"same body" if seq == 12 else f"p1 order {seq}".encode()
         extra: dict[str, object] = {}
-        if seq == 11:  # in flight under the live epoch, long expired: not the reaper's
-            extra = {"inflight": EPOCH, "expires_at": now - HOUR_MS}
+        if seq == 11:  # in flight under the live epoch
+            extra = {"inflight": EPOCH}
         if seq == 16:  # expired, but the reaper still has its grace
             extra = {"expires_at": now - EXPIRY_GRACE_MS + 1000}
         if seq == 15:
@@ -266,15 +275,16 @@ DAMAGE: dict[str, tuple[list[str], Damage]] = {
     ),
     "duplicate_content": (
         [
-            # p1 sends one payload three times in 20 s, each under a new identity.
+            # p1 sends one payload three times in 20 s, each under a new identity (the
+            # stored headers differ in the sequence number, the last also in key order).
             "INSERT INTO amq_messages (grp, id, destination_id, message_id, producer_id,"
             " producer_seq, dedup_key, priority, expires_at, enqueued_at, delivery_count,"
             " headers, body) VALUES"
-            " (:g, 34, 1, 'ID:c-34', 'p1', 21, 'p1:21', 4, 0, :now - 30000, 0, '{\"k\": \"v\"}',"
+            " (:g, 34, 1, 'ID:c-34', 'p1', 21, 'p1:21', 4, 0, :now - 30000, 0, :h21,"
             " :dup_body),"
-            " (:g, 35, 1, 'ID:c-35', 'p1', 22, 'p1:22', 4, 0, :now - 20000, 0, '{\"k\": \"v\"}',"
+            " (:g, 35, 1, 'ID:c-35', 'p1', 22, 'p1:22', 4, 0, :now - 20000, 0, :h22,"
             " :dup_body),"
-            " (:g, 36, 1, 'ID:c-36', 'p1', 23, 'p1:23', 4, 0, :now - 10000, 0, '{\"k\": \"v\"}',"
+            " (:g, 36, 1, 'ID:c-36', 'p1', 23, 'p1:23', 4, 0, :now - 10000, 0, :h23,"
             " :dup_body)",
             "INSERT INTO amq_dedup (grp, dedup_key, producer_id, producer_seq, msg_id, created_at)"
             " VALUES (:g, 'p1:21', 'p1', 21, 34, :now - 30000),"
@@ -372,7 +382,17 @@ def seed_damaged(conn: Connection, now: int) -> None:
         for sql in statements:
             conn.execute(
                 text(sql),
-                {"g": finding, "now": now, "ghost_body": b"again", "dup_body": b"resent payload"},
+                {
+                    "g": finding,
+                    "now": now,
+                    "ghost_body": b"again",
+                    "dup_body": b"resent payload",
+                    "h21": _headers({"k": "v"}, "p1", 21),
+                    "h22": _headers({"k": "v"}, "p1", 22),
+                    "h23": json.dumps(
+                        {"amqlite.producerSeq": "23", "k": "v", "amqlite.producerId": "p1"}
+                    ),
+                },
             )
 
 

@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from spark.audit_job import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, FINDINGS
+from spark.audit_job import (
+    EXIT_CLEAN,
+    EXIT_ERROR,
+    EXIT_FINDINGS,
+    FINDINGS,
+    PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    PG_STATEMENT_TIMEOUT_MS,
+    ROWS_PER_PARTITION,
+    StoreReader,
+    parse_store_url,
+)
 from tests.servers import PostgresServer, free_port
 from tests.spark.conftest import Run, run_audit
 from tests.spark.seed import CLEAN_GROUPS, DAMAGE, create_store
@@ -183,3 +193,26 @@ def test_database_without_the_schema_exits_2(spark: SparkSession, pg_url: str) -
     assert run.code == EXIT_ERROR
     assert run.stderr.count("\n") == 1
     assert 'relation "amq_groups" does not exist' in run.stderr
+
+
+def test_audit_connections_are_read_only_and_time_limited(
+    spark: SparkSession, clean_pg: tuple[str, int]
+) -> None:
+    """What every JDBC partition read runs under: it cannot write, and the
+    server ends a statement or an idle transaction that would pin the broker."""
+    url, _ = clean_pg
+    reader = StoreReader(spark, parse_store_url(url), None, ROWS_PER_PARTITION)
+    row = reader.small(
+        "SELECT current_setting('default_transaction_read_only') AS ro,"
+        " (SELECT setting FROM pg_settings WHERE name = 'statement_timeout') AS st,"
+        " (SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')"
+        " AS it, current_setting('application_name') AS app",
+        {"ro": "string", "st": "bigint", "it": "bigint", "app": "string"},
+    ).first()
+    assert row is not None
+    assert (row["ro"], row["st"], row["it"], row["app"]) == (
+        "on",
+        PG_STATEMENT_TIMEOUT_MS,
+        PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+        "amqlite-audit",
+    )

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from spark.audit_job import EXIT_CLEAN, EXIT_FINDINGS, FINDINGS
+from spark.audit_job import EXIT_CLEAN, EXIT_FINDINGS, FINDINGS, parse_store_url
 from tests.spark.conftest import Run, run_audit
 from tests.spark.seed import CLEAN_GROUPS, DAMAGE, create_store
 
@@ -50,6 +51,24 @@ def test_damaged_sqlite_store_reports_every_finding_exactly(
 def test_the_audit_never_writes_to_the_store(damaged_sqlite: tuple[Run, str, str]) -> None:
     _, before, after = damaged_sqlite
     assert after == before
+
+
+def test_the_audit_opens_sqlite_read_only(spark: SparkSession, tmp_path: Path) -> None:
+    """The connection properties the job gives xerial's driver refuse writes."""
+    db = tmp_path / "amqlite.db"
+    create_store(f"sqlite:///{db}", int(time.time() * 1000), damaged=False)
+    source = parse_store_url(f"sqlite:///{db}")
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    props = jvm.java.util.Properties()
+    for key, value in source.properties.items():
+        props.setProperty(key, value)
+    conn = jvm.org.sqlite.JDBC().connect(source.jdbc_url, props)
+    try:
+        with pytest.raises(Py4JJavaError, match="SQLITE_READONLY"):
+            conn.createStatement().execute("DELETE FROM amq_messages")
+    finally:
+        conn.close()
 
 
 def test_clean_sqlite_store_exits_0(spark: SparkSession, tmp_path: Path) -> None:
