@@ -96,11 +96,23 @@ class Node:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
+        self.log_offset = self.log.stat().st_size if self.log.exists() else 0
         cmd = [sys.executable, "-m", "cli", "start", "--name", self.name,
                "--bind", f"127.0.0.1:{self.port}", *self.args]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          env=self.env, cwd=ROOT, start_new_session=True)
+
+    def wait_standing_by(self, timeout: float) -> None:
+        """Until this (re)started node waits for the lock or serves: a round that
+        kills the master before the others stand by would measure start-up time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log.read_bytes()[self.log_offset:]
+            if b"waiting for the lock" in text:
+                return
+            time.sleep(RECONNECT_POLL)
+        raise TimeoutError(f"{self.name} did not come up as slave")
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -162,6 +174,7 @@ def main() -> int:
     ap.add_argument("--pg-url", help="use this PostgreSQL instead of a throwaway one")
     ap.add_argument("--backlog", type=int, default=0, help="messages waiting in the store")
     ap.add_argument("--body-size", type=int, default=1024)
+    ap.add_argument("--verbose", action="store_true", help="log each kill to stderr")
     opts = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="amqlite-bench-"))
@@ -198,8 +211,13 @@ def main() -> int:
                 seq += 1
                 client.send_with_receipt("/queue/takeover", body, str(seq))
             master = wait_master(nodes, START_TIMEOUT)
+            for n in nodes:
+                n.wait_standing_by(START_TIMEOUT)
             killed_at = time.monotonic()
             master.kill()
+            if opts.verbose:
+                print(f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} "
+                      f"killed {master.name}", file=sys.stderr)
             deadline = killed_at + ROUND_TIMEOUT
             while True:
                 seq += 1

@@ -441,25 +441,32 @@ def _message_select(reader: StoreReader, max_id: int) -> tuple[str, dict[str, st
     per producer)."""
     cols = ", ".join(MESSAGE_TYPES)
     where = reader.where_group(f"id <= {max_id}")
-    headers = "CASE WHEN producer_id IS NULL THEN NULL ELSE headers END AS headers"
     if reader.source.backend == "postgresql":
-        body = "CASE WHEN producer_id IS NULL THEN NULL ELSE sha256(body) END AS body_sha"
+        content = (
+            "CASE WHEN producer_id IS NULL THEN NULL ELSE sha256(body) END AS body_sha, "
+            "CASE WHEN producer_id IS NULL THEN NULL ELSE headers END AS headers"
+        )
         types = {**MESSAGE_TYPES, "body_sha": "binary", "headers": "string"}
-    else:
-        body = "CASE WHEN producer_id IS NULL THEN NULL ELSE body END AS body"
+    else:  # a local file; and SQLite types a CASE expression as a number
+        content = "body, headers"
         types = {**MESSAGE_TYPES, "body": "binary", "headers": "string"}
-    return f"SELECT {cols}, {body}, {headers} FROM amq_messages{where}", types
+    return f"SELECT {cols}, {content} FROM amq_messages{where}", types
 
 
 def _hash_content(df: DataFrame) -> DataFrame:
     """Headers are compared without the producer's identity headers (every send
     carries a new sequence number) and regardless of their order."""
+    has_producer = F.col("producer_id").isNotNull()
     if "body" in df.columns:
-        df = df.withColumn("body_sha", F.unhex(F.sha2(F.col("body"), 256))).drop("body")
+        df = df.withColumn(
+            "body_sha", F.when(has_producer, F.unhex(F.sha2(F.col("body"), 256)))
+        ).drop("body")
     parsed = F.from_json(F.col("headers"), "map<string,string>")
     user = F.map_filter(parsed, lambda k, _v: ~k.isin(*IDENTITY_HEADERS))
     canonical = F.coalesce(F.to_json(F.array_sort(F.map_entries(user))), F.col("headers"))
-    return df.withColumn("headers_sha", F.unhex(F.sha2(canonical, 256))).drop("headers")
+    return df.withColumn("headers_sha", F.when(has_producer, F.unhex(F.sha2(canonical, 256)))).drop(
+        "headers"
+    )
 
 
 def _bounds(reader: StoreReader, table: str, column: str) -> tuple[int | None, int | None, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -114,7 +115,8 @@ def test_cancelled_acquire_leaves_nothing_behind(tmp_path: Path) -> None:
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await a.release()
-        assert await c.try_acquire()  # b kept nothing
+        # b's abandoned waiter thread may win the flock for an instant, then drops it
+        await eventually(c.try_acquire, 2.0, "c acquires: b kept nothing")
         with pytest.raises(LockLost):
             await b.keepalive()
         for locker in (a, b, c):
@@ -157,5 +159,30 @@ def test_unwritable_directory_is_a_locker_error(tmp_path: Path) -> None:
         locker = FileLocker(blocker / "sub" / "amqlite.lock", "g", node="n")
         with pytest.raises(LockerError):
             await locker.try_acquire()
+
+    run(main())
+
+
+def test_waiting_slave_wakes_when_the_holder_releases_not_at_the_next_poll(
+    tmp_path: Path,
+) -> None:
+    """The slave blocks in flock(): with a poll interval far longer than the test's
+    deadline, only the blocking wait can explain a prompt takeover."""
+
+    async def main() -> None:
+        url = _url(tmp_path / "amqlite.lock")
+        a = open_locker(url, "g")
+        b = open_locker(url, "g")
+        assert await a.try_acquire()
+        waiting = asyncio.create_task(b.acquire(poll_interval=60))
+        await eventually(
+            lambda: any(t.name == "amqlite-file-wait" for t in threading.enumerate()),
+            5.0, "b blocks in flock()")
+        assert not waiting.done()
+        await a.release()
+        await asyncio.wait_for(waiting, 5.0)
+        await b.keepalive()
+        for locker in (a, b):
+            await locker.close()
 
     run(main())
