@@ -181,6 +181,7 @@ def main() -> int:
     pg: PostgresServer | None = None
     env = dict(os.environ, AMQLITE_LOG_LEVEL="INFO")
     group = "bench"
+    url: str | None = None
     if opts.pg or opts.pg_url:
         url = opts.pg_url
         if url is None:
@@ -230,6 +231,9 @@ def main() -> int:
             takeovers.append((time.monotonic() - killed_at) * 1000)
             master.start()  # back as slave for the next round
         client.close()
+        if pg is not None and url is not None:
+            config["messages_in_store_at_end"] = int(pg.psql(
+                "SELECT count(*) FROM amq_messages", url.rsplit("/", 1)[1]))
     finally:
         for n in nodes:
             n.stop()
