@@ -538,6 +538,7 @@ class Broker:
             return
         if conn.client_id and self.clients_by_id.get(conn.client_id) is conn:
             del self.clients_by_id[conn.client_id]
+        self._abort_all(session)
         for sub in list(session.subscriptions.values()):
             self._close_subscription(session, sub)
 
@@ -578,15 +579,22 @@ class Broker:
             del session.transactions[frame.headers["transaction"]]
             self._commit(session, tx, frame.headers.get("receipt"))
         elif command == "ABORT":
-            self._transaction(session, frame.headers["transaction"])
+            tx = self._transaction(session, frame.headers["transaction"])
             del session.transactions[frame.headers["transaction"]]
-            self._receipt_now(conn, frame)
+            self._abort(session, tx)
+            self._finish_write(session, frame.headers.get("receipt"))
         elif command == "DISCONNECT":
             receipt = frame.headers.get("receipt")
-            session.transactions.clear()
+            self._abort_all(session)
             session.when_idle(lambda: self._disconnected(conn, receipt))
         else:
             raise BrokerError(f"unexpected frame {command}")
+
+    def _abort_all(self, session: Session) -> None:
+        """A client that goes away aborts what it had not committed."""
+        for tx in session.transactions.values():
+            self._abort(session, tx)
+        session.transactions.clear()
 
     def _disconnected(self, conn: Client, receipt: str | None) -> None:
         if receipt is not None and not conn.closed:
@@ -668,6 +676,7 @@ class Broker:
         messages = [self._message_from_send(f) for f in frames]
         self.stats["sent"] += len(messages)
         to_store: list[tuple[Message, list[DurableSource]]] = []
+        identity_only: list[Message] = []
         batch = self.writes.batch
         for m in messages:
             if not m.persistent:
@@ -679,21 +688,18 @@ class Broker:
                 durables = self.durables_by_topic.get(m.destination, [])
                 if durables:
                     to_store.append((m, list(durables)))
+                elif m.dedup_key is not None:
+                    identity_only.append(m)  # nothing to keep but who sent it
                 else:
                     self._route_now(m)  # no durable subscriber: nothing to keep
-        if not to_store:
+        if not to_store and not identity_only:
             if receipt is not None:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
             return
         for m, durables in to_store:
-            did = self._destination_id(m.destination, batch)
-            batch.inserts.append(NewMessage(
-                id=m.id, destination_id=did, message_id=m.message_id, headers=m.headers,
-                body=m.body, priority=m.priority, expires_at=m.expires_at,
-                enqueued_at=m.enqueued_at, producer_id=m.producer_id,
-                producer_seq=m.producer_seq, dedup_key=m.dedup_key,
-                subscriber_ids=tuple(d.store_id for d in durables if d.store_id is not None),
-            ))
+            batch.inserts.append(self._new_row(m, batch, durables))
+        for m in identity_only:
+            batch.identities.append(self._new_row(m, batch))
         session.commit_started()
 
         def committed(result: BatchResult | None) -> None:
@@ -705,10 +711,40 @@ class Broker:
                     self.stats["duplicates"] += 1
                     continue
                 self._route_committed(m, durables)
+            for m in identity_only:
+                if m.id in result.duplicate_ids:
+                    self.stats["duplicates"] += 1
+                    continue
+                self._publish_memory(m)
             if receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
         self.writes.stage_result(committed)
+
+    def _new_row(self, m: Message, batch: Batch,
+                 durables: list[DurableSource] | None = None) -> NewMessage:
+        return NewMessage(
+            id=m.id, destination_id=self._destination_id(m.destination, batch),
+            message_id=m.message_id, headers=m.headers, body=m.body, priority=m.priority,
+            expires_at=m.expires_at, enqueued_at=m.enqueued_at, producer_id=m.producer_id,
+            producer_seq=m.producer_seq, dedup_key=m.dedup_key,
+            subscriber_ids=tuple(d.store_id for d in durables or () if d.store_id is not None),
+        )
+
+    def _abort(self, session: Session, tx: Transaction) -> None:
+        """Drop a transaction's sends, keeping the identities of the persistent ones:
+        the producer numbered them, and the audit must not see a hole."""
+        identities = []
+        for frame in tx.sends:
+            try:
+                m = self._message_from_send(frame)
+            except BrokerError:
+                continue  # never a valid message, so never numbered
+            if m.persistent and m.dedup_key is not None:
+                identities.append(m)
+        if identities:
+            batch = self.writes.stage()
+            batch.identities.extend(self._new_row(m, batch) for m in identities)
 
     def _route_now(self, m: Message) -> None:
         if self.kind_of(m.destination) == "queue":

@@ -269,7 +269,11 @@ class TransportListener:
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """What the broker confirmed: the message identity and where it went."""
+    """What the broker confirmed: the message identity and where it went.
+
+    ``seq`` of a persistent send is its producer sequence (1, 2, 3, ... with no
+    holes); a non-persistent send gets a local number the broker never sees.
+    """
 
     producer_id: str
     seq: int
@@ -703,6 +707,8 @@ class AsyncClient:
         self._configured: list[TcpURI] = list(self.url.uris)
         self._updated: list[TcpURI] = []
         self._seq = itertools.count(first_seq)
+        #: Numbers for non-persistent sends: local only, never sent to the broker.
+        self._local_seq = itertools.count(1)
         self._ids = itertools.count(1)
         self._generation = 0
         self._conn: _Connection | None = None
@@ -820,7 +826,10 @@ class AsyncClient:
         """
         self._check_open()
         dest = stomp_destination(destination)
-        seq = next(self._seq)
+        # Only persistent sends are numbered: the store keeps a trace of every
+        # numbered send, so the audit can tell a hole in the sequence from a
+        # message that was never meant to be stored.
+        seq = next(self._seq) if persistent else next(self._local_seq)
         frame_headers = {"destination": dest, **dict(headers or {})}
         data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         if content_type is not None:
@@ -828,8 +837,9 @@ class AsyncClient:
         elif isinstance(body, str) and "content-type" not in frame_headers:
             frame_headers["content-type"] = "text/plain;charset=utf-8"
         frame_headers["persistent"] = "true" if persistent else "false"
-        frame_headers[PRODUCER_ID_HEADER] = self.producer_id
-        frame_headers[PRODUCER_SEQ_HEADER] = str(seq)
+        if persistent:
+            frame_headers[PRODUCER_ID_HEADER] = self.producer_id
+            frame_headers[PRODUCER_SEQ_HEADER] = str(seq)
         try:  # fail now, not at the replay after a reconnect
             encode_frame(Frame("SEND", frame_headers), "1.2")
         except ProtocolError as exc:

@@ -470,13 +470,16 @@ def _hash_content(df: DataFrame) -> DataFrame:
 
 
 def _bounds(reader: StoreReader, table: str, column: str) -> tuple[int | None, int | None, int]:
+    """min, max and count of ``column``: what a partitioned read needs. COALESCE
+    because xerial's driver fails on a NULL aggregate (an empty table)."""
     row = reader.small(
-        f"SELECT MIN({column}) AS lo, MAX({column}) AS hi, COUNT(*) AS n "
-        f"FROM {table}{reader.where_group()}",
+        f"SELECT COALESCE(MIN({column}), 0) AS lo, COALESCE(MAX({column}), 0) AS hi,"
+        f" COUNT(*) AS n FROM {table}{reader.where_group()}",
         {"lo": "bigint", "hi": "bigint", "n": "bigint"},
     ).first()
     assert row is not None  # an aggregate always has one row
-    return row["lo"], row["hi"], int(row["n"] or 0)
+    n = int(row["n"])
+    return (int(row["lo"]), int(row["hi"]), n) if n else (None, None, 0)
 
 
 # --------------------------------------------------------------------------- the checks

@@ -98,6 +98,10 @@ class Batch:
     destinations: list[DestinationRow] = field(default_factory=list)
     subscriptions: list[SubscriptionRow] = field(default_factory=list)
     inserts: list[NewMessage] = field(default_factory=list)
+    #: Persistent sends that store no message (a topic with no durable
+    #: subscriber, an aborted transaction): only their producer identity goes
+    #: into the dedup window, so a replay is dropped and the audit sees no gap.
+    identities: list[NewMessage] = field(default_factory=list)
     #: Delivered and awaiting an ack: delivery_count += 1, inflight_epoch = epoch.
     deliveries: list[Ref] = field(default_factory=list)
     #: Back to deliverable (NACK, consumer gone): inflight_epoch = NULL.
@@ -115,6 +119,7 @@ class Batch:
             len(self.destinations)
             + len(self.subscriptions)
             + len(self.inserts)
+            + len(self.identities)
             + len(self.deliveries)
             + len(self.releases)
             + len(self.moves)
@@ -126,6 +131,7 @@ class Batch:
         self.destinations += other.destinations
         self.subscriptions += other.subscriptions
         self.inserts += other.inserts
+        self.identities += other.identities
         self.deliveries += other.deliveries
         self.releases += other.releases
         self.moves += other.moves

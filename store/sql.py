@@ -720,8 +720,8 @@ class SqlStore(Store):
                 self._create_destinations(conn, batch.destinations, now)
             if batch.subscriptions:
                 self._create_subscriptions(conn, batch.subscriptions, now)
-            if inserts:
-                self._insert(conn, inserts, now, result, ch)
+            if inserts or batch.identities:
+                self._insert(conn, inserts, batch.identities, now, result, ch)
             if batch.deliveries:
                 self._deliver(conn, epoch, batch, ch)
             if batch.releases:
@@ -785,33 +785,41 @@ class SqlStore(Store):
         self,
         conn: Connection,
         inserts: Sequence[NewMessage],
+        identities: Sequence[NewMessage],
         now: int,
         result: BatchResult,
         ch: _Changes,
     ) -> None:
         g = self.group
-        keys = {x.dedup_key for x in inserts if x.dedup_key is not None}
+        dedup_rows = []
+        keys = {x.dedup_key for x in (*inserts, *identities) if x.dedup_key is not None}
         if keys:
             stored: set[str] = set()
             for chunk in _chunks(list(keys), self._chunk):
                 stored.update(conn.scalars(self._s_dedup_lookup, {"g": g, "keys": chunk}))
             seen: set[str] = set()
-            kept: list[NewMessage] = []
-            for x in inserts:
+
+            def fresh(x: NewMessage) -> bool:
                 k = x.dedup_key
-                if k is not None:
-                    if k in stored or k in seen:
-                        result.duplicates.add(k)
-                        result.duplicate_ids.add(x.id)
-                        continue
-                    seen.add(k)
-                kept.append(x)
-            inserts = kept
-            if not inserts:
-                return
+                if k is None:
+                    return True
+                if k in stored or k in seen:
+                    result.duplicates.add(k)
+                    result.duplicate_ids.add(x.id)
+                    return False
+                seen.add(k)
+                return True
+
+            inserts = [x for x in inserts if fresh(x)]
+            # An identity without a message: msg_id NULL in the dedup window.
+            dedup_rows = [(g, x.dedup_key, x.producer_id, x.producer_seq, None, now)
+                          for x in identities if x.dedup_key is not None and fresh(x)]
+        if not inserts:
+            if dedup_rows:
+                conn.exec_driver_sql(self._sql_ins_dedup, dedup_rows)
+            return
         encode = _encode_headers
         rows = []
-        dedup_rows = []
         pending_rows = []
         depth = ch.depth
         pending = ch.pending

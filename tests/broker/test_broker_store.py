@@ -236,3 +236,42 @@ def test_deposed_master_commits_nothing_and_sends_no_receipt(
         assert store.check_integrity(epoch).actual_count == 1
 
     run(scenario)
+
+
+def _dedup_keys(store: Store) -> dict[str, int | None]:
+    from sqlalchemy import select
+
+    from store import schema
+
+    with store.engine.connect() as conn:  # type: ignore[attr-defined]
+        rows = conn.execute(select(schema.dedup.c.dedup_key, schema.dedup.c.msg_id)).all()
+    return {k: mid for k, mid in rows}
+
+
+def test_every_numbered_send_leaves_its_identity_even_when_nothing_is_stored(
+    store: Store, settings: Settings
+) -> None:
+    """A persistent publish to a topic with no durable subscriber, and an aborted
+    transaction, store no message but keep the producer identity: a replay after
+    failover is dropped, and the audit sees no hole in the producer's sequence."""
+
+    async def scenario() -> None:
+        async with Master(store, settings, "a") as broker:
+            subscriber = connect(broker)
+            broker.handle(subscriber, Frame("SUBSCRIBE", {"destination": "/topic/t", "id": "s"}))
+            producer = connect(broker)
+            ident = {"amqlite.producerId": "p", "amqlite.producerSeq": "1"}
+            send(broker, producer, "/topic/t", "pub", receipt="r1", **ident)
+            send(broker, producer, "/topic/t", "pub", receipt="r2", **ident)  # a replay
+            await until(lambda: len(producer.of("RECEIPT")) == 2)
+            assert [m.body for m in subscriber.of("MESSAGE")] == [b"pub"]
+
+            broker.handle(producer, Frame("BEGIN", {"transaction": "tx"}))
+            send(broker, producer, "/queue/q", "dropped", transaction="tx",
+                 **{"amqlite.producerId": "p", "amqlite.producerSeq": "2"})
+            broker.handle(producer, Frame("ABORT", {"transaction": "tx", "receipt": "r3"}))
+            await until(lambda: len(producer.of("RECEIPT")) == 3)
+
+    run(scenario)
+    assert _dedup_keys(store) == {"p:1": None, "p:2": None}
+    assert store.check_integrity(store.claim_epoch("probe")).actual_count == 0

@@ -54,7 +54,10 @@ async def test_persistent_send_carries_identity_and_returns_on_receipt() -> None
     async with AsyncClient(failover(server), producer_id="p1") as client:
         first = await client.send("queue://q", "hello")
         second = await client.send("/queue/q", b"\x00bin", persistent=False)
-    assert (first.producer_id, first.seq, second.seq) == ("p1", 1, 2)
+        third = await client.send("queue://q", "again")
+    # only persistent sends are numbered, densely: a hole would mean a lost message
+    assert (first.producer_id, first.seq, third.seq) == ("p1", 1, 2)
+    assert second.receipt is None
     frame = server.stored[0]
     assert frame.headers["destination"] == "/queue/q"
     assert frame.headers["persistent"] == "true"
@@ -64,6 +67,7 @@ async def test_persistent_send_carries_identity_and_returns_on_receipt() -> None
     assert nonpersistent.headers["persistent"] == "false"
     assert "receipt" not in nonpersistent.headers  # async send unless trackMessages
     assert nonpersistent.body == b"\x00bin"
+    assert "amqlite.producerSeq" not in nonpersistent.headers
     await server.stop()
 
 

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from pathlib import Path
 
 import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
+from sqlalchemy import create_engine, insert
 
 from spark.audit_job import EXIT_CLEAN, EXIT_FINDINGS, FINDINGS, parse_store_url
+from store.schema import groups, metadata
 from tests.spark.conftest import Run, run_audit
 from tests.spark.seed import CLEAN_GROUPS, DAMAGE, create_store
 
@@ -82,6 +85,22 @@ def test_clean_sqlite_store_exits_0(spark: SparkSession, tmp_path: Path) -> None
     )
     assert "FOUND" not in run.stdout
     assert not any(line.startswith(tuple(FINDINGS)) for line in run.stdout.splitlines())
+
+
+def test_store_with_empty_tables_exits_0(spark: SparkSession, tmp_path: Path) -> None:
+    """A group that just claimed its first epoch: every table but amq_groups is
+    empty, so every bound query aggregates nothing."""
+    db = tmp_path / "amqlite.db"
+    engine = create_engine(f"sqlite:///{db}")
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(groups).values(grp="fresh", epoch=1, dedup_window_ms=600_000))
+    engine.dispose()
+    run = run_audit(["--store", f"sqlite:///{db}", "--json"])
+    assert run.code == EXIT_CLEAN, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["groups"] == ["fresh"]
+    assert summary["rows_read"] == 0
 
 
 def test_missing_sqlite_file_exits_2(spark: SparkSession, tmp_path: Path) -> None:
