@@ -170,7 +170,17 @@ class PgGroup:
                 return master, seen
             last = f"{master.name} served alone but not for {stable}s"
         raise AssertionError(f"not exactly one master within {timeout}s ({last})\n"
+                             f"sessions:\n{self.sessions()}\n"
                              + "\n".join(b.log_tail(40) for b in self.brokers))
+
+    def sessions(self) -> str:
+        """The group database's amqlite sessions and who blocks whom: why nobody activates."""
+        with contextlib.suppress(Exception):
+            return self.sql(
+                "SELECT pid, application_name, state, wait_event, now() - xact_start,"
+                " pg_blocking_pids(pid), left(query, 80) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'amqlite%' AND datname = current_database()")
+        return "(PostgreSQL not reachable)"
 
     def _stays(self, master: BrokerProcess, duration: float,
                brokers: Sequence[BrokerProcess] | None) -> bool:
