@@ -243,7 +243,8 @@ class Node:
         return "stopped"
 
     def _store_failed(self, exc: BaseException) -> None:
-        log.error("node %s: store write failed: %s", self.settings.name, exc)
+        if not self.lost.is_set():  # one failure reaches us from several callers
+            log.error("node %s: store write failed: %s", self.settings.name, exc)
         self._demote(f"store: {exc}")
 
     async def _keepalive(self, locker) -> None:

@@ -9,32 +9,45 @@ generator costs little; its own CPU time is reported.
     python bench/load.py --port 61613 --seconds 10           # against a running broker
     python bench/load.py --spawn sqlite --seconds 10          # start a broker for the run
     python bench/load.py --spawn postgres --seconds 10        # throwaway PostgreSQL store
+    python bench/load.py --spawn activemq --seconds 10        # ActiveMQ, JDBC on PostgreSQL
+    python bench/load.py --spawn rabbitmq --seconds 10        # RabbitMQ + rabbitmq_stomp
 
-Prints one JSON line.
+W2 (fire-and-forget) is ``--non-persistent --no-receipts --ack auto``; W4
+(embedded) is ``--spawn sqlite``. Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amqlite.codec import Frame  # noqa: E402
 from amqlite.protocol import FrameReceived, StompProtocol  # noqa: E402
-from tests.servers import PostgresServer, free_port, wait_for_port  # noqa: E402
+from bench.peers import SPAWN_KINDS, PeerSet, tree_cpu_seconds, tree_rss_bytes  # noqa: E402
 
 QUEUE = "/queue/bench"
+#: CONNECT's host header. RabbitMQ takes it as the virtual host, so "/" (its
+#: default vhost); amqlite and ActiveMQ ignore it.
+STOMP_HOST = "/"
+#: Messages a consumer may hold unacknowledged; ActiveMQ's STOMP default is 1000
+#: for queues, RabbitMQ's is unlimited. 500 is what every broker gets here.
+PREFETCH = "500"
+#: How long consumers may take to catch up after the producers stop.
+DRAIN_TIMEOUT = 30.0
 
 
 class Conn:
@@ -49,7 +62,7 @@ class Conn:
     async def open(cls, port: int) -> Conn:
         r, w = await asyncio.open_connection("127.0.0.1", port)
         c = cls(r, w)
-        w.write(c.proto.connect_frame("bench", versions=("1.2",)))
+        w.write(c.proto.connect_frame(STOMP_HOST, versions=("1.2",)))
         c.pump = asyncio.ensure_future(c._pump())
         first = await c.frames.get()
         if first.command != "CONNECTED":
@@ -81,6 +94,7 @@ async def producer(port: int, body: bytes, stop: float, latencies: list[float],
     while time.monotonic() < stop:
         sent += 1
         h = dict(headers)
+        h["bench_ts"] = repr(time.time())
         if receipts:
             h["receipt"] = str(sent)
             h["amqlite.producerId"] = f"bench-{pid}"
@@ -98,11 +112,28 @@ async def producer(port: int, body: bytes, stop: float, latencies: list[float],
     return sent
 
 
+async def subscribe(c: Conn, destination: str, ack: str) -> None:
+    """SUBSCRIBE and wait for its RECEIPT: RabbitMQ drops SENDs to a queue nobody
+    declared yet, so producers start only once every consumer is in place."""
+    c.send(Frame("SUBSCRIBE", {"destination": destination, "id": "1", "ack": ack,
+                               "activemq.prefetchSize": PREFETCH, "prefetch-count": PREFETCH,
+                               "receipt": "sub"}))
+    while True:
+        f = await asyncio.wait_for(c.frames.get(), 30)
+        if f.command == "RECEIPT":
+            return
+        if f.command == "ERROR":
+            raise ConnectionError(f"SUBSCRIBE refused: {f.headers.get('message')}")
+        c.frames.put_nowait(f)  # a MESSAGE before the RECEIPT: keep it for the loop
+        await asyncio.sleep(0)
+
+
 async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
-                   e2e: list[float]) -> None:
+                   e2e: list[float], ready: asyncio.Event | None = None) -> None:
     c = await Conn.open(port)
-    c.send(Frame("SUBSCRIBE", {"destination": QUEUE, "id": "1", "ack": ack,
-                               "activemq.prefetchSize": "500"}))
+    await subscribe(c, QUEUE, ack)
+    if ready is not None:
+        ready.set()
     while not done.is_set():
         try:
             f = await asyncio.wait_for(c.frames.get(), 0.5)
@@ -111,7 +142,7 @@ async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
         if f.command != "MESSAGE":
             continue
         counter[0] += 1
-        sent_at = f.headers.get("bench-ts")
+        sent_at = f.headers.get("bench_ts")
         if sent_at:
             e2e.append(time.time() - float(sent_at))
         if ack != "auto":
@@ -126,14 +157,17 @@ def pct(values: list[float], p: float) -> float:
     return round(values[min(len(values) - 1, int(len(values) * p))] * 1000, 2)
 
 
-async def run(opts: argparse.Namespace, port: int) -> dict:
+async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None) -> dict:
     body = b"x" * opts.body_size
     latencies: list[float] = []
     received = [0]
     done = asyncio.Event()
     e2e: list[float] = []
-    consumers = [asyncio.ensure_future(consumer(port, opts.ack, received, done, e2e))
-                 for _ in range(opts.consumers)]
+    readies = [asyncio.Event() for _ in range(opts.consumers)]
+    consumers = [asyncio.ensure_future(consumer(port, opts.ack, received, done, e2e, r))
+                 for r in readies]
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
+    broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
     stop = t0 + opts.seconds
@@ -142,10 +176,14 @@ async def run(opts: argparse.Namespace, port: int) -> dict:
         for i in range(opts.producers)))
     produce_s = time.monotonic() - t0
     sent = sum(counts)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + DRAIN_TIMEOUT
     while received[0] < sent and time.monotonic() < deadline and opts.consumers:
         await asyncio.sleep(0.05)
     total_s = time.monotonic() - t0
+    broker = {}
+    if broker_pid:
+        broker = {"broker_cpu_s": round(tree_cpu_seconds(broker_pid) - broker_cpu0, 2),
+                  "broker_rss_mb": round(tree_rss_bytes(broker_pid) / 2**20, 1)}
     done.set()
     await asyncio.gather(*consumers, return_exceptions=True)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -158,35 +196,18 @@ async def run(opts: argparse.Namespace, port: int) -> dict:
         "receipt_latency_ms": {"p50": pct(latencies, 0.5), "p99": pct(latencies, 0.99),
                                "mean": round(statistics.fmean(latencies) * 1000, 2)
                                if latencies else 0},
+        "e2e_latency_ms": {"p50": pct(e2e, 0.5), "p99": pct(e2e, 0.99)},
         "loadgen_cpu_s": round(cpu, 2),
         "loadgen_cpu_pct": round(100 * cpu / total_s, 1),
+        **broker,
     }
-
-
-def spawn(kind: str, tmp: Path) -> tuple[subprocess.Popen, int, PostgresServer | None]:
-    port = free_port()
-    args = [sys.executable, "-m", "cli", "start", "--group", "bench", "--name", "bench",
-            "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING"]
-    pg = None
-    if kind == "postgres":
-        pg = PostgresServer()
-        pg.init()
-        pg.start()
-        url = pg.create_database()
-        args += ["--store", url, "--locker", url]
-    else:
-        args += ["--data-dir", str(tmp / "data")]
-    log = open(tmp / "broker.log", "wb")  # noqa: SIM115 - owned by the child
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    wait_for_port(port, 60)
-    return proc, port, pg
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--port", type=int)
-    ap.add_argument("--spawn", choices=["sqlite", "postgres"])
+    ap.add_argument("--spawn", choices=SPAWN_KINDS,
+                    help="start a broker for the run: amqlite on postgres|sqlite, or a peer")
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--producers", type=int, default=50)
     ap.add_argument("--consumers", type=int, default=4)
@@ -197,34 +218,32 @@ def main() -> int:
     ap.add_argument("--no-receipts", action="store_true")
     opts = ap.parse_args()
     if not opts.port and not opts.spawn:
-        ap.error("give --port of a running broker or --spawn sqlite|postgres")
-    proc = pg = None
-    tmp = Path(tempfile.mkdtemp(prefix="amqlite-load-"))
-    port = opts.port
-    try:
+        ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
+    broker_config: dict = {}
+    with PeerSet() as peers:
+        port, pid = opts.port, None
         if opts.spawn:
-            proc, port, pg = spawn(opts.spawn, tmp)
-        t_cpu0 = None
-        if proc is not None:
-            t_cpu0 = os.times()
-        result = asyncio.run(run(opts, port))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-        if pg is not None:
-            pg.cleanup()
+            broker = peers.spawn(opts.spawn)
+            port, pid, broker_config = broker.port, broker.pid, broker.config
+        result = asyncio_run(run(opts, port, pid))
     out = {
         "bench": "load",
+        "broker": broker_config,
         "config": {k: v for k, v in vars(opts).items() if k != "port"},
         **result,
     }
-    if t_cpu0 is not None:
-        t = os.times()
-        out["broker_cpu_s"] = round((t.children_user - t_cpu0.children_user)
-                                    + (t.children_system - t_cpu0.children_system), 2)
     print(json.dumps(out))
     return 0
+
+
+def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run on uvloop when it is installed: the load generator's own loop
+    should cost as little CPU as the broker's."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
 
 
 if __name__ == "__main__":

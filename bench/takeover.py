@@ -50,7 +50,7 @@ class RawClient:
         self.parser = FrameParser()
         self.frames: list[Frame] = []
         self.sock.sendall(encode_frame(Frame("CONNECT", {"accept-version": "1.2",
-                                                         "host": "bench"}), "1.2"))
+                                                         "host": "/"}), "1.2"))
         reply = self.read()
         if reply.command != "CONNECTED":
             raise ConnectionError(f"CONNECT refused: {reply.headers}")

@@ -27,6 +27,7 @@ FOR UPDATE would also dirty every page it reads.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import sqlite3
@@ -128,6 +129,17 @@ REGISTRY_MAX_AGE_MS = 30_000
 #: two-int key space is separate from pg_advisory_lock(bigint) used by lockers.
 SCHEMA_LOCK_KEY = (0x616D716C, 1)
 APPLICATION_NAME = "amqlite-store"
+#: PostgreSQL truncates application_name to NAMEDATALEN - 1 bytes.
+APPLICATION_NAME_MAX = 63
+#: How long a claim waits for the group row before it looks for a deposed
+#: master's session holding it (a paused process can hold it indefinitely:
+#: idle_in_transaction_session_timeout does not fire while a message is half
+#: read). A healthy batch holds the row for milliseconds.
+CLAIM_LOCK_TIMEOUT_MS = 1_000
+#: Claims attempted (terminating stale sessions in between) before giving up.
+CLAIM_ATTEMPTS = 5
+#: SQLSTATE lock_not_available (lock_timeout expired).
+LOCK_NOT_AVAILABLE = "55P03"
 #: PostgreSQL plans a never-analyzed table as if it held a row or two: the
 #: dedup lookup then filters the group's whole window instead of probing the
 #: primary key (5 ms instead of 0.3 ms per batch of 64 keys, growing with the
@@ -167,6 +179,26 @@ _encode_headers = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).en
 def _greatest(col: Any, value: Any) -> Any:
     """greatest() that both dialects understand."""
     return case((col > value, col), else_=value)
+
+
+def store_application_name(group: str) -> str:
+    """``application_name`` of a group's store sessions, so a new master can find
+    the sessions of a deposed one. PostgreSQL keeps 63 bytes: a long group name
+    is shortened with a hash so two groups never share a name."""
+    name = f"{APPLICATION_NAME}:{group}"
+    if len(name.encode()) <= APPLICATION_NAME_MAX:
+        return name
+    digest = hashlib.blake2b(group.encode(), digest_size=6).hexdigest()
+    return f"{APPLICATION_NAME}:{group[:30]}~{digest}"
+
+
+def _is_lock_timeout(exc: BaseException) -> bool:
+    cause: BaseException | None = exc
+    while cause is not None:
+        if getattr(cause, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            return True
+        cause = cause.__cause__ or getattr(cause, "orig", None)
+    return False
 
 
 def _make_engine(parsed: StoreURL, opts: dict[str, Any]) -> Engine:
@@ -272,7 +304,7 @@ class SqlStore(Store):
         self._parsed = parse_store_url(url)
         self.description = self._parsed.description
         self.dialect = self._parsed.dialect
-        self._opts = opts
+        self._opts = {"application_name": store_application_name(group), **opts}
         self._engine: Engine | None = None
         self._sqlite = self.dialect == "sqlite"
         self._dinsert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
@@ -540,9 +572,40 @@ class SqlStore(Store):
 
     # -- epoch -------------------------------------------------------------
     def claim_epoch(self, node: str, token: int | None = None, dedup_window_ms: int = 0) -> int:
+        """Call only while holding the group's lock. On PostgreSQL a deposed master
+        paused inside a batch keeps the group row locked: being the lock holder,
+        we may end its session (PostgreSQL rolls its batch back), and we do."""
+        for attempt in range(1, CLAIM_ATTEMPTS + 1):
+            try:
+                return self._claim_epoch_once(node, token, dedup_window_ms)
+            except StoreError as exc:
+                if self._sqlite or attempt == CLAIM_ATTEMPTS or not _is_lock_timeout(exc):
+                    raise
+                self._terminate_stale_writers(node)
+        raise AssertionError("unreachable")
+
+    def _terminate_stale_writers(self, node: str) -> None:
+        """End this group's other store sessions that hold the group row's table."""
+        app = self._opts["application_name"]
+        with self._tx("terminate stale writers") as conn:
+            ended = conn.execute(text(
+                "SELECT a.pid, a.client_addr::text, a.state, pg_terminate_backend(a.pid) "
+                "FROM pg_stat_activity a WHERE a.pid <> pg_backend_pid() "
+                "AND a.application_name = :app AND a.pid IN ("
+                "  SELECT l.pid FROM pg_locks l WHERE l.granted "
+                "  AND l.relation = 'amq_groups'::regclass "
+                "  AND l.mode IN ('RowExclusiveLock', 'RowShareLock'))"), {"app": app}).all()
+        for pid, addr, state, _ in ended:
+            log.warning("%s: %s claiming group %r ended a deposed master's session "
+                        "(backend pid %s from %s, %s) that held the group row",
+                        self.description, node, self.group, pid, addr, state)
+
+    def _claim_epoch_once(self, node: str, token: int | None, dedup_window_ms: int) -> int:
         g = schema.groups
         now = _now_ms()
         with self._tx("claim_epoch") as conn:
+            if not self._sqlite:
+                conn.execute(text(f"SET LOCAL lock_timeout = {CLAIM_LOCK_TIMEOUT_MS}"))
             conn.execute(
                 self._dinsert(g)
                 .values(grp=self.group, epoch=0, msg_count=0, max_msg_id=0, dedup_window_ms=0)

@@ -1,0 +1,445 @@
+"""The brokers users would pick instead of amqlite, run on loopback for a comparison.
+
+ActiveMQ Classic (Debian's ``activemq``) with a JDBC persistence adapter on a
+PostgreSQL we start, its STOMP connector on a free 127.0.0.1 port and its
+default database locker (so two of them make a JDBC master/slave pair); and
+RabbitMQ (Debian's ``rabbitmq-server``) with the ``rabbitmq_stomp`` plugin, a
+private node name, epmd and data directories. Each runs as its own process
+group in a temporary directory, started directly (no systemd), and is stopped
+and removed by ``stop()`` -- also when a benchmark fails. ``bench/install-peers``
+installs the packages.
+
+    python bench/peers.py activemq      # start one, print its STOMP port, stop on Enter
+    python bench/peers.py rabbitmq      # (or postgres|sqlite: amqlite, activemq-kahadb)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.servers import PostgresServer, free_port  # noqa: E402
+
+#: Debian's activemq package layout (``dpkg -L activemq``).
+ACTIVEMQ_HOME = Path("/usr/share/activemq")
+ACTIVEMQ_JAR = ACTIVEMQ_HOME / "bin" / "activemq.jar"
+#: Debian's libpostgresql-jdbc-java and libcommons-dbcp2-java (upstream ActiveMQ
+#: ships commons-dbcp2 in lib/optional for its JDBC examples; Debian does not).
+JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/commons-dbcp2.jar",
+             "/usr/share/java/commons-pool2.jar")
+#: Debian's /usr/share/activemq/activemq-options: ``-Xms512M -Xmx512M``.
+ACTIVEMQ_HEAP = "512M"
+#: JDBC connections in ActiveMQ's pool: one per producer of W1 (50), as its
+#: JDBC performance example sizes the pool to the clients.
+ACTIVEMQ_JDBC_POOL = 60
+#: Debian's rabbitmq-server installs the Erlang release here.
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+EPMD = "epmd"
+#: ActiveMQ needs ~5-10 s to boot its Spring context; RabbitMQ ~5-15 s.
+START_TIMEOUT = 120.0
+STOP_TIMEOUT = 30.0
+
+#: The JVM flags Debian's /usr/bin/activemq passes to Java > 8.
+_JAVA_MODULE_FLAGS = [
+    "--add-reads=java.xml=java.logging",
+    *[f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in (
+        "java.security", "java.net", "java.lang", "java.util", "java.util.concurrent",
+        "java.util.concurrent.atomic")],
+    "--add-opens=java.naming/javax.naming.spi=ALL-UNNAMED",
+    "--add-opens=java.rmi/sun.rmi.transport.tcp=ALL-UNNAMED",
+]
+
+_ACTIVEMQ_XML = """\
+<beans xmlns="http://www.springframework.org/schema/beans"
+  xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+  xsi:schemaLocation="http://www.springframework.org/schema/beans
+    http://www.springframework.org/schema/beans/spring-beans.xsd
+    http://activemq.apache.org/schema/core
+    http://activemq.apache.org/schema/core/activemq-core.xsd">
+  <broker xmlns="http://activemq.apache.org/schema/core" brokerName="{name}"
+          useJmx="false" persistent="true" dataDirectory="{data}">
+    <persistenceAdapter>
+{adapter}
+    </persistenceAdapter>
+    <transportConnectors>
+      <transportConnector name="stomp"
+        uri="stomp://127.0.0.1:{port}?transport.tcpNoDelay=true"/>
+    </transportConnectors>
+  </broker>
+{datasource}
+</beans>
+"""
+
+_JDBC_ADAPTER = ('      <jdbcPersistenceAdapter dataSource="#pg-ds" '
+                 'createTablesOnStartup="true"/>')
+_KAHADB_ADAPTER = '      <kahaDB directory="{data}/kahadb"/>'
+
+_DATASOURCE = """\
+  <bean id="pg-ds" class="org.apache.commons.dbcp2.BasicDataSource" destroy-method="close">
+    <property name="driverClassName" value="org.postgresql.Driver"/>
+    <property name="url" value="{url}"/>
+    <property name="username" value="{user}"/>
+    <property name="password" value=""/>
+    <property name="maxTotal" value="{pool}"/>
+    <property name="poolPreparedStatements" value="true"/>
+  </bean>
+"""
+
+#: Debian's ActiveMQ logs through log4j 1.2 (liblog4j1.2-java); found on the classpath.
+_LOG4J = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=%d{HH:mm:ss,SSS} %-5p [%t] %c{1} - %m%n
+"""
+
+
+def jdbc_url(pg: PostgresServer, sqlalchemy_url: str) -> str:
+    """The JDBC form of a database URL that tests.servers hands out."""
+    return f"jdbc:postgresql://127.0.0.1:{pg.port}/{sqlalchemy_url.rsplit('/', 1)[1]}"
+
+
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc (no psutil in the venv)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process tree (a JVM, or beam plus its helpers)."""
+    total = 0
+    for p in tree_pids(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError), \
+                open(f"/proc/{p}/statm") as f:
+            total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a running process tree, for 'what did the broker cost'."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in tree_pids(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class PeerProcess:
+    """One server process in its own process group, with a log file."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.tmp = tmp
+        self.name = name
+        self.log = tmp / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def _spawn(self, cmd: list[str], env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                                         start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_port(self, port: int, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited: see {self.log}\n{self.tail()}")
+            if port_open(port):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} did not open port {port}: see {self.log}")
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: what a crash looks like."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT; always reaps the group."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(STOP_TIMEOUT)
+        self.kill()
+
+
+class ActiveMQ(PeerProcess):
+    """One ActiveMQ Classic broker; ``store`` is ``jdbc`` (needs ``jdbc``) or ``kahadb``."""
+
+    def __init__(self, tmp: Path, name: str, store: str = "jdbc", jdbc: str = "",
+                 pg_user: str = "postgres", stomp_port: int | None = None) -> None:
+        super().__init__(tmp, name)
+        if not ACTIVEMQ_JAR.exists():
+            raise RuntimeError("ActiveMQ is not installed: run bench/install-peers")
+        self.port = stomp_port or free_port()
+        self.base = tmp / name
+        conf = self.base / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        data = self.base / "data"
+        if store == "jdbc":
+            adapter = _JDBC_ADAPTER
+            datasource = _DATASOURCE.format(url=escape(jdbc), user=escape(pg_user),
+                                            pool=ACTIVEMQ_JDBC_POOL)
+        else:
+            adapter, datasource = _KAHADB_ADAPTER.format(data=data), ""
+        self.config = {"broker": "activemq", "version": _dpkg_version("activemq"),
+                       "store": "jdbc-postgresql" if store == "jdbc" else "kahadb",
+                       "locker": "DefaultDatabaseLocker" if store == "jdbc" else "kahadb lock",
+                       "heap": ACTIVEMQ_HEAP}
+        (conf / "activemq.xml").write_text(_ACTIVEMQ_XML.format(
+            name=name, data=data, adapter=adapter, datasource=datasource, port=self.port))
+        (conf / "log4j.properties").write_text(_LOG4J)
+
+    def start(self) -> None:
+        conf = self.base / "conf"
+        classpath = ":".join([str(conf), *JDBC_JARS])
+        cmd = ["java", f"-Xms{ACTIVEMQ_HEAP}", f"-Xmx{ACTIVEMQ_HEAP}",
+               "-Dorg.apache.activemq.UseDedicatedTaskRunner=true", *_JAVA_MODULE_FLAGS,
+               f"-Dactivemq.classpath={classpath}", f"-Dactivemq.home={ACTIVEMQ_HOME}",
+               f"-Dactivemq.base={self.base}", f"-Dactivemq.conf={conf}",
+               f"-Dactivemq.data={self.base / 'data'}",
+               "-jar", str(ACTIVEMQ_JAR), "start", f"xbean:file:{conf / 'activemq.xml'}"]
+        self._spawn(cmd, cwd=self.base)
+
+
+class RabbitMQ(PeerProcess):
+    """One RabbitMQ node with the STOMP plugin and its own epmd, all on loopback."""
+
+    def __init__(self, tmp: Path, name: str = "rabbit") -> None:
+        super().__init__(tmp, name)
+        if not RABBITMQ_SERVER.exists():
+            raise RuntimeError("RabbitMQ is not installed: run bench/install-peers")
+        self.port = free_port()
+        self.amqp_port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.base = tmp / name
+        self.base.mkdir(parents=True, exist_ok=True)
+        (self.base / "enabled_plugins").write_text("[rabbitmq_stomp].\n")
+        (self.base / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
+            f"stomp.listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+            "stomp.tcp_listen_options.nodelay = true\n"
+            "loopback_users.guest = true\n")
+        (self.base / "rabbitmq-env.conf").write_text("")
+        self.epmd: PeerProcess | None = None
+        self.config = {"broker": "rabbitmq", "version": _dpkg_version("rabbitmq-server"),
+                       "store": "classic durable queue, persistent messages",
+                       "erlang": _dpkg_version("erlang-base")}
+
+    def env(self) -> dict[str, str]:
+        b = self.base
+        return dict(
+            os.environ, HOME=str(b), ERL_EPMD_PORT=str(self.epmd_port),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            RABBITMQ_NODENAME=f"bench{os.getpid()}@localhost",
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT=str(self.amqp_port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_CONF_ENV_FILE=str(b / "rabbitmq-env.conf"),
+            RABBITMQ_CONFIG_FILE=str(b / "rabbitmq"), RABBITMQ_MNESIA_BASE=str(b / "mnesia"),
+            RABBITMQ_LOG_BASE=str(b / "log"), RABBITMQ_LOGS="-",
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(b / "enabled_plugins"),
+            RABBITMQ_PID_FILE=str(b / "rabbit.pid"),
+        )
+
+    def start(self) -> None:
+        self.epmd = PeerProcess(self.tmp, f"{self.name}-epmd")
+        self.epmd._spawn([EPMD, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+                         env=self.env())
+        self.epmd.wait_port(self.epmd_port, 10)
+        self._spawn([str(RABBITMQ_SERVER)], env=self.env(), cwd=self.base)
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self.epmd is not None:
+                self.epmd.stop()
+
+
+class Amqlite(PeerProcess):
+    """One amqlite node (``python -m cli start``), so the runner treats all brokers alike."""
+
+    def __init__(self, tmp: Path, name: str, store: str, url: str = "",
+                 group: str = "bench", log_level: str = "WARNING") -> None:
+        super().__init__(tmp, name)
+        self.port = free_port()
+        if store == "postgres":
+            self.store_args = ["--store", url, "--locker", url]
+            self.config = {"broker": "amqlite", "store": "postgresql",
+                           "locker": "postgresql advisory lock"}
+        else:
+            self.store_args = ["--data-dir", str(tmp / f"{group}-data")]
+            self.config = {"broker": "amqlite", "store": "sqlite", "locker": "file"}
+        self.config["version"] = _git_version()
+        self.group, self.log_level = group, log_level
+
+    def start(self) -> None:
+        self._spawn([sys.executable, "-m", "cli", "start", "--group", self.group,
+                     "--name", self.name, "--bind", f"127.0.0.1:{self.port}",
+                     "--log-level", self.log_level, *self.store_args], cwd=ROOT)
+
+
+def _git_version() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def _dpkg_version(package: str) -> str:
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "not installed"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+#: What ``--spawn`` accepts: amqlite on PostgreSQL or SQLite (the names load.py
+#: always had), ActiveMQ on JDBC/PostgreSQL or KahaDB, RabbitMQ.
+SPAWN_KINDS = ("postgres", "sqlite", "activemq", "activemq-kahadb", "rabbitmq")
+
+
+class PeerSet:
+    """Whatever a benchmark started, stopped in reverse order by ``close()``."""
+
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="amqlite-peers-"))
+        self.pg: PostgresServer | None = None
+        self.procs: list[PeerProcess] = []
+
+    def postgres(self) -> PostgresServer:
+        if self.pg is None:
+            self.pg = PostgresServer()
+            self.pg.init()
+            self.pg.start()
+        return self.pg
+
+    def activemq(self, name: str = "amq", store: str = "jdbc", jdbc: str | None = None,
+                 start: bool = True) -> ActiveMQ:
+        if store == "jdbc" and jdbc is None:
+            pg = self.postgres()
+            jdbc = jdbc_url(pg, pg.create_database())
+        broker = ActiveMQ(self.tmp, name, store=store, jdbc=jdbc or "")
+        self.procs.append(broker)
+        if start:
+            broker.start()
+            broker.wait_port(broker.port)
+        return broker
+
+    def amqlite(self, store: str = "postgres", name: str = "amqlite",
+                start: bool = True) -> Amqlite:
+        url = self.postgres().create_database() if store == "postgres" else ""
+        broker = Amqlite(self.tmp, name, store, url)
+        self.procs.append(broker)
+        if start:
+            broker.start()
+            broker.wait_port(broker.port)
+        return broker
+
+    def spawn(self, kind: str) -> Amqlite | ActiveMQ | RabbitMQ:
+        """A started broker of one of SPAWN_KINDS."""
+        if kind in ("postgres", "sqlite"):
+            return self.amqlite(kind)
+        if kind == "activemq":
+            return self.activemq()
+        if kind == "activemq-kahadb":
+            return self.activemq(store="kahadb")
+        if kind == "rabbitmq":
+            return self.rabbitmq()
+        raise ValueError(f"unknown broker kind {kind!r}")
+
+    def rabbitmq(self) -> RabbitMQ:
+        broker = RabbitMQ(self.tmp)
+        self.procs.append(broker)
+        broker.start()
+        broker.wait_port(broker.port)
+        return broker
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            with contextlib.suppress(Exception):
+                p.stop()
+        if self.pg is not None:
+            self.pg.cleanup()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> PeerSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main() -> int:
+    kind = sys.argv[1] if len(sys.argv) > 1 else "activemq"
+    with PeerSet() as peers:
+        broker = peers.spawn(kind)
+        print(f"{kind} STOMP on 127.0.0.1:{broker.port} (log {broker.log}); Enter stops it")
+        with contextlib.suppress(EOFError):
+            input()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
