@@ -28,8 +28,9 @@ After a reconnect
     cannot be replayed: then ``commit()`` raises ``TransactionRolledBackError``. An ACK/NACK
     whose RECEIPT did not come back, or an ack for a message delivered on an older
     connection, is *unconfirmed*: ``ack()`` returns False, the message is appended to
-    ``unconfirmed_acks`` and ``listener.on_exception(AckNotConfirmedError)`` is called; the
-    broker redelivers it with ``redelivered:true``. Messages of client-ack subscriptions
+    ``unconfirmed_acks`` and ``listener.on_exception(AckNotConfirmedError)`` is called. The
+    ack may have committed before the connection dropped; if it did not, the broker
+    redelivers the message with ``redelivered:true``. Messages of client-ack subscriptions
     not yet taken by the application are dropped at an interruption (ActiveMQ clears them
     too) because the broker redelivers them.
 
@@ -179,7 +180,8 @@ class BrokerRefusedError(ClientError):
 
 
 class AckNotConfirmedError(ClientError):
-    """An ACK/NACK could not be confirmed; the broker will redeliver the message."""
+    """An ACK/NACK could not be confirmed: it may or may not have taken effect, so the
+    message may come again (flagged ``redelivered``) or not."""
 
     def __init__(self, message: Message, reason: str) -> None:
         super().__init__(f"ack of {message.message_id} not confirmed: {reason}")
@@ -730,7 +732,7 @@ class AsyncClient:
         self._txs: dict[str, _Transaction] = {}
         self._user_tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
-        #: Messages whose ACK/NACK was not confirmed (the broker redelivers them).
+        #: Messages whose ACK/NACK was not confirmed (they may come again, redelivered).
         self.unconfirmed_acks: list[Message] = []
         #: Every outage: when, from where, to where.
         self.interruptions: list[Interruption] = []
@@ -1028,7 +1030,7 @@ class AsyncClient:
 
     async def ack(self, message: Message, *, transaction: str | None = None) -> bool:
         """ACK and wait for the broker's confirmation. False: not confirmed (reported in
-        ``unconfirmed_acks`` and to the listener); the broker will redeliver it."""
+        ``unconfirmed_acks`` and to the listener); it may come again, flagged redelivered."""
         return await self._acknowledge("ACK", message, transaction)
 
     async def nack(self, message: Message, *, transaction: str | None = None) -> bool:

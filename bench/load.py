@@ -50,6 +50,11 @@ PREFETCH = "500"
 DRAIN_TIMEOUT = 30.0
 
 
+#: Put on a connection's frame queue when the broker closed it (or it broke):
+#: a client waiting for a RECEIPT learns of it at once.
+CLOSED = Frame("CLOSED")
+
+
 class Conn:
     """One STOMP connection driven by the sans-I/O protocol."""
 
@@ -59,24 +64,34 @@ class Conn:
         self.frames: asyncio.Queue[Frame] = asyncio.Queue()
 
     @classmethod
-    async def open(cls, port: int) -> Conn:
-        r, w = await asyncio.open_connection("127.0.0.1", port)
+    async def open(cls, port: int, timeout: float = 30.0) -> Conn:
+        r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
         c = cls(r, w)
         w.write(c.proto.connect_frame(STOMP_HOST, versions=("1.2",)))
         c.pump = asyncio.ensure_future(c._pump())
-        first = await c.frames.get()
+        try:
+            first = await asyncio.wait_for(c.frames.get(), timeout)
+        except TimeoutError:
+            c.close()
+            raise
         if first.command != "CONNECTED":
+            c.close()
             raise ConnectionError(first.headers.get("message", "CONNECT refused"))
         return c
 
     async def _pump(self) -> None:
-        while True:
-            data = await self.reader.read(262144)
-            if not data:
-                return
-            for ev in self.proto.receive_data(data):
-                if isinstance(ev, FrameReceived):
-                    self.frames.put_nowait(ev.frame)
+        try:
+            while True:
+                data = await self.reader.read(262144)
+                if not data:
+                    return
+                for ev in self.proto.receive_data(data):
+                    if isinstance(ev, FrameReceived):
+                        self.frames.put_nowait(ev.frame)
+        except (OSError, ValueError):  # reset by a killed broker; a protocol error
+            return
+        finally:
+            self.frames.put_nowait(CLOSED)
 
     def send(self, frame: Frame) -> None:
         self.writer.write(self.proto.send(frame))
@@ -87,10 +102,13 @@ class Conn:
 
 
 async def producer(port: int, body: bytes, stop: float, latencies: list[float],
-                   persistent: bool, receipts: bool, pid: int) -> int:
+                   persistent: bool, receipts: bool, pid: int,
+                   omit_persistent_header: bool = False) -> int:
     c = await Conn.open(port)
     sent = 0
     headers = {"destination": QUEUE, "persistent": "true" if persistent else "false"}
+    if omit_persistent_header and not persistent:
+        del headers["persistent"]
     while time.monotonic() < stop:
         sent += 1
         h = dict(headers)
@@ -107,7 +125,11 @@ async def producer(port: int, body: bytes, stop: float, latencies: list[float],
                 raise RuntimeError(f"unexpected {f.command}: {f.headers}")
             latencies.append(time.monotonic() - t)
         elif sent % 100 == 0:
-            await c.writer.drain()
+            # A broker that stops reading (flow control) must not stretch the run.
+            try:
+                await asyncio.wait_for(c.writer.drain(), max(0.001, stop - time.monotonic()))
+            except TimeoutError:
+                break
     c.close()
     return sent
 
@@ -118,20 +140,27 @@ async def subscribe(c: Conn, destination: str, ack: str) -> None:
     c.send(Frame("SUBSCRIBE", {"destination": destination, "id": "1", "ack": ack,
                                "activemq.prefetchSize": PREFETCH, "prefetch-count": PREFETCH,
                                "receipt": "sub"}))
+    early: list[Frame] = []  # MESSAGEs that overtook the RECEIPT: kept, in order
     while True:
         f = await asyncio.wait_for(c.frames.get(), 30)
         if f.command == "RECEIPT":
-            return
-        if f.command == "ERROR":
-            raise ConnectionError(f"SUBSCRIBE refused: {f.headers.get('message')}")
-        c.frames.put_nowait(f)  # a MESSAGE before the RECEIPT: keep it for the loop
-        await asyncio.sleep(0)
+            break
+        if f is CLOSED or f.command == "ERROR":
+            raise ConnectionError(f"SUBSCRIBE refused: {f.headers.get('message', 'closed')}")
+        early.append(f)
+    if early:
+        rest = []
+        while not c.frames.empty():
+            rest.append(c.frames.get_nowait())
+        for f in (*early, *rest):
+            c.frames.put_nowait(f)
 
 
 async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
-                   e2e: list[float], ready: asyncio.Event | None = None) -> None:
+                   e2e: list[float], ready: asyncio.Event | None = None,
+                   destination: str = QUEUE) -> None:
     c = await Conn.open(port)
-    await subscribe(c, QUEUE, ack)
+    await subscribe(c, destination, ack)
     if ready is not None:
         ready.set()
     while not done.is_set():
@@ -148,6 +177,44 @@ async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
         if ack != "auto":
             c.send(Frame("ACK", {"id": f.headers["ack"]}))
     c.close()
+
+
+#: Preload: SENDs written back to back per connection before one RECEIPT is
+#: awaited (flow control without a round trip per message).
+PRELOAD_CHUNK = 500
+#: Preload connections: enough to keep a broker's store busy on 2 cores.
+PRELOAD_CONNECTIONS = 8
+
+
+async def preload(port: int, count: int, body: bytes, destination: str,
+                  connections: int = PRELOAD_CONNECTIONS, chunk: int = PRELOAD_CHUNK,
+                  deadline: float | None = None) -> int:
+    """Fill ``destination`` with ``count`` persistent messages; returns how many
+    were confirmed before ``deadline`` (a monotonic time), so a slow broker
+    bounds the run instead of stalling it."""
+    per_conn = [count // connections + (i < count % connections) for i in range(connections)]
+
+    async def one(n: int) -> int:
+        c = await Conn.open(port)
+        done = 0
+        headers = {"destination": destination, "persistent": "true"}
+        while done < n and (deadline is None or time.monotonic() < deadline):
+            k = min(chunk, n - done)
+            for i in range(k):
+                h = headers if i < k - 1 else {**headers, "receipt": str(done + k)}
+                c.send(Frame("SEND", h, body))
+            await c.writer.drain()
+            while True:
+                f = await asyncio.wait_for(c.frames.get(), 120)
+                if f.command == "RECEIPT":
+                    break
+                if f.command == "ERROR":
+                    raise ConnectionError(f"preload refused: {f.headers.get('message')}")
+            done += k
+        c.close()
+        return done
+
+    return sum(await asyncio.gather(*(one(n) for n in per_conn if n)))
 
 
 def pct(values: list[float], p: float) -> float:
@@ -172,7 +239,8 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
     t0 = time.monotonic()
     stop = t0 + opts.seconds
     counts = await asyncio.gather(*(
-        producer(port, body, stop, latencies, not opts.non_persistent, not opts.no_receipts, i)
+        producer(port, body, stop, latencies, not opts.non_persistent, not opts.no_receipts, i,
+                 opts.omit_persistent_header)
         for i in range(opts.producers)))
     produce_s = time.monotonic() - t0
     sent = sum(counts)
@@ -215,10 +283,16 @@ def main() -> int:
     ap.add_argument("--ack", default="client-individual",
                     choices=["auto", "client", "client-individual"])
     ap.add_argument("--non-persistent", action="store_true")
+    ap.add_argument("--omit-persistent-header", action="store_true",
+                    help="non-persistent SENDs carry no persistent header (the default of "
+                         "ActiveMQ and RabbitMQ; RabbitMQ reads persistent:false as 'declare "
+                         "the queue non-durable' and refuses it); implied by --spawn rabbitmq")
     ap.add_argument("--no-receipts", action="store_true")
     opts = ap.parse_args()
     if not opts.port and not opts.spawn:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
+    if opts.spawn == "rabbitmq":
+        opts.omit_persistent_header = True
     broker_config: dict = {}
     with PeerSet() as peers:
         port, pid = opts.port, None

@@ -172,6 +172,7 @@ class PeerProcess:
 
     def _spawn(self, cmd: list[str], env: dict[str, str] | None = None,
                cwd: Path | None = None) -> None:
+        self.log_offset = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, cwd=cwd,
@@ -194,6 +195,24 @@ class PeerProcess:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} did not open port {port}: see {self.log}")
+
+    def wait_log(self, text: bytes, timeout: float = START_TIMEOUT) -> None:
+        """Until the log written since the last start contains ``text``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited: see {self.log}\n{self.tail()}")
+            if text in self.log.read_bytes()[self.log_offset:]:
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"{self.name} never logged {text!r}: see {self.log}")
+
+    def wait_standing_by(self, timeout: float = START_TIMEOUT) -> None:
+        """Until this node, started while another holds the lock, waits for it."""
+        self.wait_log(self.STANDBY_LOG_LINE, timeout)
+
+    #: What a node logs when it starts waiting for the lock as a slave.
+    STANDBY_LOG_LINE = b""
 
     def tail(self, n: int = 20) -> str:
         try:
@@ -222,6 +241,9 @@ class PeerProcess:
 
 class ActiveMQ(PeerProcess):
     """One ActiveMQ Classic broker; ``store`` is ``jdbc`` (needs ``jdbc``) or ``kahadb``."""
+
+    #: DefaultDatabaseLocker's INFO line before it blocks in SELECT ... FOR UPDATE.
+    STANDBY_LOG_LINE = b"Attempting to acquire the exclusive lock"
 
     def __init__(self, tmp: Path, name: str, store: str = "jdbc", jdbc: str = "",
                  pg_user: str = "postgres", stomp_port: int | None = None) -> None:
@@ -317,6 +339,9 @@ class RabbitMQ(PeerProcess):
 class Amqlite(PeerProcess):
     """One amqlite node (``python -m cli start``), so the runner treats all brokers alike."""
 
+    #: amqlite/node.py logs this at INFO when a slave starts polling the lock.
+    STANDBY_LOG_LINE = b"waiting for the lock"
+
     def __init__(self, tmp: Path, name: str, store: str, url: str = "",
                  group: str = "bench", log_level: str = "WARNING") -> None:
         super().__init__(tmp, name)
@@ -387,10 +412,11 @@ class PeerSet:
             broker.wait_port(broker.port)
         return broker
 
-    def amqlite(self, store: str = "postgres", name: str = "amqlite",
-                start: bool = True) -> Amqlite:
-        url = self.postgres().create_database() if store == "postgres" else ""
-        broker = Amqlite(self.tmp, name, store, url)
+    def amqlite(self, store: str = "postgres", name: str = "amqlite", url: str | None = None,
+                log_level: str = "WARNING", start: bool = True) -> Amqlite:
+        if store == "postgres" and url is None:
+            url = self.postgres().create_database()
+        broker = Amqlite(self.tmp, name, store, url or "", log_level=log_level)
         self.procs.append(broker)
         if start:
             broker.start()

@@ -1,0 +1,92 @@
+"""Seconds-long runs of the benchmark harness against amqlite, so it cannot rot.
+
+The figures are not judged here (the machine is shared and tiny runs are
+noisy): only that each command runs, prints its one JSON line with the fields
+bench/README.md and bench/run_all.py read, and moved messages. The peers
+(ActiveMQ, RabbitMQ) are never needed by the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Each command's own bound; it starts and stops a broker (and maybe PostgreSQL).
+COMMAND_TIMEOUT = 150
+
+
+def bench(*args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=COMMAND_TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert lines, out.stdout + out.stderr[-3000:]
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("spawn", ["sqlite", "postgres"])
+def test_load_durable(spawn: str) -> None:
+    r = bench("bench/load.py", "--spawn", spawn, "--seconds", "1.5", "--producers", "5",
+              "--consumers", "2")
+    assert r["bench"] == "load"
+    assert r["broker"]["broker"] == "amqlite"
+    assert r["config"]["spawn"] == spawn and r["config"]["producers"] == 5
+    assert r["sent"] > 0 and r["received"] == r["sent"]
+    assert r["produce_msg_s"] > 0 and r["end_to_end_msg_s"] > 0
+    assert r["receipt_latency_ms"]["p50"] > 0
+    assert set(r["receipt_latency_ms"]) == {"p50", "p99", "mean"}
+    assert set(r["e2e_latency_ms"]) == {"p50", "p99"}
+    for key in ("loadgen_cpu_s", "loadgen_cpu_pct", "broker_cpu_s", "broker_rss_mb"):
+        assert isinstance(r[key], int | float)
+
+
+def test_load_fire_and_forget() -> None:
+    r = bench("bench/load.py", "--spawn", "sqlite", "--seconds", "1", "--producers", "3",
+              "--consumers", "1", "--non-persistent", "--no-receipts", "--ack", "auto")
+    assert r["config"]["non_persistent"] and r["config"]["no_receipts"]
+    assert r["sent"] > 0 and r["received"] > 0 and r["produce_msg_s"] > 0
+
+
+def test_takeover() -> None:
+    r = bench("bench/takeover.py", "--rounds", "1")
+    assert r["bench"] == "takeover"
+    assert len(r["takeover_ms"]) == 1
+    assert 0 < r["p50_ms"] <= r["max_ms"]
+
+
+def test_failover_under_load() -> None:
+    r = bench("bench/failover.py", "--store", "sqlite", "--nodes", "2", "--rounds", "1",
+              "--warmup", "1", "--settle", "0.5", "--producers", "4", "--consumers", "1")
+    assert r["bench"] == "failover" and r["broker"]["broker"] == "amqlite"
+    assert r["gap_ms"]["samples"] == 4, r
+    assert 0 < r["gap_ms"]["p50"] <= r["gap_ms"]["max"], r
+    assert r["rounds"][0]["producers_resumed"] == 4, r
+    assert r["receipted"] > 0
+    assert r["lost"] == 0 and r["duplicated"] == 0, r
+
+
+def test_depth() -> None:
+    r = bench("bench/depth.py", "--spawn", "sqlite", "--backlog", "500", "--consumers", "2")
+    assert r["bench"] == "depth"
+    assert r["preloaded"] == 500 and r["drained"] == 500
+    assert r["rss_mb_backlog_waiting"] > 0 and r["drain_msg_s"] > 0
+
+
+def test_runner_quick_prints_records_ratios_and_table() -> None:
+    out = subprocess.run([sys.executable, "bench/run_all.py", "--quick", "--only", "W4"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert "machine" in records[0]["run"]
+    w4 = [r for r in records if r.get("workload") == "W4"]
+    assert len(w4) == 1 and w4[0]["result"]["end_to_end_msg_s"] > 0
+    assert "ratios" in records[-1] and "targets" in records[-1]
+    assert "| W4 embedded: end-to-end msg/s |" in out.stdout
