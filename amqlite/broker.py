@@ -42,12 +42,21 @@ MAX_IN_MEMORY = 1000
 #: Page size for loading from the store, and the level below which we load.
 PAGE_SIZE = 500
 LOW_WATER = 250
-#: A non-durable topic subscriber that falls this far behind loses the oldest
-#: messages (ActiveMQ's pendingMessageLimitStrategy for slow consumers).
+#: A non-durable topic subscriber that falls this far behind misses what is
+#: published until it catches up (ActiveMQ's slow-consumer limit for topics:
+#: a publisher is never held back by one slow subscriber).
 MAX_TOPIC_BACKLOG = 10_000
-#: Non-persistent messages a queue holds with no consumer before it drops the
-#: oldest; they live only in memory, so they must be bounded.
-MAX_NONPERSISTENT_BACKLOG = 100_000
+#: Non-persistent messages live only in memory: past this many waiting in one
+#: queue, the connections sending to it are paused until it drains to
+#: RESUME_NONPERSISTENT_BACKLOG (ActiveMQ's producer flow control). 20 000 1 KB
+#: messages are ~50 MB of Python objects: a few busy queues stay well inside
+#: the 200 MB a broker should need.
+MAX_NONPERSISTENT_BACKLOG = 20_000
+RESUME_NONPERSISTENT_BACKLOG = MAX_NONPERSISTENT_BACKLOG // 2
+#: Frames of one connection waiting for a commit before we stop reading from
+#: it: a producer that sends without receipts cannot pile up unbounded work.
+MAX_PENDING_COMMITS = 2000
+RESUME_PENDING_COMMITS = MAX_PENDING_COMMITS // 2
 #: Headers the broker owns or that only make sense on the SEND frame.
 NON_USER_HEADERS = frozenset(
     {
@@ -84,6 +93,10 @@ class Client(Protocol):
     def close_with_error(self, message: str, detail: str = "") -> None: ...
 
     def close(self) -> None: ...
+
+    def pause_reading(self, reason: str) -> None: ...
+
+    def resume_reading(self, reason: str) -> None: ...
 
 
 # ---------------------------------------------------------------------------
@@ -144,6 +157,7 @@ class Source:
         self.paging = False
         self.consumers: list[Subscription] = []
         self._rr = 0
+        self.blocked_producers: set[Client] = set()
 
     # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
     def ref(self, message: Message) -> Ref:
@@ -164,24 +178,16 @@ class Source:
         self.cursor = max(self.cursor, message.id)
         self.push(message)
 
-    def add_nonpersistent(self, message: Message) -> None:
-        limit = MAX_TOPIC_BACKLOG if isinstance(self, TopicSubscriptionSource) else (
-            MAX_NONPERSISTENT_BACKLOG
-        )
-        if self.nonpersistent >= limit:
-            self._drop_oldest_nonpersistent()
+    def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
+        """Queue a memory-only message; past the limit, hold its producer back."""
         self.push(message)
-
-    def _drop_oldest_nonpersistent(self) -> None:
-        victims = [e for e in self._heap if not e[2].persistent]
-        if not victims:
-            return
-        oldest = min(victims, key=lambda e: e[1])
-        self._heap.remove(oldest)
-        heapq.heapify(self._heap)
-        self.nonpersistent -= 1
-        log.warning("%s: slow consumer, dropped non-persistent message %s",
-                    self.name, oldest[2].message_id)
+        if (
+            producer is not None
+            and self.nonpersistent >= MAX_NONPERSISTENT_BACKLOG
+            and producer not in self.blocked_producers
+        ):
+            self.blocked_producers.add(producer)
+            producer.pause_reading(f"flow:{self.name}")
 
     def pop(self) -> Message | None:
         if not self._heap:
@@ -191,6 +197,10 @@ class Source:
             self.in_memory_stored -= 1
         else:
             self.nonpersistent -= 1
+            if self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG:
+                for producer in self.blocked_producers:
+                    producer.resume_reading(f"flow:{self.name}")
+                self.blocked_producers.clear()
         return message
 
     def __len__(self) -> int:
@@ -274,6 +284,16 @@ class TopicSubscriptionSource(Source):
 
     def __init__(self, broker: Broker, name: str) -> None:
         super().__init__(broker, name, None, stored=False)
+        self.dropped = 0
+
+    def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
+        if self.nonpersistent >= MAX_TOPIC_BACKLOG:
+            self.dropped += 1
+            if self.dropped % MAX_TOPIC_BACKLOG == 1:
+                log.warning("%s: slow subscriber %d messages behind; %d dropped so far",
+                            self.name, self.nonpersistent, self.dropped)
+            return
+        self.push(message)
 
 
 @dataclass(slots=True)
@@ -463,9 +483,13 @@ class Session:
 
     def commit_started(self) -> None:
         self.pending_commits += 1
+        if self.pending_commits == MAX_PENDING_COMMITS:
+            self.conn.pause_reading("commits")
 
     def commit_finished(self) -> None:
         self.pending_commits -= 1
+        if self.pending_commits == RESUME_PENDING_COMMITS:
+            self.conn.resume_reading("commits")
         if self.pending_commits == 0 and self.on_idle:
             waiting, self.on_idle = self.on_idle, []
             for cb in waiting:
@@ -680,7 +704,7 @@ class Broker:
         batch = self.writes.batch
         for m in messages:
             if not m.persistent:
-                self._route_now(m)
+                self._route_now(m, session.conn)
                 continue
             if self.kind_of(m.destination) == "queue":
                 to_store.append((m, []))
@@ -691,7 +715,7 @@ class Broker:
                 elif m.dedup_key is not None:
                     identity_only.append(m)  # nothing to keep but who sent it
                 else:
-                    self._route_now(m)  # no durable subscriber: nothing to keep
+                    self._route_now(m, session.conn)  # no durable subscriber: nothing to keep
         if not to_store and not identity_only:
             if receipt is not None:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
@@ -746,22 +770,22 @@ class Broker:
             batch = self.writes.stage()
             batch.identities.extend(self._new_row(m, batch) for m in identities)
 
-    def _route_now(self, m: Message) -> None:
+    def _route_now(self, m: Message, producer: Client | None = None) -> None:
         if self.kind_of(m.destination) == "queue":
             q = self.queue(m.destination)
-            q.add_nonpersistent(m)
+            q.add_nonpersistent(m, producer)
             q.dispatch()
         else:
-            self._publish_memory(m)
+            self._publish_memory(m, producer)
 
-    def _publish_memory(self, m: Message) -> None:
+    def _publish_memory(self, m: Message, producer: Client | None = None) -> None:
         for source in self.topics.get(m.destination, ()):
             source.add_nonpersistent(self._copy(m, persistent=False))
             source.dispatch()
         for durable in self.durables_by_topic.get(m.destination, ()):
             # a non-persistent message reaches only online durable subscribers
             if durable.consumers:
-                durable.add_nonpersistent(self._copy(m, persistent=False))
+                durable.add_nonpersistent(self._copy(m, persistent=False), producer)
                 durable.dispatch()
 
     @staticmethod

@@ -31,14 +31,10 @@ CONNECT_TIMEOUT = 30.0
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 WRITE_BUFFER_LOW = 1 * 1024 * 1024
-#: Frames of one connection waiting for a commit before we stop reading from
-#: it: a producer that sends without receipts cannot pile up unbounded work.
-MAX_PENDING_COMMITS = 2000
 #: Headers our client (amqlite.client) reads to learn the group's URIs.
 CLUSTER_URIS_HEADER = "amqlite.clusterURIs"
 REBALANCE_HEADER = "amqlite.rebalance"
 CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
-RESUME_PENDING_COMMITS = 1000
 
 
 class StompServer:
@@ -77,7 +73,7 @@ class StompServer:
 
     def pause_reading(self) -> None:
         for conn in list(self.connections):
-            conn.pause_reading()
+            conn.pause_reading("stopping")
 
     # -- cluster URIs pushed to clients (ActiveMQ's updateClusterClients) ------------
     def cluster_headers(self, rebalance: bool = False) -> dict[str, str]:
@@ -127,7 +123,7 @@ class ClientConnection(asyncio.Protocol):
         self.authenticating = False
         self.backlog: list[Frame] = []  # frames that arrived while CONNECT was checked
         self.writable = True
-        self.reading_paused = False
+        self.pause_reasons: set[str] = set()  # reading resumes when none is left
         self.last_rx = self.loop.time()
         self.last_tx = self.last_rx
         self.timers: list[asyncio.TimerHandle] = []
@@ -209,14 +205,19 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self.broker.detach(self)
 
-    def pause_reading(self) -> None:
-        if not self.reading_paused and self.transport is not None and not self.closed:
-            self.reading_paused = True
+    def pause_reading(self, reason: str) -> None:
+        """Stop reading from this client (flow control) until every reason is gone."""
+        if self.transport is None or self.closed:
+            return
+        if not self.pause_reasons:
             self.transport.pause_reading()
+        self.pause_reasons.add(reason)
 
-    def resume_reading(self) -> None:
-        if self.reading_paused and self.transport is not None and not self.closed:
-            self.reading_paused = False
+    def resume_reading(self, reason: str) -> None:
+        if reason not in self.pause_reasons:
+            return
+        self.pause_reasons.discard(reason)
+        if not self.pause_reasons and self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
     # -- frames ------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import collections
 import json
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -76,6 +77,15 @@ class Stats:
     first_receipt_after_kill: float | None = None
     killed_at: float = 0.0
     producer_errors: int = 0
+    consumer_connects: int = 0
+    consumers_subscribed: int = 0
+    consumer_errors: list[str] = field(default_factory=list)
+    #: (seconds since start, consumer, port, event, messages so far): read after a loss.
+    consumer_events: list[tuple[float, int, int, str, int]] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+
+    def event(self, idx: int, port: int, what: str, n: int) -> None:
+        self.consumer_events.append((round(time.monotonic() - self.t0, 3), idx, port, what, n))
 
 
 async def connect_any(ports: list[int], deadline: float) -> Conn:
@@ -128,26 +138,43 @@ async def producer(ports: list[int], idx: int, body: bytes, stop: asyncio.Event,
     conn.close()
 
 
-async def consumer(ports: list[int], stop: asyncio.Event, stats: Stats) -> None:
+async def consumer(ports: list[int], stop: asyncio.Event, stats: Stats, idx: int = 0) -> None:
+    received = 0
     while not stop.is_set():
         try:
             conn = await connect_any(ports, time.monotonic() + ROUND_TIMEOUT)
-            await subscribe(conn, QUEUE, "client-individual")
-        except (OSError, ConnectionError, TimeoutError):
+            stats.consumer_connects += 1
+            stats.event(idx, conn.writer.get_extra_info("peername")[1], "connected", received)
+        except TimeoutError as exc:
+            stats.consumer_errors.append(repr(exc))
             continue
-        while not stop.is_set():
-            try:
-                f = await asyncio.wait_for(conn.frames.get(), 0.5)
-            except TimeoutError:
-                continue
-            if f is CLOSED or f.command == "ERROR":
-                break
-            if f.command != "MESSAGE":
-                continue
-            key = (int(f.headers.get("bench_pid", -1)), int(f.headers.get("bench_seq", -1)))
-            stats.deliveries[key].append(f.headers.get("message-id", ""))
-            conn.send(Frame("ACK", {"id": f.headers["ack"]}))
-        conn.close()
+        try:
+            await subscribe(conn, QUEUE, "client-individual")
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            stats.consumer_errors.append(repr(exc))
+            conn.close()
+            continue
+        stats.consumers_subscribed += 1
+        try:
+            while not stop.is_set():
+                try:
+                    f = await asyncio.wait_for(conn.frames.get(), 0.5)
+                except TimeoutError:
+                    continue
+                if f is CLOSED or f.command == "ERROR":
+                    stats.event(idx, conn.writer.get_extra_info("peername")[1], f.command,
+                                received)
+                    break
+                if f.command != "MESSAGE":
+                    continue
+                received += 1
+                key = (int(f.headers.get("bench_pid", -1)),
+                       int(f.headers.get("bench_seq", -1)))
+                stats.deliveries[key].append(f.headers.get("message-id", ""))
+                conn.send(Frame("ACK", {"id": f.headers["ack"]}))
+        finally:
+            stats.consumers_subscribed -= 1
+            conn.close()
 
 
 def serving_node(nodes: list[PeerProcess]) -> PeerProcess:
@@ -158,6 +185,17 @@ def serving_node(nodes: list[PeerProcess]) -> PeerProcess:
                 return n
         time.sleep(RECONNECT_POLL)
     raise TimeoutError("no master came up")
+
+
+def sockets(ports: list[int]) -> list[str]:
+    """TCP sockets to or from the nodes' ports, with their processes (``ss``)."""
+    try:
+        out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    wanted = tuple(f":{p} " for p in ports)
+    return [" ".join(ln.split()) for ln in out.stdout.splitlines()
+            if any(w in ln + " " for w in wanted)][:40]
 
 
 def pct_ms(values: list[float], p: float) -> float | None:
@@ -179,9 +217,10 @@ async def run(opts: argparse.Namespace, nodes: list[PeerProcess]) -> dict:
                                             deadline=t + opts.preload_timeout)
         result["preload_s"] = round(time.monotonic() - t, 1)
     stats = Stats(killed_at=float("inf"))
+    stats.t0 = time.monotonic()
     stop_producers, stop_consumers = asyncio.Event(), asyncio.Event()
-    consumers = [asyncio.ensure_future(consumer(ports, stop_consumers, stats))
-                 for _ in range(opts.consumers)]
+    consumers = [asyncio.ensure_future(consumer(ports, stop_consumers, stats, i))
+                 for i in range(opts.consumers)]
     producers = [asyncio.ensure_future(producer(ports, i, body, stop_producers, stats))
                  for i in range(opts.producers)]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -207,6 +246,8 @@ async def run(opts: argparse.Namespace, nodes: list[PeerProcess]) -> dict:
             first = stats.first_receipt_after_kill
             rounds.append({
                 "killed": master.name,
+                "killed_port": master.port,
+                "killed_at_s": round(stats.killed_at - stats.t0, 3),
                 "kill_to_first_receipt_ms": round((first - stats.killed_at) * 1000, 1)
                 if first else None,
                 "producers_resumed": len(stats.resumed),
@@ -230,6 +271,15 @@ async def run(opts: argparse.Namespace, nodes: list[PeerProcess]) -> dict:
     duplicated = sum(1 for ids in stats.deliveries.values() if len(set(ids)) > 1)
     redelivered = sum(len(ids) - len(set(ids)) for ids in stats.deliveries.values())
     gaps = stats.gaps
+    if lost:
+        # Enough to tell a broker that lost messages from one that still holds them.
+        result["lost_sample"] = sorted(lost)[:10]
+        result["consumers_subscribed_at_end"] = stats.consumers_subscribed
+        result["consumer_connects"] = stats.consumer_connects
+        result["consumer_errors"] = stats.consumer_errors[-5:]
+        result["consumer_events"] = stats.consumer_events[-40:]
+        result["ports"] = {n.name: n.port for n in nodes}
+        result["sockets_at_end"] = sockets(ports)
     return {
         **result,
         "rounds": rounds,
@@ -266,6 +316,23 @@ def make_nodes(opts: argparse.Namespace, peers: PeerSet) -> tuple[list[PeerProce
     return nodes, dict(nodes[0].config)
 
 
+def store_rows(peers: PeerSet, sample: list[list[int]]) -> dict:
+    """After a run that lost messages on amqlite/PostgreSQL: are they still in the
+    store (a dispatch problem) or gone (a durability problem)?"""
+    pg = peers.pg
+    if pg is None or not sample:
+        return {}
+    dbs = pg.psql("SELECT datname FROM pg_database WHERE datname LIKE 'amqtest_%'").split()
+    pairs = ",".join(f"('w3-{p}',{q})" for p, q in sample)
+    out = {}
+    for db in dbs:
+        out[db] = pg.psql(
+            "SELECT count(*) || ' rows, ' || count(inflight_epoch) || ' in flight; sample "
+            f"found: ' || (SELECT count(*) FROM amq_messages WHERE (producer_id, producer_seq) "
+            f"IN ({pairs})) FROM amq_messages", db)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--broker", choices=["amqlite", "activemq"], default="amqlite")
@@ -284,6 +351,8 @@ def main() -> int:
     with PeerSet() as peers:
         nodes, broker_config = make_nodes(opts, peers)
         result = asyncio_run(run(opts, nodes))
+        if result.get("lost") and opts.broker == "amqlite":
+            result["store_after_loss"] = store_rows(peers, result.get("lost_sample", []))
     print(json.dumps({"bench": "failover", "broker": broker_config,
                       "config": {**vars(opts), "nodes": len(nodes)}, **result}))
     return 0

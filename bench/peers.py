@@ -448,7 +448,10 @@ class PeerSet:
                 p.stop()
         if self.pg is not None:
             self.pg.cleanup()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if os.environ.get("AMQLITE_BENCH_KEEP"):  # logs for a post-mortem
+            print(f"kept {self.tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> PeerSet:
         return self

@@ -31,6 +31,7 @@ class FrameSink:
         self.closed = False
         self.frames: list[Frame] = []
         self.errors: list[str] = []
+        self.paused: set[str] = set()
 
     def write_frame(self, frame: Frame) -> None:
         self.frames.append(frame)
@@ -45,11 +46,11 @@ class FrameSink:
     def close(self) -> None:
         self.closed = True
 
-    def pause_reading(self) -> None:
-        pass
+    def pause_reading(self, reason: str) -> None:
+        self.paused.add(reason)
 
-    def resume_reading(self) -> None:
-        pass
+    def resume_reading(self, reason: str) -> None:
+        self.paused.discard(reason)
 
     def of(self, command: str) -> list[Frame]:
         return [f for f in self.frames if f.command == command]
@@ -275,3 +276,29 @@ def test_every_numbered_send_leaves_its_identity_even_when_nothing_is_stored(
     run(scenario)
     assert _dedup_keys(store) == {"p:1": None, "p:2": None}
     assert store.check_integrity(store.claim_epoch("probe")).actual_count == 0
+
+
+def test_a_queue_full_of_non_persistent_messages_pauses_its_producer_until_drained(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory-only messages are bounded by flow control, not by dropping them."""
+    monkeypatch.setattr(broker_mod, "MAX_NONPERSISTENT_BACKLOG", 10)
+    monkeypatch.setattr(broker_mod, "RESUME_NONPERSISTENT_BACKLOG", 5)
+
+    async def scenario() -> None:
+        async with Master(store, settings, "a") as broker:
+            producer = connect(broker)
+            for i in range(10):
+                send(broker, producer, "/queue/np", f"m{i}", persistent="false")
+            assert producer.paused == {"flow:/queue/np"}
+            consumer = connect(broker)
+            broker.handle(consumer, Frame("SUBSCRIBE", {
+                "destination": "/queue/np", "id": "s", "ack": "client-individual",
+                "activemq.prefetchSize": "4"}))
+            assert producer.paused  # 6 still waiting: above the resume mark
+            first = consumer.of("MESSAGE")
+            broker.handle(consumer, Frame("ACK", {"id": first[0].headers["ack"]}))
+            assert not producer.paused  # 5 waiting: resumed
+            assert len(broker.queues["/queue/np"]) == 5  # nothing was dropped
+
+    run(scenario)
