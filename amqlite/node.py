@@ -88,6 +88,7 @@ class Node:
             if not await self._open_store(store):
                 return EXIT_OK
             self.registry = open_registry(s, store)
+            self.registry.confirm_master = lambda: self._still_master(locker)
             while not self.stopping.is_set():
                 self.role = "slave"
                 log.info("node %s: slave of group %s, waiting for the lock", s.name, s.group)
@@ -241,6 +242,17 @@ class Node:
         await server.wait_closed()
         log.info("node %s: released the lock of group %s", s.name, s.group)
         return "stopped"
+
+    async def _still_master(self, locker) -> bool:
+        """For the registry: may this node (still) call itself master?"""
+        if self.role != "master" or self.lost.is_set():
+            return False
+        try:
+            await locker.keepalive()
+        except (LockLost, LockerError) as exc:
+            self._demote(f"lock keepalive failed: {exc}")
+            return False
+        return not self.lost.is_set()
 
     def _store_failed(self, exc: BaseException) -> None:
         if not self.lost.is_set():  # one failure reaches us from several callers

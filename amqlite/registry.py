@@ -35,7 +35,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -239,6 +239,10 @@ class Registry(abc.ABC):
     for long: failures are logged and retried in the background."""
 
     description = "registry"
+    #: Set by the node: proves, right now, that this node still holds the lock.
+    #: A master entry is (re)written only after it says yes, so a deposed master
+    #: that wakes up (SIGCONT) never shows up as master while it demotes.
+    confirm_master: Callable[[], Awaitable[bool]] | None = None
 
     @abc.abstractmethod
     async def announce(self, role: str, epoch: int | None) -> None:
@@ -436,6 +440,13 @@ class ZooKeeperRegistry(_BackgroundRegistry):
     async def _apply(self, wanted: Member | None) -> None:
         from lockers.base import run_blocking
 
+        if (
+            wanted is not None
+            and wanted.role == ROLE_MASTER
+            and self.confirm_master is not None
+            and not await self.confirm_master()
+        ):
+            raise _Deferred(ZK_SESSION_RETRY)  # demoting: the node will announce slave
         self._loop = asyncio.get_running_loop()
         await run_blocking(lambda: self._apply_blocking(wanted), name="amqlite-zk-registry")
 

@@ -144,7 +144,8 @@ async def consumer(ports: list[int], stop: asyncio.Event, stats: Stats, idx: int
         try:
             conn = await connect_any(ports, time.monotonic() + ROUND_TIMEOUT)
             stats.consumer_connects += 1
-            stats.event(idx, conn.writer.get_extra_info("peername")[1], "connected", received)
+            port = conn.writer.get_extra_info("peername")[1]
+            stats.event(idx, port, "connected", received)
         except TimeoutError as exc:
             stats.consumer_errors.append(repr(exc))
             continue
@@ -162,8 +163,7 @@ async def consumer(ports: list[int], stop: asyncio.Event, stats: Stats, idx: int
                 except TimeoutError:
                     continue
                 if f is CLOSED or f.command == "ERROR":
-                    stats.event(idx, conn.writer.get_extra_info("peername")[1], f.command,
-                                received)
+                    stats.event(idx, port, f.command, received)
                     break
                 if f.command != "MESSAGE":
                     continue
@@ -172,6 +172,8 @@ async def consumer(ports: list[int], stop: asyncio.Event, stats: Stats, idx: int
                        int(f.headers.get("bench_seq", -1)))
                 stats.deliveries[key].append(f.headers.get("message-id", ""))
                 conn.send(Frame("ACK", {"id": f.headers["ack"]}))
+        except ConnectionError:  # the ACK found the connection gone: reconnect
+            stats.event(idx, port, "ACK failed", received)
         finally:
             stats.consumers_subscribed -= 1
             conn.close()

@@ -94,7 +94,15 @@ class Conn:
             self.frames.put_nowait(CLOSED)
 
     def send(self, frame: Frame) -> None:
-        self.writer.write(self.proto.send(frame))
+        """Write one frame; ConnectionError once the broker is gone (uvloop raises
+        RuntimeError on a closed transport: a failover client must see a lost
+        connection, not a crash)."""
+        if self.writer.is_closing():
+            raise ConnectionError("connection closed")
+        try:
+            self.writer.write(self.proto.send(frame))
+        except RuntimeError as exc:
+            raise ConnectionError(str(exc)) from exc
 
     def close(self) -> None:
         self.pump.cancel()
