@@ -22,11 +22,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import resource
 import statistics
 import sys
 import time
 from collections.abc import Coroutine
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -232,26 +234,108 @@ def pct(values: list[float], p: float) -> float:
     return round(values[min(len(values) - 1, int(len(values) * p))] * 1000, 2)
 
 
+def _producer_worker(pipe: Connection, port: int, opts: argparse.Namespace,
+                     first: int, count: int) -> None:
+    """A producer process of ``--processes``: says ready, waits for the stop time
+    (wall clock), sends, and returns its counts, latencies and CPU."""
+    async def go() -> dict:
+        stop_wall = pipe.recv()
+        stop = time.monotonic() + (stop_wall - time.time())
+        body = b"x" * opts.body_size
+        latencies: list[float] = []
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        counts = await asyncio.gather(*(
+            producer(port, body, stop, latencies, not opts.non_persistent,
+                     not opts.no_receipts, first + i, opts.omit_persistent_header)
+            for i in range(count)))
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        return {"sent": sum(counts), "latencies": latencies,
+                "cpu": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)}
+
+    pipe.send("ready")
+    pipe.send(asyncio_run(go()))
+
+
+class ProducerProcesses:
+    """``--processes N``: the producers run in N processes of their own (spawned,
+    so no event loop is forked), the consumers in this one."""
+
+    def __init__(self, port: int, opts: argparse.Namespace) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        n = opts.processes
+        shares = [opts.producers // n + (i < opts.producers % n) for i in range(n)]
+        self.pipes: list[Connection] = []
+        self.procs = []
+        first = 0
+        for share in shares:
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_producer_worker, args=(theirs, port, opts, first, share),
+                               daemon=True)
+            proc.start()
+            self.pipes.append(mine)
+            self.procs.append(proc)
+            first += share
+
+    async def ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        for pipe in self.pipes:
+            if not await loop.run_in_executor(None, pipe.poll, 60):
+                raise TimeoutError("a producer process did not start")
+            pipe.recv()
+
+    async def run(self, stop_wall: float) -> tuple[int, list[float], float]:
+        loop = asyncio.get_running_loop()
+        for pipe in self.pipes:
+            pipe.send(stop_wall)
+        sent, latencies, cpu = 0, [], 0.0
+        for pipe in self.pipes:
+            if not await loop.run_in_executor(None, pipe.poll, stop_wall - time.time() + 60):
+                raise TimeoutError("a producer process did not finish")
+            r = pipe.recv()
+            sent += r["sent"]
+            latencies.extend(r["latencies"])
+            cpu += r["cpu"]
+        for proc in self.procs:
+            proc.join(10)
+        return sent, latencies, cpu
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+
+
 async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None) -> dict:
     body = b"x" * opts.body_size
     latencies: list[float] = []
     received = [0]
     done = asyncio.Event()
     e2e: list[float] = []
-    readies = [asyncio.Event() for _ in range(opts.consumers)]
-    consumers = [asyncio.ensure_future(consumer(port, opts.ack, received, done, e2e, r))
-                 for r in readies]
-    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
-    broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.monotonic()
-    stop = t0 + opts.seconds
-    counts = await asyncio.gather(*(
-        producer(port, body, stop, latencies, not opts.non_persistent, not opts.no_receipts, i,
-                 opts.omit_persistent_header)
-        for i in range(opts.producers)))
+    workers = ProducerProcesses(port, opts) if opts.processes > 1 else None
+    worker_cpu = 0.0
+    try:
+        if workers is not None:
+            await workers.ready()
+        readies = [asyncio.Event() for _ in range(opts.consumers)]
+        consumers = [asyncio.ensure_future(consumer(port, opts.ack, received, done, e2e, r))
+                     for r in readies]
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
+        broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        stop = t0 + opts.seconds
+        if workers is not None:
+            sent, latencies, worker_cpu = await workers.run(time.time() + opts.seconds)
+        else:
+            sent = sum(await asyncio.gather(*(
+                producer(port, body, stop, latencies, not opts.non_persistent,
+                         not opts.no_receipts, i, opts.omit_persistent_header)
+                for i in range(opts.producers))))
+    finally:
+        if workers is not None:
+            workers.close()
     produce_s = time.monotonic() - t0
-    sent = sum(counts)
     deadline = time.monotonic() + DRAIN_TIMEOUT
     while received[0] < sent and time.monotonic() < deadline and opts.consumers:
         await asyncio.sleep(0.05)
@@ -263,7 +347,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
     done.set()
     await asyncio.gather(*consumers, return_exceptions=True)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime) + worker_cpu
     return {
         "sent": sent,
         "received": received[0],
@@ -296,6 +380,9 @@ def main() -> int:
                          "ActiveMQ and RabbitMQ; RabbitMQ reads persistent:false as 'declare "
                          "the queue non-durable' and refuses it); implied by --spawn rabbitmq")
     ap.add_argument("--no-receipts", action="store_true")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run the producers in this many processes of their own (the "
+                         "consumers stay in this one), for when one core cannot drive a broker")
     opts = ap.parse_args()
     if not opts.port and not opts.spawn:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))

@@ -5,7 +5,7 @@ One command per workload and broker, one after another on this machine
 echoes tagged with the workload, the broker and the load average around it,
 then prints a ratios JSON line and a Markdown table for bench/README.md.
 
-    python bench/run_all.py                          # everything, 1,000,000 backlog (~30 min)
+    python bench/run_all.py                          # everything, 1,000,000 backlog (~20 min)
     python bench/run_all.py --only W1,W3 --brokers amqlite,activemq
     python bench/run_all.py --quick                  # amqlite only, seconds (the smoke test)
 
@@ -200,6 +200,7 @@ TABLE_ROWS: list[tuple[str, str, list[tuple[str, ...]]]] = [
     ("W1 end-to-end latency p50 / p99 ms", "W1",
      [("e2e_latency_ms", "p50"), ("e2e_latency_ms", "p99")]),
     ("W1 broker CPU s / load generator CPU %", "W1", [("broker_cpu_s",), ("loadgen_cpu_pct",)]),
+    ("W1 broker RSS MB", "W1", [("broker_rss_mb",)]),
     ("W2 fire-and-forget: produce msg/s", "W2", [("produce_msg_s",)]),
     ("W2 fire-and-forget: end-to-end msg/s", "W2", [("end_to_end_msg_s",)]),
     ("W2 load generator CPU %", "W2", [("loadgen_cpu_pct",)]),

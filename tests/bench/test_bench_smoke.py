@@ -55,6 +55,14 @@ def test_load_fire_and_forget() -> None:
     assert r["sent"] > 0 and r["received"] > 0 and r["produce_msg_s"] > 0
 
 
+def test_load_producer_processes() -> None:
+    r = bench("bench/load.py", "--spawn", "sqlite", "--seconds", "1", "--producers", "4",
+              "--consumers", "1", "--processes", "2")
+    assert r["config"]["processes"] == 2
+    assert r["sent"] > 0 and r["received"] == r["sent"]
+    assert r["receipt_latency_ms"]["p50"] > 0
+
+
 def test_takeover() -> None:
     r = bench("bench/takeover.py", "--rounds", "1")
     assert r["bench"] == "takeover"
