@@ -120,6 +120,10 @@ INTEGRITY_STATEMENT_TIMEOUT_MS = 600_000
 #: SQLite: how long a writer waits for another process's write lock (ms).
 #: Writes are short; 10 s is far beyond a healthy wait.
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: How long open() retries a SQLite file that is busy being created by another
+#: broker, and how long it pauses between tries (s).
+SQLITE_OPEN_RETRY_S = 10.0
+SQLITE_OPEN_RETRY_PAUSE_S = 0.05
 #: UPDATE/DELETE ... RETURNING appeared in SQLite 3.35 (2021).
 SQLITE_MIN_VERSION = (3, 35, 0)
 #: Registry rows older than this are left out by ``read_registry`` (ms): a
@@ -497,7 +501,7 @@ class SqlStore(Store):
             return
         self._engine = _make_engine(self._parsed, self._opts)
         try:
-            self._ensure_schema()
+            self._ensure_schema_retrying()
         except BaseException:
             self._engine.dispose()
             self._engine = None
@@ -528,6 +532,21 @@ class SqlStore(Store):
                     yield conn
         except SQLAlchemyError as e:
             raise StoreError(f"{self.description}: {what} failed: {_one_line(e)}") from e
+
+    def _ensure_schema_retrying(self) -> None:
+        """SQLite answers "database is locked" without waiting when brokers open a
+        new file at once (switching it to WAL needs the file to itself): retry."""
+        deadline = time.monotonic() + SQLITE_OPEN_RETRY_S
+        while True:
+            try:
+                self._ensure_schema()
+                return
+            except StoreError as exc:
+                locked = self._sqlite and "database is locked" in str(exc)
+                if not locked or time.monotonic() > deadline:
+                    raise
+                self._engine.dispose()  # type: ignore[union-attr] # a fresh connection
+                time.sleep(SQLITE_OPEN_RETRY_PAUSE_S)
 
     def _ensure_schema(self) -> None:
         """Create or upgrade the schema under a lock so that racing brokers agree."""
