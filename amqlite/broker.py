@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from amqlite.codec import Frame
-from store.api import Batch, BatchResult, NewMessage, Ref, StoredMessage
+from store.api import (
+    Batch,
+    BatchResult,
+    DestinationRow,
+    NewMessage,
+    Ref,
+    StoredMessage,
+    SubscriptionRow,
+)
 
 if TYPE_CHECKING:
     from amqlite.settings import Settings
@@ -654,8 +662,6 @@ class Broker:
         """The store id of a destination, staging its row the first time."""
         did = self.destination_rows.get(name)
         if did is None:
-            from store.api import DestinationRow
-
             did = next(self.destination_ids)
             self.destination_rows[name] = did
             batch.destinations.append(DestinationRow(did, name, self.kind_of(name)))
@@ -854,8 +860,6 @@ class Broker:
             self._remove_durable(durable)
             durable = None
         if durable is None:
-            from store.api import SubscriptionRow
-
             batch = self.writes.stage()
             did = self._destination_id(topic, batch)
             sid = next(self.subscription_ids)
@@ -1064,6 +1068,3 @@ class Broker:
             return
         for sub in list(session.subscriptions.values()):
             sub.source.dispatch()
-
-    def depths(self) -> dict[str, int]:
-        return {name: len(q) for name, q in self.queues.items()}

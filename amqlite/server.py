@@ -62,11 +62,6 @@ class StompServer:
             lambda: ClientConnection(self), host, port, reuse_address=True, backlog=512
         )
 
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return self.server.sockets[0].getsockname()[1]
-
     def stop_accepting(self) -> None:
         if self.server is not None:
             self.server.close()

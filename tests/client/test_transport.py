@@ -17,7 +17,9 @@ from amqlite.client import (
     BrokerRefusedError,
     ClientClosedError,
     ConnectionFailedError,
+    Message,
     SendTimeoutError,
+    Subscription,
     TransactionRolledBackError,
     stomp_destination,
 )
@@ -39,6 +41,19 @@ def failover(*servers: StompTestServer | str, **options: object) -> str:
 
 async def started(**kwargs: object) -> StompTestServer:
     return await StompTestServer(**kwargs).start()  # type: ignore[arg-type]
+
+
+async def one_delivered(
+    body: bytes,
+) -> tuple[StompTestServer, RecordingListener, AsyncClient, Subscription, Message | None]:
+    """A connected client with a client-individual subscription that got ``body``."""
+    server = await started()
+    listener = RecordingListener()
+    client = AsyncClient(failover(server), listener=listener)
+    await client.connect()
+    sub = await client.subscribe("queue://q", ack="client-individual")
+    server.publish("/queue/q", body)
+    return server, listener, client, sub, await within(sub.receive())
 
 
 def identity(frame) -> tuple[str, str]:  # type: ignore[no-untyped-def]
@@ -223,13 +238,7 @@ async def test_subscriptions_are_resent_after_reconnect_durable_by_name() -> Non
 
 @async_test
 async def test_ack_after_failover_is_reported_and_message_redelivered() -> None:
-    server = await started()
-    listener = RecordingListener()
-    client = AsyncClient(failover(server), listener=listener)
-    await client.connect()
-    sub = await client.subscribe("queue://q", ack="client-individual")
-    server.publish("/queue/q", b"work")
-    first = await within(sub.receive())
+    server, listener, client, sub, first = await one_delivered(b"work")
     assert first is not None and not first.redelivered
     server.kill_connections()
     await listener.wait_count("resumed", 2)
@@ -248,13 +257,7 @@ async def test_ack_after_failover_is_reported_and_message_redelivered() -> None:
 
 @async_test
 async def test_ack_in_flight_when_the_connection_drops_is_reported() -> None:
-    server = await started()
-    listener = RecordingListener()
-    client = AsyncClient(failover(server), listener=listener)
-    await client.connect()
-    sub = await client.subscribe("queue://q", ack="client-individual")
-    server.publish("/queue/q", b"work")
-    message = await within(sub.receive())
+    server, listener, client, _sub, message = await one_delivered(b"work")
     assert message is not None
     server.withhold_ack_receipts = True
     acking = asyncio.create_task(client.ack(message))
@@ -550,13 +553,7 @@ async def test_transaction_of_sends_is_replayed_after_failover() -> None:
 
 @async_test
 async def test_transaction_with_acks_is_rolled_back_by_failover() -> None:
-    server = await started()
-    listener = RecordingListener()
-    client = AsyncClient(failover(server), listener=listener)
-    await client.connect()
-    sub = await client.subscribe("queue://q", ack="client-individual")
-    server.publish("/queue/q", b"m")
-    message = await within(sub.receive())
+    server, listener, client, _sub, message = await one_delivered(b"m")
     assert message is not None
     tx = await client.begin()
     await client.ack(message, transaction=tx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sys
 import time
@@ -11,7 +12,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lockers import LockState
+from lockers import Locker, LockState
 
 T = TypeVar("T")
 
@@ -97,3 +98,22 @@ class Holder:
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
+
+
+async def cancel_wait_around_release(
+    holder: Locker, waiter: Locker, rng: random.Random, spread: float
+) -> bool:
+    """``waiter`` waits for the lock while ``holder`` releases it; cancel the wait
+    at a random moment around the release. True when the waiter got the lock first."""
+    waiting = asyncio.create_task(waiter.acquire())
+    await asyncio.sleep(rng.uniform(0, spread))  # vary the interleaving, not a wait
+    releasing = asyncio.create_task(holder.release())
+    await asyncio.sleep(rng.uniform(0, spread / 2))
+    waiting.cancel()
+    try:
+        await waiting
+        took = True
+    except asyncio.CancelledError:
+        took = False
+    await releasing
+    return took

@@ -21,7 +21,7 @@ from lockers.postgres import (
     key_parts,
     tcp_settings,
 )
-from tests.lockers.helpers import Holder, StateRecorder, eventually, run
+from tests.lockers.helpers import Holder, StateRecorder, cancel_wait_around_release, eventually, run
 from tests.servers import PostgresServer
 
 #: Takeover target after a release or a crash: the slave waits on the server.
@@ -380,18 +380,8 @@ def test_cancel_racing_a_grant_never_leaves_or_stacks_a_lock(
         outcomes = {"took it": 0, "cancelled": 0}
         for _ in range(RACE_ROUNDS):
             assert await a.try_acquire()
-            waiting = asyncio.create_task(b.acquire())
-            await asyncio.sleep(rng.uniform(0, 0.01))  # vary the interleaving, not a wait
-            releasing = asyncio.create_task(a.release())
-            await asyncio.sleep(rng.uniform(0, 0.004))
-            waiting.cancel()
-            try:
-                await waiting
-                took = True
-            except asyncio.CancelledError:
-                took = False
+            took = await cancel_wait_around_release(a, b, rng, 0.01)
             outcomes["took it" if took else "cancelled"] += 1
-            await releasing
             rows = [(r[0], r[1]) for r in await advisory_rows(postgres_server, pg_url)]
             if took:
                 assert rows == [(_app("g", "b"), True)]

@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 
 from lockers import LockerError, LockLost, LockState, open_locker
 from lockers.zookeeper import ZooKeeperLocker
-from tests.lockers.helpers import Holder, StateRecorder, eventually, run
+from tests.lockers.helpers import Holder, StateRecorder, cancel_wait_around_release, eventually, run
 from tests.servers import ZooKeeperServer
 
 #: Session timeout for most tests: short so a crash is noticed fast, within the
@@ -287,18 +287,8 @@ def test_cancel_racing_a_grant_never_leaves_a_node(zk_url: str, zk_admin: KazooC
         outcomes = {"took it": 0, "cancelled": 0}
         for _ in range(RACE_ROUNDS):
             assert await a.try_acquire()
-            waiting = asyncio.create_task(b.acquire())
-            await asyncio.sleep(rng.uniform(0, 0.02))  # vary the interleaving, not a wait
-            releasing = asyncio.create_task(a.release())
-            await asyncio.sleep(rng.uniform(0, 0.01))
-            waiting.cancel()
-            try:
-                await waiting
-                took = True
-            except asyncio.CancelledError:
-                took = False
+            took = await cancel_wait_around_release(a, b, rng, 0.02)
             outcomes["took it" if took else "cancelled"] += 1
-            await releasing
             nodes = await children(zk_admin, path)
             if took:
                 assert len(nodes) == 1
