@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,9 @@ from lockers.base import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Serialises stop+close of kazoo clients (see ``_stop_client``).
+_STOPPING = threading.Lock()
 
 #: Default session timeout, seconds. A crashed master keeps its ephemeral node,
 #: and so the lock, for this long: it is the failover time after a crash (a
@@ -192,10 +196,16 @@ class ZooKeeperLocker(Locker):
             self._conn_state = None
 
         def stop() -> None:
-            try:
-                client.stop()
-            finally:
-                client.close()
+            # Two paths may end one session at once (close() and a failed wait):
+            # kazoo's close() refuses while another thread's stop() is still running.
+            with _STOPPING:
+                if getattr(client, "_amqlite_closed", False):
+                    return
+                try:
+                    client.stop()
+                finally:
+                    client.close()
+                    client._amqlite_closed = True  # type: ignore[attr-defined]
 
         fut = run_blocking(stop, name="amqlite-zk-stop")
         self._background.add(fut)
