@@ -9,7 +9,10 @@ that keep the promise (a RECEIPTed message is never lost nor stored twice):
   committed, and its RECEIPT goes out only then.
 * A message delivered in a client ack mode is recorded as delivered
   (``delivery_count + 1``) before its MESSAGE frame is written, so a message
-  seen again after a crash is always flagged ``redelivered``.
+  seen again after a crash is always flagged ``redelivered``. When a consumer
+  is waiting for a queue that has nothing else to give, the new message is
+  handed to it in the commit that stores it (stored as delivered): one write
+  instead of two, and the MESSAGE leaves with the RECEIPT.
 * Queues are never loaded whole: each keeps at most ``MAX_IN_MEMORY`` stored
   messages and pages the rest in by id (ids are allocated in commit order).
 """
@@ -166,6 +169,10 @@ class Source:
         self.consumers: list[Subscription] = []
         self._rr = 0
         self.blocked_producers: set[Client] = set()
+        #: Inserts staged for this queue and not yet committed that were not
+        #: handed to a consumer up front: while any is pending, a newer
+        #: message must not be handed over first (a consumer sees queue order).
+        self.pending_inserts = 0
 
     # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
     def ref(self, message: Message) -> Ref:
@@ -308,6 +315,10 @@ class TopicSubscriptionSource(Source):
 class Delivery:
     message: Message
     ref: Ref | None  # None: nothing stored to acknowledge
+    #: Handed over with its insert, which has not committed yet (see Broker._send).
+    pending: bool = False
+    #: Its subscription closed before that commit: the commit requeues it.
+    orphaned: bool = False
 
 
 class Subscription:
@@ -726,21 +737,30 @@ class Broker:
             if receipt is not None:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
             return
+        handed: list[tuple[Subscription, Delivery] | None] = []
         for m, durables in to_store:
-            batch.inserts.append(self._new_row(m, batch, durables))
+            row = self._new_row(m, batch, durables)
+            batch.inserts.append(row)
+            handed.append(None if durables else self._hand_over(m, row))
         for m in identity_only:
             batch.identities.append(self._new_row(m, batch))
         session.commit_started()
 
         def committed(result: BatchResult | None) -> None:
             session.commit_finished()
+            for (m, durables), hand in zip(to_store, handed, strict=True):
+                if hand is None and not durables:
+                    self.queue(m.destination).pending_inserts -= 1
             if result is None:
                 return  # the store failed: no receipt; the node is demoting
-            for m, durables in to_store:
-                if m.id in result.duplicate_ids:
+            for (m, durables), hand in zip(to_store, handed, strict=True):
+                duplicate = m.id in result.duplicate_ids
+                if duplicate:
                     self.stats["duplicates"] += 1
-                    continue
-                self._route_committed(m, durables)
+                if hand is not None:
+                    self._handed_over(*hand, duplicate)
+                elif not duplicate:
+                    self._route_committed(m, durables)
             for m in identity_only:
                 if m.id in result.duplicate_ids:
                     self.stats["duplicates"] += 1
@@ -750,6 +770,42 @@ class Broker:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
         self.writes.stage_result(committed)
+
+    def _hand_over(self, m: Message, row: NewMessage) -> tuple[Subscription, Delivery] | None:
+        """Give a queue message to a waiting consumer in the commit that stores
+        it, when nothing in the queue is ahead of it; else count it pending."""
+        q = self.queue(m.destination)
+        sub = None
+        turn = q._rr
+        if not (self.paused or q._heap or q.store_has_more or q.paging or q.pending_inserts):
+            sub = q._next_consumer()
+        if sub is None or sub.ack_mode == "auto":  # auto: consumed when written, as before
+            q._rr = turn  # dispatch after the commit takes this turn
+            q.pending_inserts += 1
+            return None
+        delivery = Delivery(m, (None, m.id), pending=True)
+        sub.inflight[m.message_id] = delivery
+        m.delivery_count = row.delivery_count = 1
+        return sub, delivery
+
+    def _handed_over(self, sub: Subscription, delivery: Delivery, duplicate: bool) -> None:
+        """The insert of a handed-over message committed (or was a duplicate)."""
+        delivery.pending = False
+        m = delivery.message
+        if delivery.orphaned:
+            if not duplicate:  # back to the queue, as a close does
+                assert delivery.ref is not None
+                self.writes.stage_releases([delivery.ref])
+                m.delivery_count = 0  # it never reached anyone
+                q = self.queue(m.destination)
+                q.push(m)
+                q.dispatch()
+            return
+        if duplicate:  # already stored: the copy we hold is not, so nobody gets it
+            del sub.inflight[m.message_id]
+            sub.source.dispatch()
+        else:
+            sub._write(m, 0)
 
     def _new_row(self, m: Message, batch: Batch,
                  durables: list[DurableSource] | None = None) -> NewMessage:
@@ -908,10 +964,16 @@ class Broker:
                 peers.remove(source)
             return
         if sub.inflight:
-            releases = [d.ref for d in sub.inflight.values() if d.ref is not None]
+            returned = []
+            for delivery in sub.inflight.values():
+                if delivery.pending:
+                    delivery.orphaned = True  # its commit requeues it
+                else:
+                    returned.append(delivery)
+            releases = [d.ref for d in returned if d.ref is not None]
             if releases:
                 self.writes.stage_releases(releases)
-            for delivery in sub.inflight.values():
+            for delivery in returned:
                 source.push(delivery.message)
             sub.inflight.clear()
             source.dispatch()

@@ -37,6 +37,10 @@ class NewMessage:
     dedup_key: str | None = None
     #: For a topic message: the durable subscriptions that are owed it.
     subscriber_ids: tuple[int, ...] = ()
+    #: 1 when a queue message is handed to a waiting consumer in the same
+    #: commit that stores it (stored as delivered, in flight under the epoch):
+    #: the delivery needs no write of its own.
+    delivery_count: int = 0
 
 
 @dataclass(slots=True)

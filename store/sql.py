@@ -36,6 +36,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy import (
     ARRAY,
     BigInteger,
@@ -62,7 +63,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import QueuePool
 
-from store import schema
+from store import pg_batch, schema
 from store.api import (
     Batch,
     BatchResult,
@@ -310,6 +311,9 @@ class SqlStore(Store):
         self.dialect = self._parsed.dialect
         self._opts = {"application_name": store_application_name(group), **opts}
         self._engine: Engine | None = None
+        #: PostgreSQL: the committer thread's own connection for pipelined
+        #: batches (``store.pg_batch``), outside the pool.
+        self._writer: psycopg.Connection[Any] | None = None
         self._sqlite = self.dialect == "sqlite"
         self._dinsert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._chunk = IN_CHUNK if self._sqlite else ARRAY_CHUNK
@@ -351,8 +355,8 @@ class SqlStore(Store):
         self._sql_ins_msg = self._driver_insert(
             m,
             ("grp", "id", "destination_id", "message_id", "producer_id", "producer_seq",
-             "dedup_key", "priority", "expires_at", "enqueued_at", "headers", "body"),
-            {"delivery_count": "0", "inflight_epoch": "NULL"},
+             "dedup_key", "priority", "expires_at", "enqueued_at", "delivery_count",
+             "inflight_epoch", "headers", "body"),
         )
         self._sql_ins_dedup = self._driver_insert(
             dd, ("grp", "dedup_key", "producer_id", "producer_seq", "msg_id", "created_at")
@@ -508,6 +512,7 @@ class SqlStore(Store):
             raise
 
     def close(self) -> None:
+        self._discard_writer()
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
@@ -782,6 +787,42 @@ class SqlStore(Store):
 
     # -- the batch ---------------------------------------------------------
     def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:
+        if not self._sqlite and self.after_fence is None and pg_batch.fits(batch):
+            result = self._commit_pipelined(epoch, batch)
+        else:
+            result = self._commit_stepwise(epoch, batch)
+        if self._analyze_pending:
+            self._inserted_since_open += len(batch.inserts)
+            if self._inserted_since_open >= ANALYZE_AFTER_ROWS:
+                self._analyze_once()
+        return result
+
+    def _commit_pipelined(self, epoch: int, batch: Batch) -> BatchResult:
+        """The hot shapes in one round trip (see ``store.pg_batch``)."""
+        try:
+            if self._writer is None:
+                proxy = self.engine.raw_connection()
+                writer = proxy.driver_connection
+                proxy.detach()  # ours for good: no pool reset between batches
+                self._writer = writer
+            return pg_batch.commit(self._writer, self.group, epoch, batch, _now_ms(),
+                                   _encode_headers)
+        except (psycopg.Error, SQLAlchemyError) as e:
+            # Whatever failed, the connection's state is unknown: start afresh.
+            self._discard_writer()
+            if getattr(e, "sqlstate", None) == pg_batch.FENCED_SQLSTATE:
+                raise Fenced(f"{self.description}: group {self.group!r} is no longer at "
+                             f"epoch {epoch}") from None
+            raise StoreError(f"{self.description}: commit failed: {_one_line(e)}") from e
+
+    def _discard_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()  # an open transaction is rolled back by the server
+
+    def _commit_stepwise(self, epoch: int, batch: Batch) -> BatchResult:
+        """Any batch, one statement at a time (SQLite; rare shapes on PostgreSQL)."""
         now = _now_ms()
         inserts = batch.inserts
         # The fence carries the expected change of msg_count; what really
@@ -803,7 +844,7 @@ class SqlStore(Store):
             if batch.subscriptions:
                 self._create_subscriptions(conn, batch.subscriptions, now)
             if inserts or batch.identities:
-                self._insert(conn, inserts, batch.identities, now, result, ch)
+                self._insert(conn, epoch, inserts, batch.identities, now, result, ch)
             if batch.deliveries:
                 self._deliver(conn, epoch, batch, ch)
             if batch.releases:
@@ -817,10 +858,6 @@ class SqlStore(Store):
             if batch.removed_subscriptions:
                 self._remove_subscriptions(conn, batch.removed_subscriptions, ch)
             self._write_counters(conn, ch, predicted, batch.removed_subscriptions)
-        if self._analyze_pending:
-            self._inserted_since_open += len(inserts)
-            if self._inserted_since_open >= ANALYZE_AFTER_ROWS:
-                self._analyze_once()
         return result
 
     def _analyze_once(self) -> None:
@@ -866,6 +903,7 @@ class SqlStore(Store):
     def _insert(
         self,
         conn: Connection,
+        epoch: int,
         inserts: Sequence[NewMessage],
         identities: Sequence[NewMessage],
         now: int,
@@ -908,8 +946,8 @@ class SqlStore(Store):
         for x in inserts:
             rows.append((
                 g, x.id, x.destination_id, x.message_id, x.producer_id, x.producer_seq,
-                x.dedup_key, x.priority, x.expires_at, x.enqueued_at or now, encode(x.headers),
-                x.body,
+                x.dedup_key, x.priority, x.expires_at, x.enqueued_at or now, x.delivery_count,
+                epoch if x.delivery_count else None, encode(x.headers), x.body,
             ))
             depth[x.destination_id] += 1
             if x.dedup_key is not None:
