@@ -123,6 +123,11 @@ class ClientConnection(asyncio.Protocol):
         self.last_tx = self.last_rx
         self.timers: list[asyncio.TimerHandle] = []
         self.peer = "?"
+        #: Frames encoded this loop iteration, written with one send at its end:
+        #: a commit releases a RECEIPT or a dozen MESSAGEs per connection at once,
+        #: and one syscall (and one TCP segment) each would cost more than the frames.
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -162,6 +167,10 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._out.clear()
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         for t in self.timers:
             t.cancel()
         self.timers.clear()
@@ -179,8 +188,22 @@ class ClientConnection(asyncio.Protocol):
     def write_frame(self, frame: Frame) -> None:
         if self.closed or self.transport is None:
             return
-        self.transport.write(self.proto.send(frame))
-        self.last_tx = self.loop.time()
+        self._out.append(self.proto.send(frame))
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write what this iteration produced; anything written directly to the
+        transport (ERROR, heart-beat, CONNECTED) calls this first to keep order."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self.last_tx = self.loop.time()
 
     def can_write(self) -> bool:
         return self.writable
@@ -190,11 +213,13 @@ class ClientConnection(asyncio.Protocol):
             return
         # The client's request was refused: its fault, reported in its ERROR frame.
         exc = ProtocolError(message, detail, receipt_id=receipt)
+        self._flush()
         with contextlib.suppress(Exception):
             self.transport.write(self.proto.error(exc))
         self.close()
 
     def close(self) -> None:
+        self._flush()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # flushes what is buffered, then closes
         self.closed = True
@@ -219,6 +244,7 @@ class ClientConnection(asyncio.Protocol):
     def _protocol_failed(self, exc: ProtocolError) -> None:
         log.info("closing %s: %s (%s fault)", self.peer, exc.message, exc.fault)
         if self.transport is not None and not self.closed:
+            self._flush()
             with contextlib.suppress(Exception):
                 self.transport.write(self.proto.error(exc))
         self.close()
@@ -303,6 +329,7 @@ class ClientConnection(asyncio.Protocol):
             return
         interval = self.proto.heartbeat.send_ms / 1000
         if self.loop.time() - self.last_tx >= interval * 0.9:
+            self._flush()
             self.transport.write(self.proto.heartbeat_data())
             self.last_tx = self.loop.time()
         self._schedule(interval, self._send_heartbeat)

@@ -111,30 +111,111 @@ class Conn:
         self.writer.close()
 
 
+class _Peer(asyncio.Protocol):
+    """A STOMP connection driven by callbacks instead of a frame queue: the
+    producers and consumers of a run answer each frame where it is parsed,
+    with no task switch per frame, and write once per packet received, so the
+    load generator costs a fraction of a broker's CPU."""
+
+    def __init__(self) -> None:
+        self.proto = StompProtocol("client")
+        self.transport: asyncio.Transport | None = None
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.out: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.write(self.proto.connect_frame(STOMP_HOST, versions=("1.2",)))  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.proto.receive_data(data)
+        except Exception as exc:  # a protocol error ends this connection's run
+            self.end(exc)
+            return
+        for ev in events:
+            if isinstance(ev, FrameReceived):
+                self.on_frame(ev.frame)
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            out, self.out = self.out, []
+            self.transport.write(b"".join(out))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.end(exc or ConnectionError("connection closed by the broker"))
+
+    def on_frame(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def write(self, frame: Frame) -> None:
+        self.out.append(self.proto.send(frame))
+
+    def end(self, exc: BaseException | None = None) -> None:
+        if not self.ended.done():
+            if exc is None:
+                self.ended.set_result(None)
+            else:
+                self.ended.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _ReceiptProducer(_Peer):
+    """Sends one persistent SEND, waits for its RECEIPT, sends the next, until ``stop``."""
+
+    def __init__(self, body: bytes, stop: float, latencies: list[float],
+                 headers: dict[str, str], pid: int) -> None:
+        super().__init__()
+        self.body, self.stop, self.latencies = body, stop, latencies
+        self.headers, self.pid = headers, f"bench-{pid}"
+        self.sent = 0
+        self.t = 0.0
+
+    def _send_next(self) -> None:
+        self.sent += 1
+        n = str(self.sent)
+        h = dict(self.headers)
+        h["bench_ts"] = repr(time.time())
+        h["receipt"] = n
+        h["amqlite.producerId"] = self.pid
+        h["amqlite.producerSeq"] = n
+        self.t = time.monotonic()
+        self.write(Frame("SEND", h, self.body))
+
+    def on_frame(self, frame: Frame) -> None:
+        command = frame.command
+        if command == "RECEIPT":
+            now = time.monotonic()
+            self.latencies.append(now - self.t)
+            if now < self.stop:
+                self._send_next()
+            else:
+                self.end()
+        elif command == "CONNECTED":
+            self._send_next()
+        else:
+            self.end(RuntimeError(f"unexpected {command}: {frame.headers}"))
+
+
 async def producer(port: int, body: bytes, stop: float, latencies: list[float],
                    persistent: bool, receipts: bool, pid: int,
                    omit_persistent_header: bool = False) -> int:
-    c = await Conn.open(port)
-    sent = 0
     headers = {"destination": QUEUE, "persistent": "true" if persistent else "false"}
     if omit_persistent_header and not persistent:
         del headers["persistent"]
+    if receipts:
+        loop = asyncio.get_running_loop()
+        _, p = await asyncio.wait_for(loop.create_connection(
+            lambda: _ReceiptProducer(body, stop, latencies, headers, pid), "127.0.0.1", port), 30)
+        await p.ended
+        return p.sent
+    c = await Conn.open(port)
+    sent = 0
     while time.monotonic() < stop:
         sent += 1
         h = dict(headers)
         h["bench_ts"] = repr(time.time())
-        if receipts:
-            h["receipt"] = str(sent)
-            h["amqlite.producerId"] = f"bench-{pid}"
-            h["amqlite.producerSeq"] = str(sent)
-        t = time.monotonic()
         c.send(Frame("SEND", h, body))
-        if receipts:
-            f = await c.frames.get()
-            if f.command != "RECEIPT":
-                raise RuntimeError(f"unexpected {f.command}: {f.headers}")
-            latencies.append(time.monotonic() - t)
-        elif sent % 100 == 0:
+        if sent % 100 == 0:
             # A broker that stops reading (flow control) must not stretch the run.
             try:
                 await asyncio.wait_for(c.writer.drain(), max(0.001, stop - time.monotonic()))
@@ -166,27 +247,58 @@ async def subscribe(c: Conn, destination: str, ack: str) -> None:
             c.frames.put_nowait(f)
 
 
+class _Consumer(_Peer):
+    """Subscribes (waiting for the RECEIPT, see ``subscribe``) and acknowledges
+    every MESSAGE of a packet in one write."""
+
+    def __init__(self, destination: str, ack: str, counter: list[int], e2e: list[float],
+                 ready: asyncio.Event | None) -> None:
+        super().__init__()
+        self.destination, self.ack, self.counter, self.e2e = destination, ack, counter, e2e
+        self.ready = ready
+        self.subscribed = asyncio.get_running_loop().create_future()
+
+    def on_frame(self, frame: Frame) -> None:
+        command = frame.command
+        if command == "MESSAGE":
+            self.counter[0] += 1
+            sent_at = frame.headers.get("bench_ts")
+            if sent_at:
+                self.e2e.append(time.time() - float(sent_at))
+            if self.ack != "auto":
+                self.write(Frame("ACK", {"id": frame.headers["ack"]}))
+        elif command == "RECEIPT":
+            if not self.subscribed.done():
+                self.subscribed.set_result(None)
+        elif command == "CONNECTED":
+            self.write(Frame("SUBSCRIBE", {
+                "destination": self.destination, "id": "1", "ack": self.ack,
+                "activemq.prefetchSize": PREFETCH, "prefetch-count": PREFETCH,
+                "receipt": "sub"}))
+        elif command == "ERROR":
+            exc = ConnectionError(f"consumer refused: {frame.headers.get('message')}")
+            if not self.subscribed.done():
+                self.subscribed.set_exception(exc)
+            self.end(exc)
+
+
 async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
                    e2e: list[float], ready: asyncio.Event | None = None,
                    destination: str = QUEUE) -> None:
-    c = await Conn.open(port)
-    await subscribe(c, destination, ack)
+    loop = asyncio.get_running_loop()
+    _, c = await asyncio.wait_for(loop.create_connection(
+        lambda: _Consumer(destination, ack, counter, e2e, ready), "127.0.0.1", port), 30)
+    # Producers start only once every SUBSCRIBE is confirmed (RabbitMQ drops
+    # SENDs to a queue nobody declared yet).
+    await asyncio.wait_for(c.subscribed, 30)
     if ready is not None:
         ready.set()
-    while not done.is_set():
-        try:
-            f = await asyncio.wait_for(c.frames.get(), 0.5)
-        except TimeoutError:
-            continue
-        if f.command != "MESSAGE":
-            continue
-        counter[0] += 1
-        sent_at = f.headers.get("bench_ts")
-        if sent_at:
-            e2e.append(time.time() - float(sent_at))
-        if ack != "auto":
-            c.send(Frame("ACK", {"id": f.headers["ack"]}))
-    c.close()
+    waiter = asyncio.ensure_future(done.wait())
+    await asyncio.wait([waiter, c.ended], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    c.end()
+    if not c.ended.cancelled():
+        c.ended.exception()  # a lost connection ends this consumer; the counts tell
 
 
 #: Preload: SENDs written back to back per connection before one RECEIPT is

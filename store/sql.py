@@ -314,6 +314,8 @@ class SqlStore(Store):
         #: PostgreSQL: the committer thread's own connection for pipelined
         #: batches (``store.pg_batch``), outside the pool.
         self._writer: psycopg.Connection[Any] | None = None
+        #: Batches committed by the one-round-trip path (for tests and metrics).
+        self.pipelined_commits = 0
         self._sqlite = self.dialect == "sqlite"
         self._dinsert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._chunk = IN_CHUNK if self._sqlite else ARRAY_CHUNK
@@ -805,8 +807,8 @@ class SqlStore(Store):
                 writer = proxy.driver_connection
                 proxy.detach()  # ours for good: no pool reset between batches
                 self._writer = writer
-            return pg_batch.commit(self._writer, self.group, epoch, batch, _now_ms(),
-                                   _encode_headers)
+            result = pg_batch.commit(self._writer, self.group, epoch, batch, _now_ms(),
+                                     _encode_headers)
         except (psycopg.Error, SQLAlchemyError) as e:
             # Whatever failed, the connection's state is unknown: start afresh.
             self._discard_writer()
@@ -814,6 +816,8 @@ class SqlStore(Store):
                 raise Fenced(f"{self.description}: group {self.group!r} is no longer at "
                              f"epoch {epoch}") from None
             raise StoreError(f"{self.description}: commit failed: {_one_line(e)}") from e
+        self.pipelined_commits += 1
+        return result
 
     def _discard_writer(self) -> None:
         writer, self._writer = self._writer, None
