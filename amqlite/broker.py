@@ -814,7 +814,8 @@ class Broker:
             message_id=m.message_id, headers=m.headers, body=m.body, priority=m.priority,
             expires_at=m.expires_at, enqueued_at=m.enqueued_at, producer_id=m.producer_id,
             producer_seq=m.producer_seq, dedup_key=m.dedup_key,
-            subscriber_ids=tuple(d.store_id for d in durables or () if d.store_id is not None),
+            subscriber_ids=tuple(d.store_id for d in durables if d.store_id is not None)
+            if durables else (),
         )
 
     def _abort(self, session: Session, tx: Transaction) -> None:

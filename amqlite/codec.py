@@ -132,6 +132,9 @@ _EOLS = re.compile(rb"(?:\r?\n)+")
 
 def _unescape(text: str, version: str) -> str:
     """Undo STOMP header escaping; an undefined escape is the sender's error (spec)."""
+    # Only escaped colons (ids like ID\cgroup\c42, the usual case): one C pass.
+    if text.count("\\") == text.count("\\c"):
+        return text.replace("\\c", ":")
     table = _UNESCAPE_MAP_12 if version == "1.2" else _UNESCAPE_MAP_11
 
     def replace(match: re.Match[str]) -> str:
