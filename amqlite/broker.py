@@ -317,6 +317,9 @@ class Delivery:
     ref: Ref | None  # None: nothing stored to acknowledge
     #: Handed over with its insert, which has not committed yet (see Broker._send).
     pending: bool = False
+    #: Its MESSAGE frame went out: only then may the client acknowledge it (a
+    #: cumulative ACK must not cover a delivery still waiting for its commit).
+    written: bool = False
     #: Its subscription closed before that commit: the commit requeues it.
     orphaned: bool = False
 
@@ -356,19 +359,28 @@ class Subscription:
             return
         previous = message.delivery_count
         message.delivery_count += 1
-        self.inflight[message.message_id] = Delivery(message, ref)
+        delivery = Delivery(message, ref)
+        self.inflight[message.message_id] = delivery
         if ref is None:
-            self._write(message, previous)
+            self.write(delivery, previous)
             return
         # Record the delivery before the client can see it (see module docstring).
         self.delivering += 1
         broker.writes.stage_delivery(
-            ref, lambda ok: self._delivery_recorded(message, previous, ok))
+            ref, lambda ok: self._delivery_recorded(delivery, previous, ok))
 
-    def _delivery_recorded(self, message: Message, previous: int, ok: bool) -> None:
+    def _delivery_recorded(self, delivery: Delivery, previous: int, ok: bool) -> None:
         self.delivering -= 1
-        if ok and not self.closed and message.message_id in self.inflight:
-            self._write(message, previous)
+        if ok:
+            self.write(delivery, previous)
+
+    def write(self, delivery: Delivery, previous_deliveries: int) -> None:
+        """Send a recorded delivery, unless it was settled or its subscription
+        closed while the record committed."""
+        if self.closed or self.inflight.get(delivery.message.message_id) is not delivery:
+            return
+        delivery.written = True
+        self._write(delivery.message, previous_deliveries)
 
     def _write(self, message: Message, previous_deliveries: int) -> None:
         headers = {
@@ -384,6 +396,11 @@ class Subscription:
             headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
         self.conn.write_frame(Frame("MESSAGE", headers, message.body))
         self.source.broker.stats["delivered"] += 1
+
+
+def _awaits_ack(sub: Subscription, message_id: str) -> bool:
+    delivery = sub.inflight.get(message_id)
+    return delivery is not None and delivery.written
 
 
 # ---------------------------------------------------------------------------
@@ -777,7 +794,8 @@ class Broker:
         q = self.queue(m.destination)
         sub = None
         turn = q._rr
-        if not (self.paused or q._heap or q.store_has_more or q.paging or q.pending_inserts):
+        if not (self.paused or q._heap or q.store_has_more or q.paging or q.pending_inserts
+                or m.expired(m.enqueued_at)):
             sub = q._next_consumer()
         if sub is None or sub.ack_mode == "auto":  # auto: consumed when written, as before
             q._rr = turn  # dispatch after the commit takes this turn
@@ -793,19 +811,19 @@ class Broker:
         delivery.pending = False
         m = delivery.message
         if delivery.orphaned:
-            if not duplicate:  # back to the queue, as a close does
-                assert delivery.ref is not None
-                self.writes.stage_releases([delivery.ref])
-                m.delivery_count = 0  # it never reached anyone
+            if not duplicate:  # back to the queue as never handed over
+                self.writes.stage().undeliveries.append(m.id)
+                m.delivery_count = 0
                 q = self.queue(m.destination)
                 q.push(m)
                 q.dispatch()
             return
-        if duplicate:  # already stored: the copy we hold is not, so nobody gets it
+        if not duplicate:
+            sub.write(delivery, 0)
+        elif sub.inflight.get(m.message_id) is delivery:
+            # already stored: the copy we hold is not, so nobody gets it
             del sub.inflight[m.message_id]
             sub.source.dispatch()
-        else:
-            sub._write(m, 0)
 
     def _new_row(self, m: Message, batch: Batch,
                  durables: list[DurableSource] | None = None) -> NewMessage:
@@ -987,26 +1005,27 @@ class Broker:
             ack_id = h.get("id", "")
             key, _, message_id = ack_id.partition(":")
             sub = session.by_key.get(int(key)) if key.isdigit() else None
-            if sub is None or message_id not in sub.inflight:
+            if sub is None or not _awaits_ack(sub, message_id):
                 raise BrokerError(f"no message awaiting acknowledgement with id {ack_id!r}")
             return sub, message_id
         message_id = h.get("message-id", "")
         if version == "1.1":
             sub = session.subscriptions.get(h.get("subscription", ""))
-            if sub is not None and message_id in sub.inflight:
+            if sub is not None and _awaits_ack(sub, message_id):
                 return sub, message_id
         else:
             for sub in session.subscriptions.values():
-                if message_id in sub.inflight:
+                if _awaits_ack(sub, message_id):
                     return sub, message_id
         raise BrokerError(f"no message awaiting acknowledgement with message-id {message_id!r}")
 
     def _ack(self, session: Session, command: str, frame: Frame, receipt: str | None) -> None:
         sub, message_id = self._find_delivery(session, frame)
-        if sub.ack_mode == "client":  # cumulative: everything up to this one
+        if sub.ack_mode == "client":  # cumulative: everything written up to this one
             done: list[Delivery] = []
-            for mid in list(sub.inflight):
-                done.append(sub.inflight.pop(mid))
+            for mid, d in list(sub.inflight.items()):
+                if d.written:
+                    done.append(sub.inflight.pop(mid))
                 if mid == message_id:
                     break
         else:
@@ -1059,7 +1078,15 @@ class Broker:
         ))
         if d.ref is not None:
             batch.acks.append(d.ref)
-        self.writes.stage(lambda ok: ok and self._route_committed(copy, []))
+        dead_letters = self.queue(dlq)
+        dead_letters.pending_inserts += 1  # no hand-over may overtake it
+
+        def stored(ok: bool) -> None:
+            dead_letters.pending_inserts -= 1
+            if ok:
+                self._route_committed(copy, [])
+
+        self.writes.stage(stored)
         log.info("message %s moved to %s after %d deliveries", m.message_id, dlq,
                  m.delivery_count)
 

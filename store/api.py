@@ -88,8 +88,8 @@ class Batch:
     """Writes committed together in one fenced transaction.
 
     Order of application inside the transaction: destinations, subscriptions
-    (created), inserts, deliveries, releases, moves, acks, subscriptions
-    (removed). An insert whose ``dedup_key`` is already in the dedup window
+    (created), inserts, undeliveries, deliveries, releases, moves, acks,
+    subscriptions (removed). An insert whose ``dedup_key`` is already in the dedup window
     (or earlier in the same batch) is skipped and reported in
     ``BatchResult.duplicates``.
 
@@ -106,6 +106,10 @@ class Batch:
     #: subscriber, an aborted transaction): only their producer identity goes
     #: into the dedup window, so a replay is dropped and the audit sees no gap.
     identities: list[NewMessage] = field(default_factory=list)
+    #: Queue messages stored as delivered with their insert (handed over) whose
+    #: consumer left before the MESSAGE could be written: delivery_count -= 1,
+    #: inflight_epoch = NULL, as if never handed over.
+    undeliveries: list[int] = field(default_factory=list)
     #: Delivered and awaiting an ack: delivery_count += 1, inflight_epoch = epoch.
     deliveries: list[Ref] = field(default_factory=list)
     #: Back to deliverable (NACK, consumer gone): inflight_epoch = NULL.
@@ -124,6 +128,7 @@ class Batch:
             + len(self.subscriptions)
             + len(self.inserts)
             + len(self.identities)
+            + len(self.undeliveries)
             + len(self.deliveries)
             + len(self.releases)
             + len(self.moves)
@@ -136,6 +141,7 @@ class Batch:
         self.subscriptions += other.subscriptions
         self.inserts += other.inserts
         self.identities += other.identities
+        self.undeliveries += other.undeliveries
         self.deliveries += other.deliveries
         self.releases += other.releases
         self.moves += other.moves

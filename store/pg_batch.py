@@ -20,7 +20,7 @@ That needs two things the step-by-step path did in Python:
   in the same statements from what they really inserted and deleted.
 
 Only the hot shapes take this path: queue messages, producer identities, and
-queue deliveries, releases and acks. A batch that also creates destinations
+queue undeliveries, deliveries, releases and acks. A batch that also creates destinations
 or subscriptions, moves to a DLQ or touches durable subscriptions goes the
 step-by-step way (``SqlStore``); those are rare.
 """
@@ -72,16 +72,21 @@ WITH d AS (
 SELECT coalesce(array_agg(k), '{}') FROM unnest(%(dk)b::text[]) AS k
 WHERE k NOT IN (SELECT dedup_key FROM d)"""
 
-DELIVER = """\
-UPDATE amq_messages t SET delivery_count = t.delivery_count + u.n, inflight_epoch = %(e)s
-FROM unnest(%(id)b::int8[], %(n)b::int4[]) AS u(id, n)
-WHERE t.grp = %(g)s AND t.id = u.id"""
-
 # Rows by id: a join with unnest, not ``id = ANY(array)``. With ANY, the
 # planner may pick ix_amq_messages_dest (grp, destination_id, id) and filter
 # on id over the group's whole range: cheap by the statistics of a small
 # queue, 8 ms per batch in practice because a churning queue's index is full
 # of dead entries. Joined per id, only the primary key gives a full-key probe.
+UNDELIVER = """\
+UPDATE amq_messages t SET delivery_count = t.delivery_count - 1, inflight_epoch = NULL
+FROM unnest(%(id)b::int8[]) AS u(id)
+WHERE t.grp = %(g)s AND t.id = u.id"""
+
+DELIVER = """\
+UPDATE amq_messages t SET delivery_count = t.delivery_count + u.n, inflight_epoch = %(e)s
+FROM unnest(%(id)b::int8[], %(n)b::int4[]) AS u(id, n)
+WHERE t.grp = %(g)s AND t.id = u.id"""
+
 RELEASE = """\
 UPDATE amq_messages t SET inflight_epoch = NULL
 FROM unnest(%(id)b::int8[]) AS u(id)
@@ -137,6 +142,8 @@ def commit(conn: Any, group: str, epoch: int, batch: Batch, now: int,
         if dup_cur is not None:
             arrays = _insert_arrays(inserts, identities, now, encode_headers)
             dup_cur.execute(INSERT, {**base, **arrays})
+        if batch.undeliveries:
+            cur.execute(UNDELIVER, {**base, "id": batch.undeliveries})
         if deliveries:
             cur.execute(DELIVER, {**base, "id": list(deliveries), "n": list(deliveries.values())})
         if batch.releases:

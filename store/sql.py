@@ -402,6 +402,11 @@ class SqlStore(Store):
                 inflight_epoch=bindparam("e"),
             )
         )
+        self._s_undeliver_q = (
+            update(m)
+            .where(m.c.grp == grp, in_(m.c.id, "ids"))
+            .values(delivery_count=m.c.delivery_count - 1, inflight_epoch=None)
+        )
         self._s_release_q = (
             update(m).where(m.c.grp == grp, in_(m.c.id, "ids")).values(inflight_epoch=None)
         )
@@ -809,8 +814,9 @@ class SqlStore(Store):
                 self._writer = writer
             result = pg_batch.commit(self._writer, self.group, epoch, batch, _now_ms(),
                                      _encode_headers)
-        except (psycopg.Error, SQLAlchemyError) as e:
-            # Whatever failed, the connection's state is unknown: start afresh.
+        except Exception as e:  # a database error, or e.g. a value it cannot encode
+            # Whatever failed, the connection's state is unknown (the fence may
+            # hold the group row): close it, and start afresh next time.
             self._discard_writer()
             if getattr(e, "sqlstate", None) == pg_batch.FENCED_SQLSTATE:
                 raise Fenced(f"{self.description}: group {self.group!r} is no longer at "
@@ -849,6 +855,8 @@ class SqlStore(Store):
                 self._create_subscriptions(conn, batch.subscriptions, now)
             if inserts or batch.identities:
                 self._insert(conn, epoch, inserts, batch.identities, now, result, ch)
+            for chunk in _chunks(batch.undeliveries, self._chunk):
+                conn.execute(self._s_undeliver_q, {"g": self.group, "ids": chunk})
             if batch.deliveries:
                 self._deliver(conn, epoch, batch, ch)
             if batch.releases:
