@@ -33,6 +33,11 @@ from store.api import Batch, BatchResult, NewMessage
 
 #: SQLSTATE division_by_zero: only the fence divides, so it means "fenced".
 FENCED_SQLSTATE = "22012"
+#: All bodies of a batch travel in one bytea[] parameter, and PostgreSQL
+#: refuses a protocol message over 1 GB; a batch of big messages (the frame
+#: limit is 10 MB) goes step by step instead. At 64 MB of bodies the round
+#: trips saved no longer matter.
+MAX_PIPELINED_BODY_BYTES = 64 * 2**20
 
 FENCE = """\
 WITH f AS (
@@ -110,9 +115,13 @@ def fits(batch: Batch) -> bool:
     """True when every write of ``batch`` has a statement here."""
     if batch.destinations or batch.subscriptions or batch.moves or batch.removed_subscriptions:
         return False
+    size = 0
     for x in batch.inserts:
         if x.subscriber_ids:
             return False
+        size += len(x.body)
+    if size > MAX_PIPELINED_BODY_BYTES:
+        return False
     for refs in (batch.deliveries, batch.releases, batch.acks):
         for sid, _ in refs:
             if sid is not None:
