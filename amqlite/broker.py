@@ -239,6 +239,21 @@ class Source:
                 return sub
         return None
 
+    def hand_over_to(self, message: Message) -> Subscription | None:
+        """The consumer a new message may go to in the commit that stores it:
+        one in a client ack mode whose turn it is, when nothing is ahead of the
+        message (in memory, in the store, or committing). Auto-ack consumers
+        take theirs after the commit, as before (the turn is kept for them)."""
+        if (self.broker.paused or self._heap or self.store_has_more or self.paging
+                or self.pending_inserts or message.expired(message.enqueued_at)):
+            return None
+        turn = self._rr
+        sub = self._next_consumer()
+        if sub is None or sub.ack_mode == "auto":
+            self._rr = turn
+            return None
+        return sub
+
     def dispatch(self) -> None:
         """Hand waiting messages to consumers with credit, round robin (fair)."""
         if self.broker.paused or not self.consumers:
@@ -792,13 +807,8 @@ class Broker:
         """Give a queue message to a waiting consumer in the commit that stores
         it, when nothing in the queue is ahead of it; else count it pending."""
         q = self.queue(m.destination)
-        sub = None
-        turn = q._rr
-        if not (self.paused or q._heap or q.store_has_more or q.paging or q.pending_inserts
-                or m.expired(m.enqueued_at)):
-            sub = q._next_consumer()
-        if sub is None or sub.ack_mode == "auto":  # auto: consumed when written, as before
-            q._rr = turn  # dispatch after the commit takes this turn
+        sub = q.hand_over_to(m)
+        if sub is None:
             q.pending_inserts += 1
             return None
         delivery = Delivery(m, (None, m.id), pending=True)
