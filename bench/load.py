@@ -418,7 +418,10 @@ class ProducerProcesses:
                 proc.join(5)
 
 
-async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None) -> dict:
+async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None,
+              store_pid: int | None = None) -> dict:
+    """``store_pid``: the PostgreSQL a spawned broker uses, whose CPU is the
+    third share of a run on one machine (broker, store, load generator)."""
     body = b"x" * opts.body_size
     latencies: list[float] = []
     received = [0]
@@ -434,6 +437,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
                      for r in readies]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
         broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
+        store_cpu0 = tree_cpu_seconds(store_pid) if store_pid else 0.0
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
         stop = t0 + opts.seconds
@@ -456,6 +460,8 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
     if broker_pid:
         broker = {"broker_cpu_s": round(tree_cpu_seconds(broker_pid) - broker_cpu0, 2),
                   "broker_rss_mb": round(tree_rss_bytes(broker_pid) / 2**20, 1)}
+    if store_pid:
+        broker["store_cpu_s"] = round(tree_cpu_seconds(store_pid) - store_cpu0, 2)
     done.set()
     await asyncio.gather(*consumers, return_exceptions=True)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -506,7 +512,8 @@ def main() -> int:
         if opts.spawn:
             broker = peers.spawn(opts.spawn)
             port, pid, broker_config = broker.port, broker.pid, broker.config
-        result = asyncio_run(run(opts, port, pid))
+        store_pid = peers.pg.postmaster_pid() if peers.pg is not None else None
+        result = asyncio_run(run(opts, port, pid, store_pid))
     out = {
         "bench": "load",
         "broker": broker_config,

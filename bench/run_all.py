@@ -199,7 +199,8 @@ TABLE_ROWS: list[tuple[str, str, list[tuple[str, ...]]]] = [
      [("receipt_latency_ms", "p50"), ("receipt_latency_ms", "p99")]),
     ("W1 end-to-end latency p50 / p99 ms", "W1",
      [("e2e_latency_ms", "p50"), ("e2e_latency_ms", "p99")]),
-    ("W1 broker CPU s / load generator CPU %", "W1", [("broker_cpu_s",), ("loadgen_cpu_pct",)]),
+    ("W1 CPU s: broker / its PostgreSQL / load generator", "W1",
+     [("broker_cpu_s",), ("store_cpu_s",), ("loadgen_cpu_s",)]),
     ("W1 broker RSS MB", "W1", [("broker_rss_mb",)]),
     ("W2 fire-and-forget: produce msg/s", "W2", [("produce_msg_s",)]),
     ("W2 fire-and-forget: end-to-end msg/s", "W2", [("end_to_end_msg_s",)]),
@@ -236,7 +237,8 @@ def table(results: dict[tuple[str, str], dict], brokers: list[str]) -> str:
             elif "error" in rec:
                 cells.append("error")
             else:
-                cells.append(" / ".join(str(_get(results, w, b, *p)) for p in paths))
+                values = (_get(results, w, b, *p) for p in paths)
+                cells.append(" / ".join("-" if v is None else str(v) for v in values))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -118,6 +118,13 @@ class PostgresServer:
         self.stop("immediate")
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def postmaster_pid(self) -> int | None:
+        """The server's main process (its backends are its children), for CPU accounting."""
+        try:
+            return int((self.datadir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{dbname}"
 
