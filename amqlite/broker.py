@@ -352,7 +352,6 @@ class Subscription:
         self.prefetch = prefetch
         self.source = source
         self.inflight: dict[str, Delivery] = {}  # by message-id, in delivery order
-        self.delivering = 0  # marked in the store, frame not yet written
         self.closed = False
 
     def has_credit(self) -> bool:
@@ -380,12 +379,10 @@ class Subscription:
             self.write(delivery, previous)
             return
         # Record the delivery before the client can see it (see module docstring).
-        self.delivering += 1
         broker.writes.stage_delivery(
             ref, lambda ok: self._delivery_recorded(delivery, previous, ok))
 
     def _delivery_recorded(self, delivery: Delivery, previous: int, ok: bool) -> None:
-        self.delivering -= 1
         if ok:
             self.write(delivery, previous)
 
