@@ -46,6 +46,15 @@ def test_load_durable(spawn: str) -> None:
     assert set(r["e2e_latency_ms"]) == {"p50", "p99"}
     for key in ("loadgen_cpu_s", "loadgen_cpu_pct", "broker_cpu_s", "broker_rss_mb"):
         assert isinstance(r[key], int | float)
+    # CPU per delivered message: the broker's tree and the generator always,
+    # the store's PostgreSQL when there is one (SQLite lives in the broker).
+    per_msg = r["cpu_us_per_msg"]
+    assert set(per_msg) == ({"broker", "store", "loadgen"} if spawn == "postgres"
+                            else {"broker", "loadgen"})
+    rounding = 1e6 * 0.005 / r["received"] + 0.1  # broker_cpu_s has 2 decimals
+    assert per_msg["broker"] == pytest.approx(1e6 * r["broker_cpu_s"] / r["received"],
+                                              abs=rounding)
+    assert all(v > 0 for v in per_msg.values())
 
 
 def test_load_fire_and_forget() -> None:
