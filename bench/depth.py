@@ -108,12 +108,8 @@ def main() -> int:
     opts = ap.parse_args()
     if not opts.port and not opts.spawn:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
-    broker_config: dict = {}
     with PeerSet() as peers:
-        port, pid = opts.port, None
-        if opts.spawn:
-            broker = peers.spawn(opts.spawn)
-            port, pid, broker_config = broker.port, broker.pid, broker.config
+        port, pid, broker_config = peers.target(opts.spawn, opts.port)
         result = asyncio_run(run(opts, port, pid))
     print(json.dumps({"bench": "depth", "broker": broker_config,
                       "config": {k: v for k, v in vars(opts).items() if k != "port"},

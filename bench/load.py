@@ -514,12 +514,8 @@ def main() -> int:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
     if opts.spawn == "rabbitmq":
         opts.omit_persistent_header = True
-    broker_config: dict = {}
     with PeerSet() as peers:
-        port, pid = opts.port, None
-        if opts.spawn:
-            broker = peers.spawn(opts.spawn)
-            port, pid, broker_config = broker.port, broker.pid, broker.config
+        port, pid, broker_config = peers.target(opts.spawn, opts.port)
         store_pid = peers.pg.postmaster_pid() if peers.pg is not None else None
         result = asyncio_run(run(opts, port, pid, store_pid))
     out = {

@@ -435,6 +435,17 @@ class PeerSet:
             return self.rabbitmq()
         raise ValueError(f"unknown broker kind {kind!r}")
 
+    def target(self, spawn: str | None, port: int | None) -> tuple[int, int | None, dict]:
+        """The broker a command measures: one of SPAWN_KINDS started here, or the
+        one already listening on ``port``. Returns its port, pid (None when not
+        ours) and configuration (empty when not ours)."""
+        if not spawn:
+            if port is None:
+                raise ValueError("give a broker kind to spawn or the port of a running one")
+            return port, None, {}
+        broker = self.spawn(spawn)
+        return broker.port, broker.pid, broker.config
+
     def rabbitmq(self) -> RabbitMQ:
         broker = RabbitMQ(self.tmp)
         self.procs.append(broker)

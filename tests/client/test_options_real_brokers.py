@@ -171,6 +171,19 @@ async def drain_texts(url: str, queue: str) -> list[str]:
     return texts
 
 
+async def sent_then_dropped(url: str, broker: BrokerProcess, queue: str
+                            ) -> tuple[AsyncClient, RecordingListener]:
+    """A client that sent "before" to ``queue`` and has seen its only broker
+    SIGKILLed (one interruption reported)."""
+    listener = RecordingListener()
+    client = AsyncClient(url, listener=listener)
+    await client.connect()
+    await client.send(queue, "before")
+    await asyncio.to_thread(broker.kill)
+    await listener.wait_count("interrupted", 1)
+    return client, listener
+
+
 # --- initialReconnectDelay / maxReconnectDelay / useExponentialBackOff / exponent ------------
 
 
@@ -233,12 +246,7 @@ def test_backoff_after_a_drop_waits_before_and_after_each_pass(
 
     @async_test
     async def scenario() -> None:
-        listener = RecordingListener()
-        client = AsyncClient(url, listener=listener)
-        await client.connect()
-        await client.send(queue, "before")
-        await asyncio.to_thread(broker.kill)
-        await listener.wait_count("interrupted", 1)
+        client, listener = await sent_then_dropped(url, broker, queue)
         dropped = client.interruptions[0].started
         await poll_until(lambda: len(attempts.times(broker.port, dropped)) >= len(scheduled_ms),
                          "the scheduled refused attempts", timeout=sum(scheduled_ms) / 1000 + 5)
@@ -369,12 +377,7 @@ def test_timeout_fails_a_send_while_no_broker_is_up_and_the_next_succeeds(
 
     @async_test
     async def scenario() -> None:
-        listener = RecordingListener()
-        client = AsyncClient(url, listener=listener)
-        await client.connect()
-        await client.send(queue, "before")
-        await asyncio.to_thread(broker.kill)
-        await listener.wait_count("interrupted", 1)
+        client, listener = await sent_then_dropped(url, broker, queue)
         started = time.monotonic()
         with pytest.raises(SendTimeoutError) as failed:
             await within(client.send(queue, "while-down"))
