@@ -30,7 +30,7 @@ from amqlite.client import (
     Message,
     stomp_destination,
 )
-from amqlite.failover_uri import URIError
+from amqlite.client.uri import URIError
 
 __all__ = ["consume", "produce", "register"]
 

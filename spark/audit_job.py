@@ -93,7 +93,7 @@ REGISTRY_LIVE_MS = 30_000
 #: its identity after a failover does so within seconds.
 DUPLICATE_CONTENT_WINDOW_MS = 60_000
 
-#: Headers every amqlite client send carries with new values (amqlite/client.py):
+#: Headers every amqlite client send carries with new values (amqlite/client/asyncclient.py):
 #: left out when comparing the headers of two sends.
 IDENTITY_HEADERS = ("amqlite.producerId", "amqlite.producerSeq")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqlite.failover_uri import (
+from amqlite.client.uri import (
     ACTIVEMQ_FAILOVER_DEFAULTS,
     FailoverOptions,
     TcpURI,
@@ -121,7 +121,7 @@ def test_discovery_forms() -> None:
 
 
 def test_discovery_agent_keeps_its_own_parameters() -> None:
-    # amqlite.discovery's forms: the registry URL and its group stay with the agent
+    # amqlite.client.discovery's forms: the registry URL and its group stay with the agent
     url = parse_broker_url("discovery:zk://127.0.0.1:2181/amqlite?group=default&randomize=false")
     assert url.discovery == "zk://127.0.0.1:2181/amqlite?group=default"
     assert url.options.randomize is False

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from amqlite.failover_uri import FailoverOptions, TcpURI, parse_broker_url
-from amqlite.reconnect import ReconnectPolicy, backoff_waits, connect_order, is_priority
+from amqlite.client.failover import ReconnectPolicy, backoff_waits, connect_order, is_priority
+from amqlite.client.uri import FailoverOptions, TcpURI, parse_broker_url
 
 A, B, C, D = (TcpURI("h", port) for port in (1, 2, 3, 4))
 

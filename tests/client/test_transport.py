@@ -586,7 +586,7 @@ async def test_discovery_uses_the_resolver_hook() -> None:
 
 @async_test
 async def test_discovery_defaults_to_the_registry_resolver(tmp_path: Path) -> None:
-    # No resolver registered: amqlite.discovery reads the (empty) registry of a store.
+    # No resolver registered: amqlite.client.discovery reads the (empty) registry of a store.
     store = tmp_path / "amqlite.db"
     client = AsyncClient(f"discovery:(sqlite:///{store})?group=none&startupMaxReconnectAttempts=1")
     with pytest.raises(ConnectionFailedError) as info:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from stomp.exception import StompException
 
-from amqlite.discovery import DiscoveryError, resolve
+from amqlite.client.discovery import DiscoveryError, resolve
 from tests.integration.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
 
 #: One CLI call: importing, reading a registry, at most waiting for a broker to stop.

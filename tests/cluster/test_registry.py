@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from amqlite.discovery import DiscoveryError, parse, resolve, resolve_agent
+from amqlite.client.discovery import DiscoveryError, parse, resolve, resolve_agent
 from amqlite.registry import (
     STORE_MAX_AGE_MS,
     ZK_CHECK_INTERVAL,

@@ -64,7 +64,7 @@ def engine_url(url: str) -> str:
 
 def _headers(user: dict[str, str], producer: str | None, seq: int | None) -> str:
     """As the broker stores them: the user's headers with the client's identity
-    headers (amqlite/client.py), in frame order, compact JSON."""
+    headers (amqlite/client/asyncclient.py), in frame order, compact JSON."""
     headers = dict(user)
     if producer is not None:
         headers |= {"amqlite.producerId": producer, "amqlite.producerSeq": str(seq)}

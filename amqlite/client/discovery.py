@@ -1,4 +1,5 @@
-"""``discovery:`` URIs: find a group's brokers in the registry instead of naming them.
+"""``discovery:`` URIs: find a group's brokers in the registry instead of naming them,
+and the resolver hook that lets an application plug its own lookup.
 
     discovery:zk://127.0.0.1:2181/amqlite?group=default
     discovery:(zk://zk1:2181,zk2:2181/amqlite)?group=orders
@@ -15,9 +16,20 @@ query parameter other than ``group`` stays with the registry URL (e.g.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode
 
+from amqlite.client.errors import ConnectionFailedError
+from amqlite.client.uri import TcpURI, URIError, parse_tcp_uri
 from amqlite.registry import ROLE_MASTER, Member, RegistryError, read_members
+
+log = logging.getLogger(__name__)
+
+#: ``resolver(agent) -> [tcp URI, ...]``, plain or a coroutine function.
+Resolver = Callable[[str], Sequence[str] | Awaitable[Sequence[str]]]
 
 SCHEME = "discovery:"
 #: The group a discovery URI means when it names none (the CLI's default group).
@@ -88,8 +100,8 @@ def resolve(uri: str) -> list[str]:
     return order_services(members)
 
 
-#: Agent schemes ``resolve_agent`` answers for (amqlite.client's resolver hook is keyed
-#: by the agent's scheme).
+#: Agent schemes ``resolve_agent`` answers for (the resolver hook below is keyed by the
+#: agent's scheme).
 AGENT_SCHEMES = ("zk", "postgresql", "postgres", "sqlite")
 
 
@@ -97,3 +109,64 @@ def resolve_agent(agent: str) -> list[str]:
     """``resolve`` for the text after ``discovery:`` (the client's resolver hook:
     ``register_discovery_resolver(resolve_agent, scheme)`` for each AGENT_SCHEMES)."""
     return resolve(SCHEME + agent)
+
+
+# --- the resolver hook ---------------------------------------------------------------
+
+_RESOLVERS: dict[str | None, Resolver] = {}
+
+
+def register_discovery_resolver(resolver: Resolver | None, scheme: str | None = None) -> None:
+    """Plug a resolver for ``discovery:`` URLs: ``resolver(agent) -> [tcp URI, ...]``.
+
+    ``agent`` is the text after ``discovery:`` without the failover options
+    (``zk://h:2181/amqlite?group=default``, ``fabric:default``, ...). ``scheme`` restricts
+    it to agents starting with ``scheme:``; None registers the fallback. Without any,
+    ``resolve_agent`` serves the schemes it lists (zk, postgresql,
+    sqlite). It is called on every reconnect pass (a sync resolver runs in a worker
+    thread, an async one on the loop); an empty list counts as a failed pass. ``None``
+    unregisters.
+    """
+    if resolver is None:
+        _RESOLVERS.pop(scheme, None)
+    else:
+        _RESOLVERS[scheme] = resolver
+
+
+def find_resolver(agent: str) -> Resolver | None:
+    """A registered resolver for the agent's scheme, the registered fallback, or else the
+    built-in registry lookup (``resolve_agent``) for the schemes it knows."""
+    scheme = agent.partition(":")[0] if ":" in agent else None
+    found = _RESOLVERS.get(scheme) or _RESOLVERS.get(None)
+    if found is not None:
+        return found
+    return resolve_agent if scheme in AGENT_SCHEMES else None
+
+
+async def resolve_uris(
+    agent: str, resolver: Resolver | None, nested: Mapping[str, str]
+) -> list[TcpURI]:
+    """One reconnect pass's URIs from ``resolver`` (else the registered one): a sync
+    resolver runs in a worker thread; bad URIs are logged and skipped, duplicates
+    dropped."""
+    resolver = resolver or find_resolver(agent)
+    if resolver is None:
+        raise ConnectionFailedError(f"no discovery resolver for {agent!r}")
+    if inspect.iscoroutinefunction(resolver):
+        found = await resolver(agent)
+    else:
+        found = await asyncio.to_thread(resolver, agent)
+        if inspect.isawaitable(found):
+            found = await found
+    uris: list[TcpURI] = []
+    for text in found:
+        try:
+            uri = parse_tcp_uri(text, nested)
+        except URIError as exc:
+            log.warning("discovery %s returned a bad URI: %s", agent, exc)
+            continue
+        if uri not in uris:
+            uris.append(uri)
+    if not uris:
+        log.info("discovery %s resolved no broker", agent)
+    return uris

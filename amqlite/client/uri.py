@@ -13,12 +13,12 @@ ActiveMQ 5.x), so an operator's existing URLs keep working:
     exactly as in ActiveMQ (so ``failover:tcp://a:1?randomize=false`` is an error naming
     ``randomize`` as a failover option: write ``failover:(tcp://a:1)?randomize=false``).
 ``discovery:(agent)?options``, ``discovery:agent?options``
-    ask a resolver (``amqlite.client`` hook; by default ``amqlite.discovery``) for the
-    group's current tcp URIs on every reconnect pass. Query parameters that are failover
-    options (or ``nested.*``) configure the failover transport; the others stay with the
-    agent (``discovery:zk://h:2181/amqlite?group=orders&randomize=false`` asks the
-    ZooKeeper registry about ``group=orders``), except names so close to a failover
-    option that they are surely a typo, which are errors.
+    ask a resolver (the hook in ``amqlite.client.discovery``; by default its registry
+    lookup) for the group's current tcp URIs on every reconnect pass. Query parameters
+    that are failover options (or ``nested.*``) configure the failover transport; the
+    others stay with the agent (``discovery:zk://h:2181/amqlite?group=orders&randomize=false``
+    asks the ZooKeeper registry about ``group=orders``), except names so close to a
+    failover option that they are surely a typo, which are errors.
 
 Inner (tcp) options: ``connectionTimeout`` (ms for TCP connect plus the STOMP handshake,
 ActiveMQ's TcpTransport default 30000) and ``heartBeat`` (``cx,cy`` ms offered in CONNECT).

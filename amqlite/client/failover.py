@@ -1,0 +1,664 @@
+"""The failover supervisor: which broker to connect to, when, and what to do when the
+connection drops (reconnect passes, standby and priority connections, cluster updates),
+and the client's state (``ClientState``).
+
+The decisions come first, without sockets or clocks (``ReconnectPolicy``,
+``connect_order``, ``is_priority``): how long to wait, when to give up, when to warn, and
+in which order to try the brokers.
+
+It follows ActiveMQ 5.x ``FailoverTransport.doReconnect``/``doDelay`` step by step so that a
+URL tuned for ActiveMQ behaves the same here:
+
+* A *pass* tries every URI of the connect list once; a failed pass is one "attempt" for
+  ``maxReconnectAttempts``/``startupMaxReconnectAttempts`` and
+  ``warnAfterReconnectAttempts`` (ActiveMQ's ``connectFailures``).
+* Before a pass ActiveMQ waits ``reconnectDelay`` unless it is the very first connection or
+  a backup connection is ready; after a failed pass it waits ``reconnectDelay`` again and
+  only then multiplies it by ``reconnectDelayExponent`` (capped at ``maxReconnectDelay``).
+  So after an established connection drops, the gaps between passes are d0, d0+d1, d1+d2,
+  ...; on the first connection they are d0, d1, d2, ...
+* A successful connection resets the delay to ``initialReconnectDelay`` and the count to 0.
+
+One deliberate difference: ActiveMQ's ``resetReconnectDelay`` also resets a delay that grew
+to exactly 10 ms (it compares with ``DEFAULT_INITIAL_RECONNECT_DELAY``), so an
+``initialReconnectDelay`` of 5 oscillates 5, 10, 5, 10; here the delay only resets on
+success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from amqlite.client.connection import Connection, describe
+from amqlite.client.discovery import Resolver, resolve_uris
+from amqlite.client.errors import (
+    ClientClosedError,
+    ConnectionFailedError,
+    ConnectRefusedError,
+)
+from amqlite.client.messages import CLUSTER_URIS_HEADER, REBALANCE_HEADER, Interruption
+from amqlite.client.uri import (
+    INFINITE,
+    BrokerURL,
+    FailoverOptions,
+    TcpURI,
+    URIError,
+    parse_uri_list,
+)
+from amqlite.codec import Frame, ProtocolError
+
+__all__ = [
+    "ClientState",
+    "FailoverSupervisor",
+    "PassOutcome",
+    "ReconnectPolicy",
+    "backoff_waits",
+    "connect_order",
+    "is_priority",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PassOutcome:
+    """What to do after a pass in which no broker accepted us."""
+
+    give_up: bool
+    warn: bool
+    failures: int
+    #: ms to wait before the next pass (doDelay); 0 when giving up.
+    delay_ms: float
+
+
+class ReconnectPolicy:
+    """Attempt counting and back-off for one client, as ActiveMQ's FailoverTransport."""
+
+    def __init__(self, options: FailoverOptions) -> None:
+        self.options = options
+        self.first_connection = True
+        self.failures = 0
+        self.delay_ms = float(options.initial_reconnect_delay)
+
+    def attempt_limit(self) -> int:
+        """ActiveMQ ``calculateReconnectAttemptLimit``: the startup limit applies until the
+        first connection succeeded (when it is not -1), ``maxReconnectAttempts`` after."""
+        if self.first_connection and self.options.startup_max_reconnect_attempts != INFINITE:
+            return self.options.startup_max_reconnect_attempts
+        return self.options.max_reconnect_attempts
+
+    def can_reconnect(self) -> bool:
+        """ActiveMQ ``canReconnect``: a dropped connection is re-established unless the
+        limit is 0 (``maxReconnectAttempts=0`` means: report the failure, do not retry)."""
+        return self.attempt_limit() != 0
+
+    def wait_before_pass(self, *, standby_ready: bool = False) -> float:
+        """ms to wait before the next pass: none on the first connection or with a ready
+        backup, else the current reconnect delay."""
+        if standby_ready or self.first_connection:
+            return 0.0
+        return self.delay_ms
+
+    def pass_failed(self) -> PassOutcome:
+        """Count a failed pass; say whether to give up or warn, and how long to wait."""
+        limit = self.attempt_limit()
+        self.failures += 1
+        if limit != INFINITE and self.failures >= limit:
+            return PassOutcome(True, False, self.failures, 0.0)
+        interval = self.options.warn_after_reconnect_attempts
+        warn = interval > 0 and self.failures % interval == 0
+        delay = self.delay_ms
+        self.grow()
+        return PassOutcome(False, warn, self.failures, delay)
+
+    def grow(self) -> None:
+        """The second half of ActiveMQ ``doDelay``: exponential growth up to the cap."""
+        if self.options.use_exponential_backoff:
+            self.delay_ms = min(
+                self.delay_ms * self.options.reconnect_delay_exponent,
+                float(self.options.max_reconnect_delay),
+            )
+
+    def connected(self) -> None:
+        """A connection is up: reset delay and count, the startup limit no longer applies."""
+        self.delay_ms = float(self.options.initial_reconnect_delay)
+        self.failures = 0
+        self.first_connection = False
+
+
+def backoff_waits(options: FailoverOptions, passes: int, *, first_connection: bool) -> list[float]:
+    """The total wait (ms) before each of ``passes`` consecutive passes when all fail, or
+    fewer if the attempt limit stops earlier. For documentation and tests."""
+    policy = ReconnectPolicy(options)
+    if not first_connection:
+        policy.connected()
+    waits: list[float] = []
+    carried = 0.0
+    for _ in range(passes):
+        waits.append(carried + policy.wait_before_pass())
+        outcome = policy.pass_failed()
+        if outcome.give_up:
+            break
+        carried = outcome.delay_ms
+    return waits
+
+
+def connect_order(
+    configured: Sequence[TcpURI],
+    updated: Sequence[TcpURI] = (),
+    *,
+    failed: TcpURI | None = None,
+    randomize: bool = False,
+    rng: random.Random | None = None,
+) -> list[TcpURI]:
+    """The URIs of one pass, like ActiveMQ ``getConnectList``.
+
+    URIs pushed by the broker or read from ``updateURIsURL`` (``updated``) come first in
+    their given order (ActiveMQ uses them as given). Then the configured URIs, shuffled per
+    pass when ``randomize``; ActiveMQ uses *only* the updated list when it has one, we keep
+    the configured ones after it so a stale update can never strand the client. The URI
+    whose connection just failed goes last.
+    """
+    order: list[TcpURI] = [u for i, u in enumerate(updated) if u not in updated[:i]]
+    rest = [u for u in dict.fromkeys(configured) if u not in order]
+    if randomize:
+        (rng or random).shuffle(rest)
+    order += rest
+    if failed is not None and failed in order:
+        order.remove(failed)
+        order.append(failed)
+    return order
+
+
+def is_priority(uri: TcpURI, options: FailoverOptions, configured: Sequence[TcpURI]) -> bool:
+    """ActiveMQ ``isPriority``: with priorityBackup, a URI in priorityURIs, or the first
+    configured URI when priorityURIs is empty."""
+    if not options.priority_backup:
+        return False
+    if options.priority_uris:
+        return uri in options.priority_uris
+    return bool(configured) and configured[0] == uri
+
+
+# --- the client's state --------------------------------------------------------------------
+
+
+class ClientState(enum.Enum):
+    """Where a client is in its life; the one source of ``connected`` and ``closed``."""
+
+    #: Built; ``connect()`` not called yet.
+    NEW = "new"
+    #: ``connect()`` called, no connection established yet (startup attempts).
+    CONNECTING = "connecting"
+    #: A connection is up and the client's state (subscriptions, transactions, unconfirmed
+    #: sends) is restored on it.
+    CONNECTED = "connected"
+    #: The connection dropped (or is being moved); reconnect passes are running.
+    RECONNECTING = "reconnecting"
+    #: ``disconnect()`` is flushing (DISCONNECT, waiting for its RECEIPT).
+    CLOSING = "closing"
+    #: Disconnected by the application; no call is accepted any more.
+    CLOSED = "closed"
+    #: Gave up (attempt limits, reconnect disabled); ``failure`` says why.
+    FAILED = "failed"
+
+
+#: States in which the client accepts no call.
+_ENDED = frozenset({ClientState.CLOSING, ClientState.CLOSED, ClientState.FAILED})
+
+
+# --- the supervisor ------------------------------------------------------------------------
+
+
+class FailoverSupervisor:
+    """The connection side of ``AsyncClient``: owns the active, standby and priority
+    connections, runs the reconnect passes and drives ``state``.
+
+    What a connection event means for the client's requests is the subclass's: it
+    implements ``_on_frame``, ``_restore``, ``_resend``, ``_settle_interrupted``,
+    ``_fail_pending`` and ``_notify``.
+    """
+
+    def __init__(
+        self,
+        url: BrokerURL,
+        *,
+        login: str | None,
+        passcode: str | None,
+        connect_headers: dict[str, str],
+        resolver: Resolver | None,
+        rng: random.Random | None,
+    ) -> None:
+        self.url = url
+        self.options = url.options
+        _check_update_url(self.options.update_uris_url)
+        self.login = login
+        self.passcode = passcode
+        self.connect_headers = connect_headers
+        self.resolver = resolver
+        self.state = ClientState.NEW
+        #: Why the client gave up (state FAILED).
+        self.failure: BaseException | None = None
+        self._rng = rng or random.Random()
+        self._policy = ReconnectPolicy(self.options)
+        self._nested = self.options.nested_map()
+        self._configured: list[TcpURI] = list(url.uris)
+        self._updated: list[TcpURI] = []
+        #: Which connection this is (1, 2, ...): a delivery can only be acked on its own.
+        self._generation = 0
+        self._conn: Connection | None = None
+        self._standby: Connection | None = None
+        self._switch_to: Connection | None = None
+        self._standby_task: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._first: asyncio.Future[None] | None = None
+        self._closing = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._rebalance = False
+        self._failed_uri: TcpURI | None = None
+        #: Every outage: when, from where, to where.
+        self.interruptions: list[Interruption] = []
+        self.connected_uri: TcpURI | None = None
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Connected, restored, and the connection not (yet noticed as) lost."""
+        conn = self._conn
+        return self.state is ClientState.CONNECTED and conn is not None and not conn.closed
+
+    @property
+    def closed(self) -> bool:
+        """Disconnected or failed (or disconnecting): no call is accepted."""
+        return self.state in _ENDED
+
+    @property
+    def known_uris(self) -> list[TcpURI]:
+        """Broker-pushed / file URIs first, then configured ones (no shuffle)."""
+        return connect_order(self._configured, self._updated)
+
+    # -- what the client does at connection events ----------------------------------------
+
+    def _on_frame(self, conn: Connection, frame: Frame) -> None:
+        """A frame on the active connection."""
+        raise NotImplementedError
+
+    def _restore(self, conn: Connection) -> None:
+        """Re-subscribe and replay on a new connection (may raise ConnectionError)."""
+        raise NotImplementedError
+
+    def _resend(self) -> None:
+        """Write the sends still without RECEIPT on the (now connected) connection."""
+        raise NotImplementedError
+
+    def _settle_interrupted(self, generation: int, text: str) -> None:
+        """The connection of ``generation`` is gone: settle what depended on it."""
+        raise NotImplementedError
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        """The client is closed for good: end every waiting request with ``exc``."""
+        raise NotImplementedError
+
+    def _notify(self, name: str, *args: object) -> None:
+        """Call the transport listener's ``name``."""
+        raise NotImplementedError
+
+    # -- start ---------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        """Start the supervisor; return once the first connection is up (or raise)."""
+        loop = asyncio.get_running_loop()
+        self.state = ClientState.CONNECTING
+        self._first = loop.create_future()
+        self._supervisor = loop.create_task(self._supervise(), name="amqlite-failover")
+        await asyncio.shield(self._first)
+
+    async def _stop(self) -> None:
+        """Wait for the supervisor task to end (after ``_shutdown``)."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._supervisor
+
+    # -- cluster updates -----------------------------------------------------------------
+
+    def _cluster_update(self, frame: Frame) -> None:
+        """``amqlite.clusterURIs`` / ``amqlite.rebalance`` (``amqlite.client`` docstring)."""
+        text = frame.headers.get(CLUSTER_URIS_HEADER)
+        if text and self.options.update_uris_supported:
+            try:
+                uris = parse_uri_list(text, self._nested, what=CLUSTER_URIS_HEADER)
+            except URIError as exc:
+                log.warning("ignoring cluster update: %s", exc)
+            else:
+                if uris != self._updated:
+                    log.info("cluster URIs from broker: %s", ", ".join(map(str, uris)))
+                    self._updated = uris
+        rebalance = frame.headers.get(REBALANCE_HEADER, "").lower() == "true"
+        if rebalance and self.options.reconnect_supported and self._updated:
+            conn = self._conn
+            if conn is not None and conn.uri != self._updated[0] and not self._on_priority(conn):
+                log.info("broker asks to rebalance to %s", self._updated[0])
+                self._rebalance = True
+                self._wake.set()
+
+    def _on_priority(self, conn: Connection) -> bool:
+        return is_priority(conn.uri, self.options, self._configured)
+
+    # -- the failover loop ---------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        try:
+            while not self.closed:
+                conn = await self._establish()
+                self._activate(conn)
+                if self._first is not None and not self._first.done():
+                    self._first.set_result(None)
+                reason = await self._watch(conn)
+                if self.closed:
+                    return
+                self._interrupted(conn, reason)
+                if not self._policy.can_reconnect():
+                    raise ConnectionFailedError(
+                        f"connection to {conn.uri} lost ({describe(reason)}) and reconnect "
+                        "is disabled (maxReconnectAttempts=0)"
+                    )
+        except asyncio.CancelledError:
+            pass
+        except ConnectionFailedError as exc:
+            log.error("%s", exc)
+            self._fail(exc)
+        except ClientClosedError:
+            pass
+        except Exception as exc:
+            log.exception("failover loop crashed")
+            self._fail(ConnectionFailedError(f"failover loop crashed: {exc!r}"))
+
+    async def _establish(self) -> Connection:
+        """Reconnect passes until a broker accepts (ActiveMQ ``doReconnect``)."""
+        self._rebalance = False
+        self._wake.clear()
+        while True:
+            if self.closed:
+                raise ClientClosedError("client is closed")
+            ready = self._take_standby()
+            if ready is not None:
+                return ready
+            await self._pause(self._policy.wait_before_pass())
+            self._reload_update_file()
+            try:
+                uris = await self._connect_list()
+            except ConnectionFailedError:
+                raise
+            except Exception as exc:
+                uris, last_error = [], exc
+            else:
+                last_error = None
+            for uri in uris:
+                if self.closed:
+                    raise ClientClosedError("client is closed")
+                conn = Connection(uri)
+                try:
+                    await conn.open(
+                        login=self.login, passcode=self.passcode, headers=self.connect_headers
+                    )
+                    return conn
+                except ProtocolError as exc:
+                    if exc.fault == "local":
+                        raise ConnectionFailedError(f"cannot build CONNECT: {exc}") from exc
+                    last_error = exc
+                except (OSError, TimeoutError, ConnectRefusedError) as exc:
+                    last_error = exc
+                log.debug("connect to %s failed: %s", uri, describe(last_error))
+            if not uris and last_error is None:
+                found = f": discovery {self.url.discovery!r} found no broker" \
+                    if self.url.kind == "discovery" else ""
+                last_error = ConnectionError(f"no URIs to connect to{found}")
+            outcome = self._policy.pass_failed()
+            listed = ", ".join(map(str, uris))
+            if outcome.give_up:
+                raise ConnectionFailedError(
+                    f"failed to connect to [{listed}] after {outcome.failures} attempt(s): "
+                    f"{describe(last_error)}"
+                )
+            if outcome.warn:
+                log.warning(
+                    "failed to connect to [%s] after %d attempt(s), continuing to retry: %s",
+                    listed, outcome.failures, describe(last_error),
+                )
+            await self._pause(outcome.delay_ms)
+
+    async def _pause(self, delay_ms: float) -> None:
+        if delay_ms <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_ms / 1000):
+                await self._closing.wait()
+
+    def _take_standby(self) -> Connection | None:
+        for attr in ("_switch_to", "_standby"):
+            conn: Connection | None = getattr(self, attr)
+            setattr(self, attr, None)
+            if conn is not None and not conn.closed:
+                return conn
+        return None
+
+    async def _connect_list(self, exclude: TcpURI | None = None) -> list[TcpURI]:
+        configured = self._configured
+        if self.url.kind == "discovery":
+            configured = await self._resolve()
+        updated = self._updated if self.options.update_uris_supported else []
+        order = connect_order(
+            configured, updated, failed=self._failed_uri,
+            randomize=self.options.randomize, rng=self._rng,
+        )
+        return [u for u in order if u != exclude]
+
+    async def _resolve(self) -> list[TcpURI]:
+        return await resolve_uris(self.url.discovery or "", self.resolver, self._nested)
+
+    def _reload_update_file(self) -> None:
+        """updateURIsURL: re-read the file of comma-separated URIs before every pass."""
+        path = _update_path(self.options.update_uris_url)
+        if path is None or not self.options.update_uris_supported:
+            return
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            log.warning("cannot read updateURIsURL %s: %s", path, exc)
+            return
+        if not text.strip():
+            return
+        try:
+            uris = parse_uri_list(text, self._nested, what=f"updateURIsURL {path}")
+        except URIError as exc:
+            log.warning("ignoring updateURIsURL: %s", exc)
+            return
+        if uris != self._updated:
+            log.info("URIs from %s: %s", path, ", ".join(map(str, uris)))
+            self._updated = uris
+
+    def _activate(self, conn: Connection) -> None:
+        """Make ``conn`` the active connection and restore the client's state on it, all
+        in one step of the loop so no new request can slip in between."""
+        self._generation += 1
+        self._conn = conn
+        self.connected_uri = conn.uri
+        self._failed_uri = None
+        self._policy.connected()
+        conn.start(self._on_frame)
+        with contextlib.suppress(ConnectionError):  # lost again at once: _watch sees it
+            self._restore(conn)
+        self.state = ClientState.CONNECTED
+        self._resend()
+        if self.interruptions and self.interruptions[-1].ended is None:
+            self.interruptions[-1].ended = time.monotonic()
+            self.interruptions[-1].to_uri = str(conn.uri)
+            log.info("reconnected to %s", conn.uri)
+        else:
+            log.info("connected to %s", conn.uri)
+        assert conn.connected_frame is not None
+        self._notify("on_command", conn.connected_frame)
+        self._cluster_update(conn.connected_frame)
+        self._notify("on_resumed")
+        if self.options.backup or self.options.priority_backup:
+            self._standby_task = asyncio.get_running_loop().create_task(
+                self._standby_loop(conn), name="amqlite-standby"
+            )
+
+    async def _watch(self, conn: Connection) -> BaseException | str | None:
+        """Wait until the connection is lost, or a rebalance / priority switch is due."""
+        while True:
+            wake = asyncio.ensure_future(self._wake.wait())
+            closing = asyncio.ensure_future(self._closing.wait())
+            try:
+                await asyncio.wait([conn.lost, wake, closing], return_when="FIRST_COMPLETED")
+            finally:
+                wake.cancel()
+                closing.cancel()
+            self._wake.clear()
+            if conn.lost.done():
+                return conn.lost.result()
+            if self.closed:
+                return None
+            if self._switch_to is not None and not self._switch_to.closed:
+                return f"moving to priority broker {self._switch_to.uri}"
+            if self._rebalance:
+                self._rebalance = False
+                if self._updated and conn.uri != self._updated[0]:
+                    return f"rebalancing to {self._updated[0]}"
+
+    def _interrupted(self, conn: Connection, reason: BaseException | str | None) -> None:
+        """The active connection is gone: settle what depended on it."""
+        moving = isinstance(reason, str)
+        self._conn = None
+        self.state = ClientState.RECONNECTING
+        if not moving:
+            self._failed_uri = conn.uri
+            if conn.uri in self._updated:
+                self._updated.remove(conn.uri)  # as ActiveMQ's updated.remove(failed)
+        conn.close(graceful=moving)
+        if self._standby_task is not None:
+            self._standby_task.cancel()
+            self._standby_task = None
+        text = reason if isinstance(reason, str) else describe(reason)
+        log.warning("connection to %s interrupted: %s", conn.uri, text)
+        self.interruptions.append(Interruption(time.monotonic(), str(conn.uri), text))
+        self._settle_interrupted(self._generation, text)
+        self._notify("on_interrupted")
+
+    # -- standby connections (backup / priorityBackup) -------------------------------
+
+    async def _standby_loop(self, active: Connection) -> None:
+        """Keep a warm standby (backup) and/or poll the priority broker (priorityBackup)."""
+        policy = ReconnectPolicy(self.options)
+        policy.connected()
+        try:
+            while not self.closed and self._conn is active and not active.closed:
+                want_priority = self.options.priority_backup and not self._on_priority(active)
+                standby = self._standby
+                want_backup = self.options.backup and (standby is None or standby.closed)
+                if not want_priority and not want_backup:
+                    assert standby is not None
+                    await asyncio.wait([standby.lost, active.lost], return_when="FIRST_COMPLETED")
+                    continue
+                self._reload_update_file()
+                try:
+                    order = await self._connect_list(exclude=active.uri)
+                except Exception as exc:
+                    log.debug("standby: cannot list URIs: %s", exc)
+                    order = []
+                candidates = [u for u in order if want_priority and self._is_priority(u)]
+                if want_backup:
+                    candidates += [u for u in order if u not in candidates]
+                if standby is not None and not standby.closed:
+                    candidates = [u for u in candidates if u != standby.uri]
+                made = False
+                for uri in candidates:
+                    conn = Connection(uri)
+                    try:
+                        await conn.open(
+                            login=self.login, passcode=self.passcode,
+                            headers=self.connect_headers,
+                        )
+                    except (OSError, TimeoutError, ProtocolError, ConnectRefusedError) as exc:
+                        log.debug("standby connect to %s failed: %s", uri, describe(exc))
+                        continue
+                    if self._conn is not active or self.closed:
+                        conn.close(graceful=True)
+                        return
+                    conn.start(self._on_standby_frame)
+                    if want_priority and self._is_priority(uri):
+                        log.info("priority broker %s is back: moving there", uri)
+                        old, self._switch_to = self._switch_to, conn
+                        if old is not None:
+                            old.close(graceful=True)
+                        self._wake.set()
+                        return
+                    if self._standby is not None:
+                        self._standby.close(graceful=True)
+                    self._standby = conn
+                    log.info("standby connection to %s ready", uri)
+                    made = True
+                    break
+                if made and not want_priority:
+                    policy.connected()
+                    continue
+                await self._pause(policy.delay_ms)
+                policy.grow()
+        except asyncio.CancelledError:
+            pass
+
+    def _is_priority(self, uri: TcpURI) -> bool:
+        return is_priority(uri, self.options, self._configured)
+
+    def _on_standby_frame(self, conn: Connection, frame: Frame) -> None:
+        if frame.command == "ERROR":
+            log.info("standby %s: ERROR %s", conn.uri, frame.headers.get("message", ""))
+
+    # -- giving up ---------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failure = exc
+        self._shutdown(exc, ClientState.FAILED)
+        self._notify("on_exception", exc)
+
+    def _shutdown(self, exc: BaseException, state: ClientState = ClientState.CLOSED) -> None:
+        """Close every connection and fail everything still pending."""
+        if self._first is not None and not self._first.done():
+            self._first.set_exception(exc)
+            self._first.exception()  # retrieved here; connect() re-raises it
+        self.state = state
+        self._closing.set()
+        for attr in ("_conn", "_standby", "_switch_to"):
+            conn = getattr(self, attr)
+            setattr(self, attr, None)
+            if conn is not None:
+                conn.close()
+        if self._standby_task is not None:
+            self._standby_task.cancel()
+        self._fail_pending(exc)
+
+
+def _update_path(url: str | None) -> str | None:
+    if not url:
+        return None
+    if url.startswith("file:"):
+        return unquote(urlsplit(url).path)
+    return url
+
+
+def _check_update_url(url: str | None) -> None:
+    if url and "://" in url and not url.startswith("file:"):
+        raise URIError(f"updateURIsURL {url!r}: only local files (a path or file://) are read")
+
