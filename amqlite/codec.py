@@ -26,6 +26,7 @@ __all__ = [
     "ParsedItem",
     "ProtocolError",
     "encode_frame",
+    "parse_uint",
 ]
 
 Fault = Literal["remote", "local"]
@@ -46,6 +47,25 @@ DEFAULT_MAX_HEADER_LENGTH = 10 * 1024
 # per connection, so 100 MB x a few connections would exhaust a small broker's RAM;
 # 10 MiB is still far above any sane STOMP message.
 DEFAULT_MAX_FRAME_SIZE = 10 * 1024 * 1024
+
+
+#: The largest content-length we parse at all: a signed 64-bit size, what every other
+#: STOMP implementation (Java's long) can hold. Anything bigger fails the frame-size
+#: limit anyway; the cap only keeps int() off a 5,000-digit string.
+MAX_CONTENT_LENGTH = 2**63 - 1
+
+
+def parse_uint(text: str, max_value: int) -> int | None:
+    """``text`` as a non-negative integer in ``0..max_value``, or None.
+
+    The one strict integer parser for client input: ASCII digits only (``int()`` also
+    takes ``1_0``, signs, spaces and non-ASCII digits), and the digit count is capped
+    before ``int()`` runs, so a 5,000-digit value costs nothing and raises nothing.
+    """
+    if not text or len(text) > len(str(max_value)) or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= max_value else None
 
 
 class ProtocolError(Exception):
@@ -501,6 +521,10 @@ class FrameParser:
         """Parse command and headers from ``buf[start:head_end]`` (no trailing EOL)."""
         limits = self.limits
         raw = buf[start:head_end]
+        if b"\x00" in raw:
+            # stomp.py (and most clients) end a frame at the first NUL: relaying one in a
+            # header would let this client forge frames for the consumers it reaches.
+            raise ProtocolError("malformed frame", "NUL byte in a header name or value")
         if len(raw) > limits.max_header_length:
             # Slow path only for big header blocks: check each line in bytes.
             line_start = start
@@ -544,13 +568,15 @@ class FrameParser:
         if length_text is None:
             self._content_length = None
             return
-        if not (length_text.isdigit() and length_text.isascii()):
+        length = parse_uint(length_text, MAX_CONTENT_LENGTH)
+        if length is None:
             raise ProtocolError(
                 "invalid content-length",
-                f"content-length {length_text[:40]!r} is not a non-negative integer",
+                f"content-length {length_text[:40]!r} is not a non-negative integer of at "
+                f"most {len(str(MAX_CONTENT_LENGTH))} ASCII digits",
                 receipt_id=headers.get("receipt"),
             )
-        self._content_length = int(length_text)
+        self._content_length = length
 
 
 def _too_many_headers(limit: int) -> ProtocolError:
