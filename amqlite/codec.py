@@ -61,9 +61,14 @@ def parse_uint(text: str, max_value: int) -> int | None:
     The one strict integer parser for client input: ASCII digits only (``int()`` also
     takes ``1_0``, signs, spaces and non-ASCII digits), and the digit count is capped
     before ``int()`` runs, so a 5,000-digit value costs nothing and raises nothing.
+    Leading zeros are allowed (``007`` is 7), as Java's parseInt allows them.
     """
-    if not text or len(text) > len(str(max_value)) or not (text.isascii() and text.isdigit()):
-        return None
+    if not (text.isascii() and text.isdigit()):
+        return None  # also the empty string
+    if len(text) > len(str(max_value)):
+        text = text.lstrip("0") or "0"  # header lines are bounded: at most 10 KiB
+        if len(text) > len(str(max_value)):
+            return None
     value = int(text)
     return value if value <= max_value else None
 
