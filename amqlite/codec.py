@@ -522,6 +522,20 @@ class FrameParser:
         if length > max_len:
             raise _header_too_long(max_len, length)
 
+    def _receipt_of_bad_head(self, raw: bytes) -> str | None:
+        """Best effort, for the ERROR of a head we refuse: its ``receipt``, when that
+        header itself is clean (the client can then match the ERROR to its frame)."""
+        value = _receipt_line(raw)
+        if value is None or b"\x00" in value:
+            return None
+        try:
+            text = value.decode("utf-8")
+            if self.version != "1.0" and "\\" in text:
+                text = _unescape(text, self.version)
+        except (UnicodeDecodeError, ProtocolError):
+            return None
+        return text
+
     def _parse_head(self, buf: bytes | bytearray, start: int, head_end: int) -> None:
         """Parse command and headers from ``buf[start:head_end]`` (no trailing EOL)."""
         limits = self.limits
@@ -529,7 +543,8 @@ class FrameParser:
         if b"\x00" in raw:
             # stomp.py (and most clients) end a frame at the first NUL: relaying one in a
             # header would let this client forge frames for the consumers it reaches.
-            raise ProtocolError("malformed frame", "NUL byte in a header name or value")
+            raise ProtocolError("malformed frame", "NUL byte in a header name or value",
+                                receipt_id=self._receipt_of_bad_head(bytes(raw)))
         if len(raw) > limits.max_header_length:
             # Slow path only for big header blocks: check each line in bytes.
             line_start = start
@@ -582,6 +597,14 @@ class FrameParser:
                 receipt_id=headers.get("receipt"),
             )
         self._content_length = length
+
+
+def _receipt_line(raw: bytes) -> bytes | None:
+    """The value of the first ``receipt`` header line of a raw head, if any."""
+    for line in raw.split(b"\n")[1:]:
+        if line.startswith(b"receipt:"):
+            return line[len(b"receipt:"):].rstrip(b"\r")
+    return None
 
 
 def _too_many_headers(limit: int) -> ProtocolError:

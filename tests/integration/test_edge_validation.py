@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import stomp
 
+from amqlite.broker import MAX_OPEN_TRANSACTIONS
 from tests.integration.broker_proc import (
     HOST,
     LISTENER,
@@ -200,7 +201,43 @@ def test_nul_in_header_is_refused_not_relayed(broker: BrokerProcess,
     assert not consumer.listener.errors
 
 
+@pytest.mark.parametrize(("connect_extra", "command", "headers"), [
+    ({"client-id": "c\x00d"}, None, {}),
+    ({"client-id": "cid-nul-sub"}, "SUBSCRIBE",
+     {"destination": "/topic/nul", "id": "s", "activemq.subscriptionName": "n\x00m"}),
+    ({}, "SEND", {"destination": "/queue/nul", "amqlite.producerId": "p\x00q",
+                  "amqlite.producerSeq": "1"}),
+], ids=["client-id", "subscription-name", "producer-id"])
+def test_nul_in_stored_names_refused(broker: BrokerProcess, connect_extra: dict[str, str],
+                                     command: str | None, headers: dict[str, str]) -> None:
+    """A NUL the store cannot hold (PostgreSQL text) is refused before anything is
+    written, with the frame's receipt-id."""
+    with RawStomp(broker.port) as raw:
+        if command is None:
+            raw.send_frame("CONNECT", {"accept-version": "1.2", "host": "localhost",
+                                       "receipt": "r-nul", **connect_extra})
+        else:
+            raw.connect(extra=connect_extra)
+            raw.send_frame(command, {"receipt": "r-nul", **headers})
+        assert_refused(raw, "r-nul", f"NUL in {command or 'CONNECT'}")
+    assert_still_master(broker)
+
+
 # --- class 2: transactions are atomic ---------------------------------------------------
+
+
+def test_open_transactions_are_bounded(broker: BrokerProcess) -> None:
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        for i in range(MAX_OPEN_TRANSACTIONS):
+            raw.send_frame("BEGIN", {"transaction": f"t{i}", "receipt": f"r{i}"})
+        for i in range(MAX_OPEN_TRANSACTIONS):
+            frame = raw.read_frame()
+            assert frame is not None and frame.headers.get("receipt-id") == f"r{i}", frame
+        raw.send_frame("BEGIN", {"transaction": "one-too-many", "receipt": "r-over"})
+        frame = assert_refused(raw, "r-over", "BEGIN past the open-transaction limit")
+        assert "transactions" in frame.headers.get("message", "")
+    assert_still_master(broker)
 
 
 def test_invalid_send_in_transaction_leaves_acks_unapplied(broker: BrokerProcess,

@@ -83,6 +83,15 @@ def test_nul_in_header_is_a_remote_protocol_error(head: bytes) -> None:
     assert "NUL" in str(info.value)
 
 
+def test_nul_error_names_a_clean_receipt() -> None:
+    with pytest.raises(ProtocolError) as info:
+        FrameParser(version="1.2").feed(b"SEND\nreceipt:r\\c1\nx:a\x00b\n\n\x00")
+    assert info.value.receipt_id == "r:1"
+    with pytest.raises(ProtocolError) as info:
+        FrameParser(version="1.2").feed(b"SEND\nreceipt:r\x00\n\n\x00")
+    assert info.value.receipt_id is None
+
+
 def test_nul_in_body_is_still_fine_with_content_length() -> None:
     [frame] = FrameParser().feed(b"SEND\ndestination:/queue/a\ncontent-length:3\n\na\x00b\x00")
     assert frame.body == b"a\x00b"
