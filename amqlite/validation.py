@@ -118,6 +118,10 @@ def _uint(headers: Mapping[str, str], name: str, limit: int) -> int | None:
     text = headers.get(name)
     if text is None:
         return None
+    return _uint_value(name, text, limit)
+
+
+def _uint_value(name: str, text: str, limit: int) -> int:
     value = parse_uint(text, limit)
     if value is None:
         raise BrokerError(f"{name} {_shown(text)}: must be an integer in 0..{limit} "
@@ -131,23 +135,33 @@ def parse_send(
 ) -> tuple[bool, int, int, str | None, int | None]:
     """``(persistent, priority, expires, producer_id, producer_seq)`` of a SEND, checked
     against the store's columns; BrokerError names the first bad header."""
-    persistent_text = headers.get("persistent")
-    if persistent_text is None:
+    get = headers.get  # on every SEND: one lookup per header, no helper calls when absent
+    text = get("persistent")
+    if text is None:
         persistent = True
     else:
-        flag = _PERSISTENT.get(persistent_text.lower())
+        flag = _PERSISTENT.get(text)
         if flag is None:
-            raise BrokerError(f"persistent {_shown(persistent_text)}: use true or false")
+            flag = _PERSISTENT.get(text.lower())
+            if flag is None:
+                raise BrokerError(f"persistent {_shown(text)}: use true or false")
         persistent = flag
-    priority = _uint(headers, "priority", MAX_PRIORITY_VALUE)
-    priority = default_priority if priority is None else min(max(priority, PRIORITY_MIN),
-                                                             PRIORITY_MAX)
-    expires = 0 if not headers.get("expires") else _uint(headers, "expires", BIGINT_MAX)
-    producer_id = headers.get(producer_id_header)
-    if producer_id is not None:
+    text = get("priority")
+    if text is None:
+        priority = default_priority
+    else:
+        priority = min(max(_uint_value("priority", text, MAX_PRIORITY_VALUE), PRIORITY_MIN),
+                       PRIORITY_MAX)
+    text = get("expires")
+    expires = _uint_value("expires", text, BIGINT_MAX) if text else 0
+    producer_id = get(producer_id_header)
+    if producer_id is not None and (len(producer_id) > PRODUCER_ID_LENGTH
+                                    or "\x00" in producer_id):
         _check_name(producer_id_header, producer_id, PRODUCER_ID_LENGTH)
-    producer_seq = _uint(headers, producer_seq_header, BIGINT_MAX)
-    return persistent, priority, expires or 0, producer_id, producer_seq
+    text = get(producer_seq_header)
+    producer_seq = None if text is None else _uint_value(producer_seq_header, text,
+                                                         BIGINT_MAX)
+    return persistent, priority, expires, producer_id, producer_seq
 
 
 def check_subscribe(headers: Mapping[str, str], default_prefetch: int) -> int:
