@@ -29,6 +29,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from amqlite.codec import Frame
+from amqlite.validation import (
+    BrokerError,
+    check_destination,
+    check_subscribe,
+    check_user_headers,
+    parse_ack_key,
+    parse_send,
+)
 from store.api import (
     Batch,
     BatchResult,
@@ -82,8 +90,14 @@ DEFAULT_PRIORITY = 4  # JMS default priority
 ACK_MODES = ("auto", "client", "client-individual")
 
 
-class BrokerError(Exception):
-    """The client asked for something the broker refuses; becomes an ERROR frame."""
+#: Transactions are held in memory until COMMIT: bound them per connection.
+#: Frames per transaction: 10 000 is far past any batch a STOMP client commits
+#: (ActiveMQ has no limit; RabbitMQ's channel buffers are bounded in bytes).
+MAX_TRANSACTION_FRAMES = 10_000
+#: Bytes (bodies and headers) per transaction: three maximum-size frames.
+MAX_TRANSACTION_BYTES = 32 * 1024 * 1024
+#: Open transactions per connection: clients use one at a time; a few to spare.
+MAX_OPEN_TRANSACTIONS = 16
 
 
 def now_ms() -> int:
@@ -366,7 +380,9 @@ class Subscription:
         stored = message.persistent and self.source.stored
         ref = self.source.ref(message) if stored else None
         if self.ack_mode == "auto":
-            self._write(message, message.delivery_count)
+            if not self._write(message, message.delivery_count):
+                self.source.push(message)  # not sent: another consumer takes it
+                return
             message.delivery_count += 1
             if ref is not None:
                 broker.writes.stage().acks.append(ref)
@@ -394,7 +410,26 @@ class Subscription:
         delivery.written = True
         self._write(delivery.message, previous_deliveries)
 
-    def _write(self, message: Message, previous_deliveries: int) -> None:
+    def _write(self, message: Message, previous_deliveries: int) -> bool:
+        """Write one MESSAGE; False if it could not be. Never raises: one message
+        this consumer cannot take must not stop dispatch to the others (defence in
+        depth; SEND validation keeps such messages out). The consumer is closed
+        with an ERROR and what it holds unacknowledged goes back to the source."""
+        try:
+            self._write_frame(message, previous_deliveries)
+        except Exception as exc:
+            if not self.closed:
+                self.closed = True  # no credit: dispatch skips it from now on
+                log.exception("subscription %s of %s: cannot deliver %s; closing it",
+                              self.id, self.destination, message.message_id)
+                self.source.broker.loop.call_soon(
+                    self.conn.close_with_error, "cannot deliver a message",
+                    f"message {message.message_id} cannot be sent to subscription "
+                    f"{self.id}: {exc}")
+            return False
+        return True
+
+    def _write_frame(self, message: Message, previous_deliveries: int) -> None:
         headers = {
             "subscription": self.id,
             "message-id": message.message_id,
@@ -408,6 +443,15 @@ class Subscription:
             headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
         self.conn.write_frame(Frame("MESSAGE", headers, message.body))
         self.source.broker.stats["delivered"] += 1
+
+
+def _dispatch_logged(source: Source) -> None:
+    """``source.dispatch()`` where a failure must not stop the caller's loop over
+    other sources, messages or RECEIPTs: logged, and the message stays queued."""
+    try:
+        source.dispatch()
+    except Exception:
+        log.exception("dispatch of %s failed", source.name)
 
 
 def _awaits_ack(sub: Subscription, message_id: str) -> bool:
@@ -515,6 +559,19 @@ class WriteBuffer:
 class Transaction:
     sends: list[Frame] = field(default_factory=list)
     acks: list[tuple[str, Frame]] = field(default_factory=list)  # ("ACK"|"NACK", frame)
+    frames: int = 0
+    size: int = 0  # bytes of bodies and headers held
+
+    def add(self, frame: Frame, name: str) -> None:
+        """Count a frame against the transaction's limits; BrokerError past them."""
+        self.frames += 1
+        self.size += len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers.items())
+        if self.frames > MAX_TRANSACTION_FRAMES:
+            raise BrokerError(f"transaction {name[:60]!r}: more than "
+                              f"{MAX_TRANSACTION_FRAMES} frames")
+        if self.size > MAX_TRANSACTION_BYTES:
+            raise BrokerError(f"transaction {name[:60]!r}: more than "
+                              f"{MAX_TRANSACTION_BYTES} bytes")
 
 
 class Session:
@@ -622,14 +679,20 @@ class Broker:
         if command == "SEND":
             tx = frame.headers.get("transaction")
             if tx is not None:
-                self._transaction(session, tx).sends.append(frame)
+                transaction = self._transaction(session, tx)
+                self._check_send(frame)  # an invalid SEND is refused now, not at COMMIT
+                transaction.add(frame, tx)
+                transaction.sends.append(frame)
                 self._receipt_now(conn, frame)
             else:
                 self._send(session, [frame], frame.headers.get("receipt"))
         elif command in ("ACK", "NACK"):
             tx = frame.headers.get("transaction")
             if tx is not None:
-                self._transaction(session, tx).acks.append((command, frame))
+                transaction = self._transaction(session, tx)
+                self._find_delivery(session, frame)  # must name a message awaiting ack now
+                transaction.add(frame, tx)
+                transaction.acks.append((command, frame))
                 self._receipt_now(conn, frame)
             else:
                 self._ack(session, command, frame, frame.headers.get("receipt"))
@@ -644,10 +707,16 @@ class Broker:
             tx = frame.headers["transaction"]
             if tx in session.transactions:
                 raise BrokerError(f"transaction {tx} already started")
+            if len(session.transactions) >= MAX_OPEN_TRANSACTIONS:
+                raise BrokerError(f"too many open transactions: at most "
+                                  f"{MAX_OPEN_TRANSACTIONS} per connection")
             session.transactions[tx] = Transaction()
             self._receipt_now(conn, frame)
         elif command == "COMMIT":
             tx = self._transaction(session, frame.headers["transaction"])
+            # Everything is checked before anything is applied; on failure the
+            # transaction stays open and is aborted when the ERROR closes the connection.
+            self._check_commit(session, tx)
             del session.transactions[frame.headers["transaction"]]
             self._commit(session, tx, frame.headers.get("receipt"))
         elif command == "ABORT":
@@ -719,26 +788,30 @@ class Broker:
 
     # -- SEND ---------------------------------------------------------------------
     def _message_from_send(self, frame: Frame) -> Message:
+        """The message a SEND asks for; BrokerError (nothing allocated, nothing staged)
+        when a header does not fit the store or a consumer's STOMP version."""
         h = frame.headers
         destination = h["destination"]
-        self.kind_of(destination)
-        persistent = h.get("persistent", "true").lower() != "false"
-        try:
-            priority = int(h.get("priority", DEFAULT_PRIORITY))
-            expires = int(h.get("expires", 0) or 0)
-            seq_text = h.get(PRODUCER_SEQ_HEADER)
-            producer_seq = int(seq_text) if seq_text is not None else None
-        except ValueError:
-            raise BrokerError("priority, expires and amqlite.producerSeq must be integers") \
-                from None
-        priority = min(max(priority, 0), 9)
+        check_destination(destination)
+        persistent, priority, expires, producer_id, producer_seq = parse_send(
+            h, DEFAULT_PRIORITY, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER)
         headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
+        check_user_headers(headers)
         mid = next(self.ids)
         return Message(
             mid, destination, f"ID:{self.group}:{mid}", headers, frame.body, priority,
-            max(expires, 0), persistent, enqueued_at=now_ms(),
-            producer_id=h.get(PRODUCER_ID_HEADER), producer_seq=producer_seq,
+            expires, persistent, enqueued_at=now_ms(),
+            producer_id=producer_id, producer_seq=producer_seq,
         )
+
+    @staticmethod
+    def _check_send(frame: Frame) -> None:
+        """Validate a SEND like ``_message_from_send`` without allocating an id (a
+        transaction's messages get theirs at COMMIT: ids follow commit order)."""
+        h = frame.headers
+        check_destination(h["destination"])
+        parse_send(h, DEFAULT_PRIORITY, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER)
+        check_user_headers({k: v for k, v in h.items() if k not in NON_USER_HEADERS})
 
     def _send(self, session: Session, frames: list[Frame], receipt: str | None) -> None:
         """Route messages; the persistent ones (all frames of a transaction at
@@ -786,15 +859,23 @@ class Broker:
                 duplicate = m.id in result.duplicate_ids
                 if duplicate:
                     self.stats["duplicates"] += 1
-                if hand is not None:
-                    self._handed_over(*hand, duplicate)
-                elif not duplicate:
-                    self._route_committed(m, durables)
+                try:
+                    if hand is not None:
+                        self._handed_over(*hand, duplicate)
+                    elif not duplicate:
+                        self._route_committed(m, durables)
+                except Exception:
+                    # Stored: it is delivered from the store after a restart at worst;
+                    # the other messages of the batch and the RECEIPT still go out.
+                    log.exception("routing committed message %s failed", m.message_id)
             for m in identity_only:
                 if m.id in result.duplicate_ids:
                     self.stats["duplicates"] += 1
                     continue
-                self._publish_memory(m)
+                try:
+                    self._publish_memory(m)
+                except Exception:
+                    log.exception("publishing message %s failed", m.message_id)
             if receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
@@ -826,7 +907,7 @@ class Broker:
                 q.dispatch()
             return
         if not duplicate:
-            sub.write(delivery, 0)
+            sub.write(delivery, 0)  # never raises: Subscription._write catches
         elif sub.inflight.get(m.message_id) is delivery:
             # already stored: the copy we hold is not, so nobody gets it
             del sub.inflight[m.message_id]
@@ -886,35 +967,32 @@ class Broker:
         )
 
     def _route_committed(self, m: Message, durables: list[DurableSource]) -> None:
+        """Make a committed message visible; a failure in one source's dispatch does not
+        keep it from the other sources (each has its copy already)."""
         if not durables:
             q = self.queue(m.destination)
             q.append_committed(m)
-            q.dispatch()
+            _dispatch_logged(q)
             return
         for durable in durables:
             durable.append_committed(self._copy(m))
-            durable.dispatch()
+            _dispatch_logged(durable)
         for source in self.topics.get(m.destination, ()):
             source.add_nonpersistent(self._copy(m, persistent=False))
-            source.dispatch()
+            _dispatch_logged(source)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------
     def _subscribe(self, session: Session, frame: Frame) -> None:
         h = frame.headers
         destination = h["destination"]
-        kind = self.kind_of(destination)
+        kind = check_destination(destination)
+        prefetch = check_subscribe(h, self.settings.default_prefetch)
         sub_id = h.get("id") or destination  # STOMP 1.0 may omit id
         if sub_id in session.subscriptions:
             raise BrokerError(f"subscription id {sub_id!r} already in use")
         ack_mode = h.get("ack", "auto")
         if ack_mode not in ACK_MODES:
             raise BrokerError(f"ack mode {ack_mode!r}: use one of {', '.join(ACK_MODES)}")
-        try:
-            prefetch = int(h.get("activemq.prefetchSize", self.settings.default_prefetch))
-        except ValueError:
-            raise BrokerError("activemq.prefetchSize must be an integer") from None
-        if prefetch <= 0:
-            prefetch = self.settings.default_prefetch
         durable_name = h.get("activemq.subscriptionName") or h.get("durable-subscription-name")
         source: Source
         if kind == "queue":
@@ -1011,7 +1089,8 @@ class Broker:
         if version == "1.2":
             ack_id = h.get("id", "")
             key, _, message_id = ack_id.partition(":")
-            sub = session.by_key.get(int(key)) if key.isdigit() else None
+            parsed = parse_ack_key(key)
+            sub = session.by_key.get(parsed) if parsed is not None else None
             if sub is None or not _awaits_ack(sub, message_id):
                 raise BrokerError(f"no message awaiting acknowledgement with id {ack_id!r}")
             return sub, message_id
@@ -1098,6 +1177,30 @@ class Broker:
                  m.delivery_count)
 
     # -- transactions ---------------------------------------------------------------
+    def _check_commit(self, session: Session, tx: Transaction) -> None:
+        """Raise BrokerError if any part of ``tx`` would fail; applies nothing.
+
+        Each ACK/NACK must still name a message awaiting acknowledgement once the
+        earlier ones of the transaction are applied (a cumulative ACK settles the
+        messages before it too); each SEND was validated when it arrived and is
+        checked again (cheap, and the rules must hold at COMMIT)."""
+        settled: set[tuple[int, str]] = set()
+        for _command, frame in tx.acks:
+            sub, message_id = self._find_delivery(session, frame)
+            if (id(sub), message_id) in settled:
+                raise BrokerError(f"message {message_id!r} is acknowledged twice in "
+                                  "the transaction")
+            if sub.ack_mode == "client":
+                for mid, d in sub.inflight.items():
+                    if d.written:
+                        settled.add((id(sub), mid))
+                    if mid == message_id:
+                        break
+            else:
+                settled.add((id(sub), message_id))
+        for frame in tx.sends:
+            self._check_send(frame)
+
     def _commit(self, session: Session, tx: Transaction, receipt: str | None) -> None:
         """Apply a transaction's sends and acks in one batch: all or nothing."""
         for command, frame in tx.acks:

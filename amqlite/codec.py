@@ -26,6 +26,7 @@ __all__ = [
     "ParsedItem",
     "ProtocolError",
     "encode_frame",
+    "parse_uint",
 ]
 
 Fault = Literal["remote", "local"]
@@ -46,6 +47,37 @@ DEFAULT_MAX_HEADER_LENGTH = 10 * 1024
 # per connection, so 100 MB x a few connections would exhaust a small broker's RAM;
 # 10 MiB is still far above any sane STOMP message.
 DEFAULT_MAX_FRAME_SIZE = 10 * 1024 * 1024
+
+
+#: The largest content-length we parse at all: a signed 64-bit size, what every other
+#: STOMP implementation (Java's long) can hold. Anything bigger fails the frame-size
+#: limit anyway; the cap only keeps int() off a 5,000-digit string.
+MAX_CONTENT_LENGTH = 2**63 - 1
+
+
+#: Digits of each bound parse_uint was called with (a handful of constants).
+_DIGITS: dict[int, int] = {}
+
+
+def parse_uint(text: str, max_value: int) -> int | None:
+    """``text`` as a non-negative integer in ``0..max_value``, or None.
+
+    The one strict integer parser for client input: ASCII digits only (``int()`` also
+    takes ``1_0``, signs, spaces and non-ASCII digits), and the digit count is capped
+    before ``int()`` runs, so a 5,000-digit value costs nothing and raises nothing.
+    Leading zeros are allowed (``007`` is 7), as Java's parseInt allows them.
+    """
+    if not (text.isascii() and text.isdigit()):
+        return None  # also the empty string
+    digits = _DIGITS.get(max_value)
+    if digits is None:
+        digits = _DIGITS[max_value] = len(str(max_value))
+    if len(text) > digits:
+        text = text.lstrip("0") or "0"  # header lines are bounded: at most 10 KiB
+        if len(text) > digits:
+            return None
+    value = int(text)
+    return value if value <= max_value else None
 
 
 class ProtocolError(Exception):
@@ -497,6 +529,20 @@ class FrameParser:
         if length > max_len:
             raise _header_too_long(max_len, length)
 
+    def _receipt_of_bad_head(self, raw: bytes) -> str | None:
+        """Best effort, for the ERROR of a head we refuse: its ``receipt``, when that
+        header itself is clean (the client can then match the ERROR to its frame)."""
+        value = _receipt_line(raw)
+        if value is None or b"\x00" in value:
+            return None
+        try:
+            text = value.decode("utf-8")
+            if self.version != "1.0" and "\\" in text:
+                text = _unescape(text, self.version)
+        except (UnicodeDecodeError, ProtocolError):
+            return None
+        return text
+
     def _parse_head(self, buf: bytes | bytearray, start: int, head_end: int) -> None:
         """Parse command and headers from ``buf[start:head_end]`` (no trailing EOL)."""
         limits = self.limits
@@ -514,6 +560,11 @@ class FrameParser:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ProtocolError("malformed frame", f"headers are not UTF-8: {exc}") from None
+        if "\x00" in text:  # (a str scan: several times cheaper than one on bytes)
+            # stomp.py (and most clients) end a frame at the first NUL: relaying one in a
+            # header would let this client forge frames for the consumers it reaches.
+            raise ProtocolError("malformed frame", "NUL byte in a header name or value",
+                                receipt_id=self._receipt_of_bad_head(bytes(raw)))
         lines = text.split("\n")
         if "\r" in text:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
@@ -544,13 +595,23 @@ class FrameParser:
         if length_text is None:
             self._content_length = None
             return
-        if not (length_text.isdigit() and length_text.isascii()):
+        length = parse_uint(length_text, MAX_CONTENT_LENGTH)
+        if length is None:
             raise ProtocolError(
                 "invalid content-length",
-                f"content-length {length_text[:40]!r} is not a non-negative integer",
+                f"content-length {length_text[:40]!r} is not a non-negative integer of at "
+                f"most {len(str(MAX_CONTENT_LENGTH))} ASCII digits",
                 receipt_id=headers.get("receipt"),
             )
-        self._content_length = int(length_text)
+        self._content_length = length
+
+
+def _receipt_line(raw: bytes) -> bytes | None:
+    """The value of the first ``receipt`` header line of a raw head, if any."""
+    for line in raw.split(b"\n")[1:]:
+        if line.startswith(b"receipt:"):
+            return line[len(b"receipt:"):].rstrip(b"\r")
+    return None
 
 
 def _too_many_headers(limit: int) -> ProtocolError:

@@ -23,6 +23,7 @@ from amqlite.codec import (
     Limits,
     ProtocolError,
     encode_frame,
+    parse_uint,
 )
 
 __all__ = [
@@ -155,8 +156,9 @@ def parse_heartbeat(value: str | None) -> tuple[int, int]:
         raise ProtocolError(
             "invalid heart-beat header", f"expected 'cx,cy' non-negative ints, got {value[:40]!r}"
         )
-    cx, cy = int(match.group(1)), int(match.group(2))
-    if cx > MAX_HEARTBEAT_MS or cy > MAX_HEARTBEAT_MS:
+    cx, cy = parse_uint(match.group(1), MAX_HEARTBEAT_MS), parse_uint(match.group(2),
+                                                                       MAX_HEARTBEAT_MS)
+    if cx is None or cy is None:
         raise ProtocolError(
             "invalid heart-beat header", f"heart-beat {value!r} exceeds {MAX_HEARTBEAT_MS} ms"
         )

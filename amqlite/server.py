@@ -17,6 +17,7 @@ from amqlite import __version__
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.protocol import HEARTBEAT_GRACE, FrameReceived, StompProtocol
+from amqlite.validation import check_connect
 
 if TYPE_CHECKING:
     from amqlite.auth import Authenticator
@@ -291,6 +292,7 @@ class ClientConnection(asyncio.Protocol):
         assert self.transport is not None
         session = f"{self.server.session_prefix}-{next(self.server.session_ids)}"
         try:
+            check_connect(frame.headers)  # a client-id the store cannot hold: ERROR
             reply = self.proto.accept_connect(
                 frame,
                 server_heartbeat=self.server.settings.heartbeat_ms,

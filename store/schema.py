@@ -30,6 +30,27 @@ from sqlalchemy import (
 #: Bumped whenever a table or column changes; ``store`` upgrades older stores.
 SCHEMA_VERSION = 1
 
+# Column sizes that bound what a client may send. The broker validates every
+# frame against these (amqlite/validation.py) so that a value the store cannot
+# hold is refused at the edge instead of failing a group commit; one constant
+# each, used here and there, so the two cannot drift.
+#: Destination names ("/queue/orders").
+DESTINATION_NAME_LENGTH = 512
+#: Group and node names, durable subscriptions' client-id and name.
+NAME_LENGTH = 200
+CLIENT_ID_LENGTH = NAME_LENGTH
+SUBSCRIPTION_NAME_LENGTH = NAME_LENGTH
+#: The STOMP message-id and the producer's identity (``amqlite.producerId``).
+MESSAGE_ID_LENGTH = 200
+PRODUCER_ID_LENGTH = 200
+#: ``producer_id:producer_seq`` (200 + 1 + 19 digits fit with room to spare).
+DEDUP_KEY_LENGTH = 420
+#: BIGINT columns (expires_at, producer_seq) hold a signed 64-bit integer.
+BIGINT_MAX = 2**63 - 1
+#: JMS priorities; the column is a SMALLINT.
+PRIORITY_MIN = 0
+PRIORITY_MAX = 9
+
 metadata = MetaData()
 
 #: Key/value facts about the store itself (schema version).
@@ -78,7 +99,8 @@ destinations = Table(
     metadata,
     Column("grp", String(200), nullable=False),
     Column("id", BigInteger, nullable=False),
-    Column("name", String(512), nullable=False),  # "/queue/orders", "/topic/prices"
+    # "/queue/orders", "/topic/prices"
+    Column("name", String(DESTINATION_NAME_LENGTH), nullable=False),
     Column("kind", String(8), nullable=False),  # "queue" | "topic"
     Column("created_at", BigInteger, nullable=False),
     Column("depth", BigInteger, nullable=False, default=0),  # queue rows, kept per batch
@@ -92,10 +114,12 @@ messages = Table(
     Column("grp", String(200), nullable=False),
     Column("id", BigInteger, nullable=False),
     Column("destination_id", BigInteger, nullable=False),
-    Column("message_id", String(200), nullable=False),  # the STOMP message-id header
-    Column("producer_id", String(200)),  # the producer's identity, when it gave one
+    # the STOMP message-id header
+    Column("message_id", String(MESSAGE_ID_LENGTH), nullable=False),
+    Column("producer_id", String(PRODUCER_ID_LENGTH)),  # the producer's identity, when it gave one
     Column("producer_seq", BigInteger),
-    Column("dedup_key", String(420)),  # producer_id:producer_seq, or the client's own id
+    # producer_id:producer_seq, or the client's own id
+    Column("dedup_key", String(DEDUP_KEY_LENGTH)),
     Column("priority", SmallInteger, nullable=False, default=4),
     Column("expires_at", BigInteger, nullable=False, default=0),  # ms; 0 = never
     Column("enqueued_at", BigInteger, nullable=False),  # ms
@@ -120,8 +144,8 @@ subscriptions = Table(
     metadata,
     Column("grp", String(200), nullable=False),
     Column("id", BigInteger, nullable=False),
-    Column("client_id", String(200), nullable=False),
-    Column("name", String(200), nullable=False),
+    Column("client_id", String(CLIENT_ID_LENGTH), nullable=False),
+    Column("name", String(SUBSCRIPTION_NAME_LENGTH), nullable=False),
     Column("destination_id", BigInteger, nullable=False),  # the topic
     Column("selector", Text),
     Column("created_at", BigInteger, nullable=False),
@@ -152,8 +176,8 @@ dedup = Table(
     "amq_dedup",
     metadata,
     Column("grp", String(200), nullable=False),
-    Column("dedup_key", String(420), nullable=False),
-    Column("producer_id", String(200)),
+    Column("dedup_key", String(DEDUP_KEY_LENGTH), nullable=False),
+    Column("producer_id", String(PRODUCER_ID_LENGTH)),
     Column("producer_seq", BigInteger),
     Column("msg_id", BigInteger),
     Column("created_at", BigInteger, nullable=False),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import stomp.exception
 from stomp.utils import Frame
 
+from amqlite.validation import MAX_PREFETCH
 from tests.integration.broker_proc import (
     BrokerFactory,
     BrokerProcess,
@@ -423,7 +424,8 @@ def drain_queue(port: int, destination: str, expected: int, quiet: float = 1.0,
     client = open_client(port)
     try:
         client.subscribe(destination, ack="client-individual",
-                         headers={"activemq.prefetchSize": str(max(expected, 1) * 2)})
+                         headers={"activemq.prefetchSize": str(min(max(expected, 1) * 2,
+                                                                   MAX_PREFETCH))})
         listener = client.listener
         listener.wait_for(lambda: listener.count() >= expected or listener.disconnected, timeout)
         assert listener.wait_quiet(quiet, timeout), "the queue never went quiet"

@@ -1,0 +1,369 @@
+"""Issue 12 classes 1, 2, 3, 4 and 7 against a real broker process, on SQLite and
+PostgreSQL: whatever a client sends, it alone gets an ERROR (with ``receipt-id`` when
+its frame had ``receipt``), nothing is stored or half-applied, and the broker stays
+master (the process lives and another connection's canary message goes through).
+
+Bad bytes go out on raw sockets (stomp.py escapes or refuses them); consumers and
+canaries are stomp.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import stomp
+
+from amqlite.broker import MAX_OPEN_TRANSACTIONS
+from tests.integration.broker_proc import (
+    HOST,
+    LISTENER,
+    BrokerFactory,
+    BrokerProcess,
+    ClientPool,
+    Collector,
+    RawFrame,
+    RawStomp,
+    assert_broker_serves,
+    format_frames,
+    unique,
+    wait_receipt,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+#: How long the broker may take to answer bad input with ERROR and close.
+CLOSE_DEADLINE = 10.0
+BIG = str(2**63)  # one past BIGINT
+DIGITS_5000 = "9" * 5000
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def broker(request: pytest.FixtureRequest, module_factory: BrokerFactory) -> BrokerProcess:
+    """One broker per store kind for the module; each test uses its own destinations."""
+    if request.param == "sqlite":
+        return module_factory.start(name="edge-sqlite")
+    url = request.getfixturevalue("postgres_server").create_database()
+    return module_factory.start(name="edge-pg", extra_args=["--store", url, "--locker", url])
+
+
+def assert_refused(raw: RawStomp, receipt: str | None, what: str) -> RawFrame:
+    """ERROR (and nothing else) then close; the ERROR names the frame's receipt."""
+    closed, frames = raw.wait_closed(CLOSE_DEADLINE)
+    assert frames, f"{what}: no ERROR frame before close (closed={closed})"
+    assert [f.command for f in frames] == ["ERROR"], f"{what}: got {format_frames(frames)}"
+    assert closed, f"{what}: connection still open {CLOSE_DEADLINE}s after the ERROR"
+    if receipt is not None:
+        assert frames[0].headers.get("receipt-id") == receipt, \
+            f"{what}: ERROR without receipt-id {receipt}: {format_frames(frames)}"
+    return frames[0]
+
+
+def assert_still_master(broker: BrokerProcess) -> None:
+    assert broker.alive, f"broker exited ({broker.returncode}):\n{broker.log_tail()}"
+    assert_broker_serves(broker.port)
+    assert broker.alive
+
+
+def assert_queue_holds_only(clients: ClientPool, broker: BrokerProcess, queue: str,
+                            canary: str) -> None:
+    """Send a canary after the refused frame and read the queue: the canary comes first
+    (queues are FIFO), so a refused message that had been stored would show up."""
+    producer = clients(broker.port)
+    producer.send(queue, canary)
+    consumer = clients(broker.port)
+    consumer.subscribe(queue)
+    [first] = consumer.listener.wait_messages(1)[:1]
+    assert first.body == canary, f"refused message was stored: {first.body!r}"
+
+
+# --- class 1: values the store cannot hold; class 7: strict integers --------------------
+
+BAD_SENDS = {
+    "expires-past-bigint": {"expires": BIG},
+    "producer-seq-past-bigint": {"amqlite.producerId": "p", "amqlite.producerSeq": BIG},
+    "producer-seq-underscore": {"amqlite.producerId": "p", "amqlite.producerSeq": "1_0"},
+    "producer-seq-arabic-digits": {"amqlite.producerId": "p",
+                                   "amqlite.producerSeq": "\u0661\u0662"},
+    "producer-id-201": {"amqlite.producerId": "p" * 201, "amqlite.producerSeq": "1"},
+    "priority-abc": {"priority": "abc"},
+    "priority-5000-digits": {"priority": DIGITS_5000[:4000]},
+    "expires-negative": {"expires": "-1"},
+    "persistent-junk": {"persistent": "maybe"},
+}
+
+
+@pytest.mark.parametrize("headers", BAD_SENDS.values(), ids=BAD_SENDS.keys())
+def test_send_with_value_store_cannot_hold_is_refused(broker: BrokerProcess,
+                                                      clients: ClientPool,
+                                                      headers: dict[str, str]) -> None:
+    queue = f"/queue/{unique('bad')}"
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_frame("SEND", {"destination": queue, "receipt": "bad-send", **headers},
+                       b"refused")
+        assert_refused(raw, "bad-send", f"SEND {headers}")
+    assert_still_master(broker)
+    assert_queue_holds_only(clients, broker, queue, "canary")
+
+
+@pytest.mark.parametrize("destination", [
+    "/queue/" + "d" * 600, "/topic/" + "d" * 600, "/queue/", "/elsewhere/x",
+], ids=["queue-600", "topic-600", "empty-name", "no-kind"])
+def test_bad_destination_refused_on_send_and_subscribe(broker: BrokerProcess,
+                                                       destination: str) -> None:
+    for command, extra in (("SEND", {}), ("SUBSCRIBE", {"id": "s1"})):
+        with RawStomp(broker.port) as raw:
+            raw.connect()
+            raw.send_frame(command, {"destination": destination, "receipt": "r-dest",
+                                     **extra}, b"x" if command == "SEND" else b"")
+            assert_refused(raw, "r-dest", f"{command} to {destination[:30]}")
+    assert_still_master(broker)
+
+
+def test_client_id_too_long_refused_at_connect(broker: BrokerProcess) -> None:
+    with RawStomp(broker.port) as raw:
+        raw.send_frame("CONNECT", {"accept-version": "1.2", "host": "localhost",
+                                   "client-id": "c" * 201, "receipt": "r-conn"})
+        frame = assert_refused(raw, "r-conn", "CONNECT with a 201-character client-id")
+        assert "client-id" in (frame.body.decode() + frame.headers.get("message", ""))
+    assert_still_master(broker)
+
+
+@pytest.mark.parametrize("headers", [
+    {"activemq.subscriptionName": "n" * 201},
+    {"durable-subscription-name": "n" * 201},
+    {"activemq.prefetchSize": "1_0"},
+    {"activemq.prefetchSize": DIGITS_5000[:4000]},
+    {"activemq.prefetchSize": "1000000"},
+    {"id": "i" * 201},
+], ids=["subscription-name-201", "durable-name-201", "prefetch-underscore",
+        "prefetch-4000-digits", "prefetch-past-limit", "id-201"])
+def test_bad_subscribe_refused(broker: BrokerProcess, headers: dict[str, str]) -> None:
+    with RawStomp(broker.port) as raw:
+        raw.connect(extra={"client-id": unique("cid")})
+        raw.send_frame("SUBSCRIBE", {"destination": f"/topic/{unique('t')}", "id": "s1",
+                                     "ack": "client-individual", "receipt": "r-sub",
+                                     **headers})
+        assert_refused(raw, "r-sub", f"SUBSCRIBE {list(headers)}")
+    assert_still_master(broker)
+
+
+@pytest.mark.parametrize("content_length", [DIGITS_5000, "1_0", "\u0661"],
+                         ids=["5000-digits", "underscore", "arabic-digit"])
+def test_bad_content_length_gets_error_frame(broker: BrokerProcess,
+                                             content_length: str) -> None:
+    """Not a traceback and a silent close: an ERROR frame, with the receipt-id."""
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_raw(f"SEND\ndestination:/queue/x\nreceipt:r-cl\ncontent-length:"
+                     f"{content_length}\n\nx\x00".encode())
+        assert_refused(raw, "r-cl", f"content-length {content_length[:10]}")
+    assert_still_master(broker)
+
+
+@pytest.mark.parametrize("ack_id", [DIGITS_5000[:4000] + ":m", "\u0661:m", "1_0:m"],
+                         ids=["4000-digit-key", "arabic-digit-key", "underscore-key"])
+def test_bad_ack_id_gets_error_frame(broker: BrokerProcess, ack_id: str) -> None:
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_frame("ACK", {"id": ack_id, "receipt": "r-ack"})
+        assert_refused(raw, "r-ack", f"ACK {ack_id[:10]}")
+    assert_still_master(broker)
+
+
+# --- class 4: frame injection ---------------------------------------------------------
+
+
+def test_nul_in_header_is_refused_not_relayed(broker: BrokerProcess,
+                                              clients: ClientPool) -> None:
+    """A raw NUL inside a header value would end the MESSAGE frame early for stomp.py and
+    forge a RECEIPT behind it: the sender gets ERROR, the consumer gets nothing forged."""
+    queue = f"/queue/{unique('nul')}"
+    consumer = clients(broker.port)
+    consumer.subscribe(queue)
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_raw(f"SEND\ndestination:{queue}\nx-evil:a\x00RECEIPT\nreceipt-id:forged\n"
+                     "\n\x00".encode())
+        assert_refused(raw, None, "NUL in a header value")
+    with RawStomp(broker.port) as raw:  # a NUL in the destination too
+        raw.connect()
+        raw.send_raw(f"SEND\ndestination:{queue}\x00x\nx:y\n\nbody\x00".encode())
+        assert_refused(raw, None, "NUL in a destination")
+    assert_still_master(broker)
+    producer = clients(broker.port)
+    producer.send(queue, "canary")
+    [first] = consumer.listener.wait_messages(1)[:1]
+    assert first.body == "canary"
+    assert "forged" not in consumer.listener.receipts
+    assert not consumer.listener.errors
+
+
+@pytest.mark.parametrize(("connect_extra", "command", "headers"), [
+    ({"client-id": "c\x00d"}, None, {}),
+    ({"client-id": "cid-nul-sub"}, "SUBSCRIBE",
+     {"destination": "/topic/nul", "id": "s", "activemq.subscriptionName": "n\x00m"}),
+    ({}, "SEND", {"destination": "/queue/nul", "amqlite.producerId": "p\x00q",
+                  "amqlite.producerSeq": "1"}),
+], ids=["client-id", "subscription-name", "producer-id"])
+def test_nul_in_stored_names_refused(broker: BrokerProcess, connect_extra: dict[str, str],
+                                     command: str | None, headers: dict[str, str]) -> None:
+    """A NUL the store cannot hold (PostgreSQL text) is refused before anything is
+    written, with the frame's receipt-id."""
+    with RawStomp(broker.port) as raw:
+        if command is None:
+            raw.send_frame("CONNECT", {"accept-version": "1.2", "host": "localhost",
+                                       "receipt": "r-nul", **connect_extra})
+        else:
+            raw.connect(extra=connect_extra)
+            raw.send_frame(command, {"receipt": "r-nul", **headers})
+        assert_refused(raw, "r-nul", f"NUL in {command or 'CONNECT'}")
+    assert_still_master(broker)
+
+
+# --- class 2: transactions are atomic ---------------------------------------------------
+
+
+def test_open_transactions_are_bounded(broker: BrokerProcess) -> None:
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        for i in range(MAX_OPEN_TRANSACTIONS):
+            raw.send_frame("BEGIN", {"transaction": f"t{i}", "receipt": f"r{i}"})
+        for i in range(MAX_OPEN_TRANSACTIONS):
+            frame = raw.read_frame()
+            assert frame is not None and frame.headers.get("receipt-id") == f"r{i}", frame
+        raw.send_frame("BEGIN", {"transaction": "one-too-many", "receipt": "r-over"})
+        frame = assert_refused(raw, "r-over", "BEGIN past the open-transaction limit")
+        assert "transactions" in frame.headers.get("message", "")
+    assert_still_master(broker)
+
+
+def test_invalid_send_in_transaction_leaves_acks_unapplied(broker: BrokerProcess,
+                                                           clients: ClientPool) -> None:
+    """BEGIN; ACK m; SEND priority:abc: ERROR at the SEND, and the ACK is never applied:
+    m is redelivered to the next consumer."""
+    queue = f"/queue/{unique('txatomic')}"
+    clients(broker.port).send(queue, "m")
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s",
+                                     "ack": "client-individual"})
+        message = raw.read_frame()
+        assert message is not None and message.command == "MESSAGE", message
+        raw.send_frame("BEGIN", {"transaction": "t", "receipt": "r-begin"})
+        raw.send_frame("ACK", {"id": message.headers["ack"], "transaction": "t",
+                               "receipt": "r-ack"})
+        for expected in ("r-begin", "r-ack"):
+            receipt = raw.read_frame()
+            assert receipt is not None and receipt.headers.get("receipt-id") == expected, \
+                receipt
+        raw.send_frame("SEND", {"destination": queue, "transaction": "t",
+                                "priority": "abc", "receipt": "r-bad"}, b"bad")
+        raw.send_frame("COMMIT", {"transaction": "t", "receipt": "r-commit"})
+        assert_refused(raw, "r-bad", "SEND priority:abc in a transaction")
+    assert_still_master(broker)
+    consumer = clients(broker.port)
+    consumer.subscribe(queue)
+    [again] = consumer.listener.wait_messages(1)[:1]
+    assert again.body == "m" and again.headers.get("redelivered") == "true"
+
+
+def test_commit_that_cannot_apply_applies_nothing(broker: BrokerProcess,
+                                                  clients: ClientPool) -> None:
+    """BEGIN; SEND n; ACK m; ACK m again; COMMIT: ERROR at COMMIT, n is not stored and
+    m is redelivered."""
+    queue = f"/queue/{unique('txcommit')}"
+    clients(broker.port).send(queue, "m")
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s",
+                                     "ack": "client-individual"})
+        message = raw.read_frame()
+        assert message is not None and message.command == "MESSAGE", message
+        ack = message.headers["ack"]
+        raw.send_frame("BEGIN", {"transaction": "t"})
+        raw.send_frame("SEND", {"destination": queue, "transaction": "t"}, b"n")
+        raw.send_frame("ACK", {"id": ack, "transaction": "t"})
+        raw.send_frame("ACK", {"id": ack, "transaction": "t"})
+        raw.send_frame("COMMIT", {"transaction": "t", "receipt": "r-commit"})
+        assert_refused(raw, "r-commit", "COMMIT acknowledging one message twice")
+    assert_still_master(broker)
+    consumer = clients(broker.port)
+    consumer.subscribe(queue)
+    [again] = consumer.listener.wait_messages(1)[:1]
+    assert again.body == "m" and again.headers.get("redelivered") == "true"
+    producer = clients(broker.port)
+    producer.send(queue, "canary")
+    got = consumer.listener.wait_messages(2)
+    assert [m.body for m in got] == ["m", "canary"], "the failed COMMIT's SEND was stored"
+
+
+# --- class 3: headers every consumer's STOMP version can carry --------------------------
+
+
+def open_versioned(port: int, version: str) -> tuple[stomp.Connection, Collector]:
+    cls = {"1.0": stomp.Connection10, "1.1": stomp.Connection11,
+           "1.2": stomp.Connection12}[version]
+    conn = cls([(HOST, port)], reconnect_attempts_max=1, timeout=5)
+    listener = Collector()
+    conn.set_listener(LISTENER, listener)
+    conn.connect(wait=False)
+    assert listener.wait_for(lambda: listener.connected is not None or listener.disconnected,
+                             10), f"STOMP {version} consumer not connected"
+    assert listener.connected is not None
+    return conn, listener
+
+
+@pytest.fixture
+def versioned_consumers(
+        broker: BrokerProcess) -> Iterator[dict[str, tuple[stomp.Connection, Collector]]]:
+    """One stomp.py consumer per STOMP version, by version."""
+    opened: dict[str, tuple[stomp.Connection, Collector]] = {}
+    try:
+        for version in ("1.0", "1.1", "1.2"):
+            opened[version] = open_versioned(broker.port, version)
+        yield opened
+    finally:
+        for conn, _ in opened.values():
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+            with contextlib.suppress(Exception):
+                conn.transport.disconnect_socket()
+
+
+@pytest.mark.parametrize("header_line", [
+    "a\\cb:v",  # a colon in a name: a 1.0 consumer cannot receive it
+    "x-cr:v\\r",  # a trailing CR: 1.1 cannot carry it
+    "x-cr-mid:a\\rb",  # a CR anywhere: 1.1 cannot carry it
+    "x-lf:a\\nb",  # a LF: 1.0 cannot escape it
+], ids=["colon-in-name", "trailing-cr", "cr-in-value", "lf-in-value"])
+def test_header_a_consumer_version_cannot_carry_is_refused(
+        broker: BrokerProcess, clients: ClientPool,
+        versioned_consumers: dict[str, tuple[stomp.Connection, Collector]],
+        header_line: str) -> None:
+    """1.0, 1.1 and 1.2 consumers on one topic: the bad producer gets ERROR naming the
+    header; the good producer's messages before and after reach all three."""
+    topic = f"/topic/{unique('mixed')}"
+    for version, (conn, listener) in versioned_consumers.items():
+        receipt = unique(f"r-sub-{version}")
+        conn.subscribe(topic, id=unique("s"), ack="auto", headers={"receipt": receipt})
+        wait_receipt(listener, receipt, 10, f"SUBSCRIBE by STOMP {version}")
+    good = clients(broker.port)
+    good.send(topic, "before")
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_raw(f"SEND\ndestination:{topic}\nreceipt:r-hdr\n{header_line}\n\nbad\x00"
+                     .encode())
+        frame = assert_refused(raw, "r-hdr", f"header {header_line}")
+        name = header_line.split(":")[0].replace("\\c", ":")
+        said = (frame.headers.get("message", "") + frame.body.decode()).replace("\\c", ":")
+        assert f"header name {name!r}" in said or f"header {name!r}" in said, said
+    good.send(topic, "after")
+    for version, (_, listener) in versioned_consumers.items():
+        got = listener.wait_messages(2)
+        assert [m.body for m in got] == ["before", "after"], f"STOMP {version}: {got}"
+        assert not listener.errors, f"STOMP {version}: {listener.error_texts()}"
+    assert_still_master(broker)
+
