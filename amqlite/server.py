@@ -7,6 +7,7 @@ messaging-shaped is in ``Broker``. This module only moves bytes and time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -58,6 +59,9 @@ class StompServer:
         #: Sockets without CONNECTED yet, oldest first (a dict keeps insertion order).
         self.unauthenticated: dict[ClientConnection, None] = {}
         self.checks = CheckQueue(auth)
+        #: Sockets refused since the last sweep, by reason: logged as one line per sweep,
+        #: since a flood would otherwise write a log line per socket.
+        self.refused: collections.Counter[str] = collections.Counter()
         self._sweep_handle: asyncio.TimerHandle | None = None
         self.server: asyncio.base_events.Server | None = None
         self.session_ids = itertools.count(1)
@@ -88,7 +92,7 @@ class StompServer:
         while len(self.unauthenticated) >= limit:
             oldest = next(iter(self.unauthenticated))
             del self.unauthenticated[oldest]
-            log.warning("closing %s: max_unauthenticated=%d reached", oldest.peer, limit)
+            self.refused[f"max_unauthenticated={limit} reached"] += 1
             oldest.close_with_error(
                 "server busy", f"too many connections still logging in (limit {limit}); retry")
         self.unauthenticated[conn] = None
@@ -103,6 +107,9 @@ class StompServer:
         frame_timeout (a trickler with heart-beat 0,0 would otherwise be held forever)."""
         self._sweep_handle = None
         self.close_slow(self.connections, asyncio.get_running_loop().time())
+        for reason, count in self.refused.items():
+            log.warning("closed %d socket(s) before login: %s", count, reason)
+        self.refused.clear()
         self._schedule_sweep()
 
     def close_slow(self, conns: Iterable[ClientConnection], now: float) -> None:
@@ -357,8 +364,7 @@ class ClientConnection(asyncio.Protocol):
             if self.closed:
                 return
             if outcome is CheckOutcome.BUSY:
-                log.warning("refusing login %r from %s: too many logins pending",
-                            login, self.peer)
+                self.server.refused["too many logins waiting for a password check"] += 1
                 self.close_with_error("server busy", "too many logins being checked; retry")
                 return
             if outcome is not CheckOutcome.ACCEPTED:
