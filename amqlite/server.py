@@ -20,6 +20,7 @@ from amqlite.auth import CheckOutcome, CheckQueue, PendingCheck
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
+from amqlite.settings import UNAUTHENTICATED_SHARE
 
 if TYPE_CHECKING:
     from amqlite.auth import Authenticator
@@ -59,6 +60,9 @@ class StompServer:
         #: Sockets without CONNECTED yet, oldest first (a dict keeps insertion order).
         self.unauthenticated: dict[ClientConnection, None] = {}
         self.checks = CheckQueue(auth)
+        #: Settings.resolved() fills 0 in; a Settings built by hand may still hold it.
+        self.max_unauthenticated = settings.max_unauthenticated or max(
+            1, settings.max_connections // UNAUTHENTICATED_SHARE)
         #: Sockets refused since the last sweep, by reason: logged as one line per sweep,
         #: since a flood would otherwise write a log line per socket.
         self.refused: collections.Counter[str] = collections.Counter()
@@ -88,7 +92,7 @@ class StompServer:
     def admit_unauthenticated(self, conn: ClientConnection) -> None:
         """Count a new socket as unauthenticated; past the cap the oldest one goes, so a
         socket flood cannot lock out a client that is connecting now."""
-        limit = self.settings.max_unauthenticated
+        limit = self.max_unauthenticated
         while len(self.unauthenticated) >= limit:
             oldest = next(iter(self.unauthenticated))
             del self.unauthenticated[oldest]
@@ -172,7 +176,6 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.connected = False
         self.check: PendingCheck | None = None  # the login being checked
-        self.handshake_bytes = 0  # bytes received before CONNECTED
         #: loop time when the frame now arriving started; None between frames
         self.partial_since: float | None = None
         self.writable = True
@@ -211,15 +214,6 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         now = self.last_rx = self.loop.time()
-        if not self.connected:
-            self.handshake_bytes += len(data)
-            limit = self.server.settings.max_handshake_bytes
-            if self.handshake_bytes > limit:
-                self._protocol_failed(ProtocolError(
-                    "too much data before CONNECTED",
-                    f"{self.handshake_bytes} bytes received before the handshake completed, "
-                    f"limit {limit}"))
-                return
         try:
             events = self.proto.receive_data(data)
         except ProtocolError as exc:
@@ -227,12 +221,23 @@ class ClientConnection(asyncio.Protocol):
             return
         if events:
             self._on_events(events)
-        # Frame timing: a chunk that completed something started whatever is left over.
-        if self.proto.buffered:
-            if events or self.partial_since is None:
-                self.partial_since = now
-        else:
+            if self.closed:
+                return
+        buffered = self.proto.buffered
+        if not buffered:
             self.partial_since = None
+            return
+        if not self.connected and buffered > self.server.settings.max_handshake_bytes:
+            # A CONNECT still arriving, or bytes held behind one whose login is checked
+            # (reading is paused then, so this is at most one read's worth).
+            self._protocol_failed(ProtocolError(
+                "too much data before CONNECTED",
+                f"{buffered} bytes buffered before the handshake completed, limit "
+                f"{self.server.settings.max_handshake_bytes}; wait for CONNECTED"))
+            return
+        # Frame timing: a chunk that completed something started whatever is left over.
+        if events or self.partial_since is None:
+            self.partial_since = now
 
     def _on_events(self, events: list[Event]) -> None:
         for event in events:

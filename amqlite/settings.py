@@ -37,10 +37,11 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 #: a client trickling a byte a second is closed. 60 s is nginx's client_header_timeout and
 #: client_body_timeout; a max_frame_size frame (10 MiB) then needs ~175 KB/s.
 DEFAULT_FRAME_TIMEOUT = 60.0
-#: Bytes a socket may send before it gets CONNECTED (its CONNECT and anything pipelined
-#: behind it). A CONNECT is a few hundred bytes; 64 KiB leaves room for long bearer-token
-#: passcodes and is the top of the range brokers use for the handshake (AMQP's pre-tune
-#: frame_min_size is 4 KiB, RabbitMQ's handshake frames stay well below 64 KiB).
+#: Bytes a socket may have buffered before it gets CONNECTED: a CONNECT still arriving, or
+#: frames pipelined behind one whose login is being checked. A CONNECT is a few hundred
+#: bytes; 64 KiB leaves room for long bearer-token passcodes and is the top of the range
+#: brokers use for the handshake (AMQP's pre-tune frame_min_size is 4 KiB, RabbitMQ's
+#: handshake frames stay well below 64 KiB).
 DEFAULT_MAX_HANDSHAKE_BYTES = 64 * 1024
 #: Sockets that have not authenticated yet, as a share of max_connections: a flood of
 #: sockets that never log in cannot take every slot from clients that reconnect.

@@ -296,6 +296,23 @@ def test_connect_within_handshake_limit_is_accepted(limits_broker: BrokerProcess
         raw.connect(extra={"x-pad": "p" * (HANDSHAKE_BYTES - 1000)})
 
 
+def test_big_frame_pipelined_behind_connect_without_login_check(
+        limits_broker: BrokerProcess) -> None:
+    """Without a users file CONNECT is answered at once, so nothing waits behind it: a
+    frame twice the handshake allowance written together with CONNECT is processed."""
+    queue = f"/queue/{unique('nocheck')}"
+    body = b"b" * (2 * HANDSHAKE_BYTES)
+    with RawStomp(limits_broker.port) as raw:
+        raw.send_raw(connect_bytes("", "")
+                     + f"SUBSCRIBE\ndestination:{queue}\nid:s\nack:auto\n\n\x00".encode()
+                     + f"SEND\ndestination:{queue}\ncontent-length:{len(body)}\n\n".encode()
+                     + body + b"\x00")
+        frames = [raw.read_frame(), raw.read_frame()]
+    assert [f.command if f else None for f in frames] == ["CONNECTED", "MESSAGE"], \
+        format_frames(f for f in frames if f)
+    assert frames[1] is not None and frames[1].body == body
+
+
 def test_socket_without_connect_closed_after_connect_timeout(
         limits_broker: BrokerProcess) -> None:
     """A socket that never completes CONNECT is closed with an ERROR after connect_timeout."""
