@@ -13,6 +13,7 @@ import base64
 import enum
 import hashlib
 import hmac
+import logging
 import os
 import tomllib
 from collections import deque
@@ -29,6 +30,9 @@ SCRYPT_P = 1
 SALT_BYTES = 16
 HASH_BYTES = 32
 PREFIX = "scrypt"
+
+
+log = logging.getLogger(__name__)
 
 
 class AuthError(ValueError):
@@ -198,8 +202,16 @@ class CheckQueue:
 
     def _drop(self, check: PendingCheck) -> None:
         self.pending -= 1
+        self._notify(check, CheckOutcome.BUSY)
+
+    @staticmethod
+    def _notify(check: PendingCheck, outcome: CheckOutcome) -> None:
+        """Tell the waiter once; its failure must not stop the queue for everyone else."""
         check.cancelled = True
-        check.done(CheckOutcome.BUSY)
+        try:
+            check.done(outcome)
+        except Exception:
+            log.exception("handling the outcome of a login check for %s failed", check.peer)
 
     def _prune(self) -> None:
         for peer in [p for p, q in self.waiting.items() if not q]:
@@ -226,7 +238,6 @@ class CheckQueue:
         self.running.discard(check)
         ok = (not future.cancelled() and future.exception() is None and future.result())
         if not check.cancelled:
-            check.cancelled = True  # done at most once
-            check.done(CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
+            self._notify(check, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
         if not self.closed:
             self._start_next()
