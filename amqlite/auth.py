@@ -108,8 +108,9 @@ CHECK_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))
 #: Checks waiting for a thread, over all peers. At ~30 ms a check on one thread, 128 is ~4 s
 #: of work: within the handshake timeout, so a queued login can still finish in time.
 MAX_PENDING_CHECKS = 128
-#: Checks waiting per peer address: one address flooding CONNECTs cannot crowd out others.
-MAX_PENDING_PER_PEER = 16
+#: Checks waiting per peer address: one address flooding CONNECTs cannot crowd out others,
+#: while a client pool of one application host reconnecting after a failover still fits.
+MAX_PENDING_PER_PEER = 32
 
 
 class CheckOutcome(enum.Enum):
