@@ -159,6 +159,9 @@ class CheckQueue:
         self.waiting: dict[str, deque[PendingCheck]] = {}  # insertion order = round-robin
         self.pending = 0
         self.running: set[PendingCheck] = set()
+        #: Since the last take_counts(): checks hashed, dropped unrun because their socket
+        #: closed, and answered BUSY from a full queue (what an operator sees of a flood).
+        self.counts = {"run": 0, "dropped": 0, "busy": 0}
         self._executor: ThreadPoolExecutor | None = None
         self.closed = False
 
@@ -187,6 +190,7 @@ class CheckQueue:
         if queue is not None and check in queue:
             queue.remove(check)  # at most max_per_peer entries
             self.pending -= 1
+            self.counts["dropped"] += 1
             self._prune()
 
     def close(self) -> None:
@@ -201,8 +205,14 @@ class CheckQueue:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def take_counts(self) -> dict[str, int]:
+        """The counts since the last call, reset."""
+        counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
+        return counts
+
     def _drop(self, check: PendingCheck) -> None:
         self.pending -= 1
+        self.counts["busy"] += 1
         self._notify(check, CheckOutcome.BUSY)
 
     @staticmethod
@@ -231,6 +241,7 @@ class CheckQueue:
                 self._executor = ThreadPoolExecutor(self.threads,
                                                     thread_name_prefix="amqlite-auth")
             self.running.add(check)
+            self.counts["run"] += 1
             future = loop.run_in_executor(self._executor, self.auth.check, check.login,
                                           check.passcode)
             future.add_done_callback(lambda f, c=check: self._finished(c, f))

@@ -32,8 +32,6 @@ log = logging.getLogger(__name__)
 #: StompServer._sweep): one timer for the server, not one per partial read on the hot path.
 SWEEP_INTERVAL_MAX = 1.0
 SWEEP_INTERVAL_MIN = 0.05
-#: Reason under which reading is paused while a login is checked.
-AUTHENTICATING = "authenticating"
 #: Transport write buffer limits: above HIGH we stop dispatching to this
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
@@ -114,6 +112,10 @@ class StompServer:
         for reason, count in self.refused.items():
             log.warning("closed %d socket(s) before login: %s", count, reason)
         self.refused.clear()
+        counts = self.checks.take_counts()
+        if counts["dropped"] or counts["busy"]:  # a flood: say what the login queue did
+            log.warning("login checks: %(run)d run, %(dropped)d dropped unrun (socket closed), "
+                        "%(busy)d refused (server busy)", counts)
         self._schedule_sweep()
 
     def close_slow(self, conns: Iterable[ClientConnection], now: float) -> None:
@@ -228,8 +230,7 @@ class ClientConnection(asyncio.Protocol):
             self.partial_since = None
             return
         if not self.connected and buffered > self.server.settings.max_handshake_bytes:
-            # A CONNECT still arriving, or bytes held behind one whose login is checked
-            # (reading is paused then, so this is at most one read's worth).
+            # A CONNECT still arriving, or bytes held behind one whose login is checked.
             self._protocol_failed(ProtocolError(
                 "too much data before CONNECTED",
                 f"{buffered} bytes buffered before the handshake completed, limit "
@@ -360,16 +361,16 @@ class ClientConnection(asyncio.Protocol):
             self._accept(frame)
             return
         login = frame.headers.get("login")
-        # Read nothing more until the login is decided: the bytes would only pile up.
-        self.pause_reading(AUTHENTICATING)
+        # Reading goes on while the check waits: what arrives stays bytes, bounded by
+        # max_handshake_bytes (data_received), and a close is noticed at once, which
+        # cancels the check. (A paused socket would not report its peer's close.)
         host = self.peer.rpartition(":")[0] or self.peer
 
         def checked(outcome: CheckOutcome) -> None:
             self.check = None
             if self.closed:
                 return
-            if outcome is CheckOutcome.BUSY:
-                self.server.refused["too many logins waiting for a password check"] += 1
+            if outcome is CheckOutcome.BUSY:  # counted and logged by the queue
                 self.close_with_error("server busy", "too many logins being checked; retry")
                 return
             if outcome is not CheckOutcome.ACCEPTED:
@@ -377,7 +378,6 @@ class ClientConnection(asyncio.Protocol):
                 self.close_with_error("authentication failed", "bad login or passcode")
                 return
             self._accept(frame)
-            self.resume_reading(AUTHENTICATING)
 
         self.check = self.server.checks.submit(host, login, frame.headers.get("passcode"),
                                                checked)

@@ -10,6 +10,7 @@ is written on raw sockets.
 from __future__ import annotations
 
 import random
+import re
 import select
 import socket
 import time
@@ -162,11 +163,45 @@ def test_bad_logins_are_refused_with_error(auth_broker: BrokerProcess,
         assert frames[0].headers.get("message") in ("authentication failed", "server busy")
 
 
+def test_check_of_a_closed_socket_never_runs(auth_broker: BrokerProcess) -> None:
+    """Sockets that send a bad CONNECT and close at once, while other checks are ahead of
+    them, are never hashed: the broker reports them dropped unrun, and the sockets that
+    stayed all get their ERROR."""
+    socks = [socket.create_connection((HOST, auth_broker.port), timeout=30) for _ in range(31)]
+    first, doomed, kept = socks[0], socks[1:21], socks[21:]
+    payloads = [connect_bytes("first", "x")]
+    payloads += [connect_bytes(f"doomed{i}", "x") for i in range(len(doomed))]
+    payloads += [connect_bytes(f"kept{i}", "x") for i in range(len(kept))]
+    for sock, payload in zip(socks, payloads, strict=True):  # all within a millisecond
+        sock.sendall(payload)
+    for sock in doomed:
+        sock.close()
+    try:
+        for sock in [first, *kept]:
+            assert _peek(sock).startswith(b"ERROR\n"), "a bad CONNECT got no ERROR"
+    finally:
+        for sock in [first, *kept]:
+            sock.close()
+    # The newer, kept sockets go first (newest first): the closed ones were still waiting.
+    deadline = time.monotonic() + CLOSE_DEADLINE
+    while (dropped := dropped_unrun(auth_broker)) < len(doomed) - 2:
+        assert time.monotonic() < deadline, (
+            f"only {dropped} of {len(doomed)} closed sockets' checks reported dropped unrun\n"
+            + auth_broker.log_tail())
+        time.sleep(0.05)  # polling the broker's log file for the condition, with a deadline
+
+
+def dropped_unrun(broker: BrokerProcess) -> int:
+    """Sum of the broker's "login checks: ... N dropped unrun" summary lines."""
+    return sum(int(m.group(1)) for m in re.finditer(r"login checks: \d+ run, (\d+) dropped unrun",
+                                                    broker.log_text()))
+
+
 def test_pipelined_frames_behind_pending_connect_do_not_grow_rss(
         auth_broker: BrokerProcess, flood_factory: list[Flood]) -> None:
     """Clients that write frames as fast as they can behind a CONNECT whose check is queued
-    (behind a flood) cost the broker no memory: it stops reading until the login is decided,
-    and refuses more than the handshake allowance."""
+    (behind a flood) cost the broker no memory: what follows the CONNECT stays unparsed
+    bytes, and past the handshake allowance the client gets ERROR and is closed."""
     flood = Flood(auth_broker.port, 60)  # keeps the checking thread busy for a while
     flood_factory.append(flood)
     hwm_before = vm_kib(auth_broker.pid, "VmHWM")
@@ -179,7 +214,7 @@ def test_pipelined_frames_behind_pending_connect_do_not_grow_rss(
         sock.sendall(connect_bytes(LOGIN, "wrong") + frame[:8192])
         if i % 2:
             # Let the broker take CONNECT alone first (a pause, not a synchronisation: either
-            # order is legal), so these pushers meet a paused socket, not the byte limit.
+            # order is legal), so these pushers' frames arrive behind a pending check.
             select.select([sock], [], [], 0.3)
         sock.setblocking(False)
         pushers.append(sock)
