@@ -8,11 +8,18 @@ breaking old entries.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import enum
 import hashlib
 import hmac
+import logging
 import os
 import tomllib
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 #: scrypt cost: n=2**14, r=8, p=1 is the interactive-login setting from the
 #: scrypt paper and Python's docs; ~20-50 ms of CPU, so verification runs in
@@ -23,6 +30,9 @@ SCRYPT_P = 1
 SALT_BYTES = 16
 HASH_BYTES = 32
 PREFIX = "scrypt"
+
+
+log = logging.getLogger(__name__)
 
 
 class AuthError(ValueError):
@@ -87,3 +97,159 @@ class Authenticator:
 
 
 _DUMMY_HASH = hash_password("not a password", salt=b"\0" * SALT_BYTES)
+
+
+# -- password checks under load ------------------------------------------------------------
+
+#: Threads that run scrypt. hashlib.scrypt releases the GIL, so each thread takes a core;
+#: on the 2-core machines we target, one hashes while the other keeps the event loop serving
+#: connected clients (more threads would only let a login flood starve message traffic).
+CHECK_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))
+#: Checks waiting for a thread, over all peers. At ~30 ms a check on one thread, 128 is ~4 s
+#: of work: within the handshake timeout, so a queued login can still finish in time.
+MAX_PENDING_CHECKS = 128
+#: Checks waiting per peer address: one address flooding CONNECTs cannot crowd out others,
+#: while a client pool of one application host reconnecting after a failover still fits.
+MAX_PENDING_PER_PEER = 32
+
+
+class CheckOutcome(enum.Enum):
+    """How a queued password check ended, as the waiting connection sees it."""
+
+    ACCEPTED = "accepted"
+    DENIED = "denied"
+    BUSY = "busy"  # dropped from a full queue before it ran
+
+
+@dataclass(eq=False)
+class PendingCheck:
+    """One CONNECT's credentials waiting for (or in) a hashing thread."""
+
+    peer: str
+    login: str | None
+    passcode: str | None
+    done: Callable[[CheckOutcome], None]
+    cancelled: bool = False
+
+
+class CheckQueue:
+    """Runs password checks on a few threads with bounded, fair waiting.
+
+    Why this shape: a flood of bad CONNECTs must not delay a good login by more than a
+    couple of checks. So
+
+    - at most ``threads`` checks run at once, on our own pool (not the default executor
+      that the store's blocking calls use);
+    - waiting checks are kept per peer address and served round-robin across addresses,
+      newest first within an address: a flooder's backlog delays only itself, and a fresh
+      login behind a flood from its own address is the next one that address gets;
+    - a check whose socket closed is removed at once and never runs (``cancel``);
+    - waiting is bounded per address and in total; past a bound the oldest waiting check
+      (of that address, or of the address with most waiting) is answered BUSY, so the
+      newcomer is always queued.
+    """
+
+    def __init__(self, auth: Authenticator, *, threads: int = CHECK_THREADS,
+                 max_pending: int = MAX_PENDING_CHECKS,
+                 max_per_peer: int = MAX_PENDING_PER_PEER) -> None:
+        self.auth = auth
+        self.threads = threads
+        self.max_pending = max_pending
+        self.max_per_peer = max_per_peer
+        self.waiting: dict[str, deque[PendingCheck]] = {}  # insertion order = round-robin
+        self.pending = 0
+        self.running: set[PendingCheck] = set()
+        #: Since the last take_counts(): checks hashed, dropped unrun because their socket
+        #: closed, and answered BUSY from a full queue (what an operator sees of a flood).
+        self.counts = {"run": 0, "dropped": 0, "busy": 0}
+        self._executor: ThreadPoolExecutor | None = None
+        self.closed = False
+
+    def submit(self, peer: str, login: str | None, passcode: str | None,
+               done: Callable[[CheckOutcome], None]) -> PendingCheck:
+        """Queue a check; ``done`` is called on the event loop thread, unless cancelled."""
+        check = PendingCheck(peer, login, passcode, done)
+        queue = self.waiting.setdefault(peer, deque())
+        if len(queue) >= self.max_per_peer:
+            self._drop(queue.popleft())
+        elif self.pending >= self.max_pending:
+            fullest = max(self.waiting.values(), key=len)
+            self._drop(fullest.popleft())
+        queue.append(check)
+        self.pending += 1
+        self._prune()
+        self._start_next()
+        return check
+
+    def cancel(self, check: PendingCheck) -> None:
+        """The socket went: the check must not run (if it already runs, its result is dropped)."""
+        if check.cancelled:
+            return
+        check.cancelled = True
+        queue = self.waiting.get(check.peer)
+        if queue is not None and check in queue:
+            queue.remove(check)  # at most max_per_peer entries
+            self.pending -= 1
+            self.counts["dropped"] += 1
+            self._prune()
+
+    def close(self) -> None:
+        self.closed = True
+        for queue in self.waiting.values():
+            for check in queue:
+                check.cancelled = True
+        for check in self.running:
+            check.cancelled = True
+        self.waiting.clear()
+        self.pending = 0
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def take_counts(self) -> dict[str, int]:
+        """The counts since the last call, reset."""
+        counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
+        return counts
+
+    def _drop(self, check: PendingCheck) -> None:
+        self.pending -= 1
+        self.counts["busy"] += 1
+        self._notify(check, CheckOutcome.BUSY)
+
+    @staticmethod
+    def _notify(check: PendingCheck, outcome: CheckOutcome) -> None:
+        """Tell the waiter once; its failure must not stop the queue for everyone else."""
+        check.cancelled = True
+        try:
+            check.done(outcome)
+        except Exception:
+            log.exception("handling the outcome of a login check for %s failed", check.peer)
+
+    def _prune(self) -> None:
+        for peer in [p for p, q in self.waiting.items() if not q]:
+            del self.waiting[peer]
+
+    def _start_next(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.closed and len(self.running) < self.threads and self.waiting:
+            peer, queue = next(iter(self.waiting.items()))
+            check = queue.pop()  # newest first
+            del self.waiting[peer]
+            if queue:
+                self.waiting[peer] = queue  # to the back of the round
+            self.pending -= 1
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.threads,
+                                                    thread_name_prefix="amqlite-auth")
+            self.running.add(check)
+            self.counts["run"] += 1
+            future = loop.run_in_executor(self._executor, self.auth.check, check.login,
+                                          check.passcode)
+            future.add_done_callback(lambda f, c=check: self._finished(c, f))
+
+    def _finished(self, check: PendingCheck, future: asyncio.Future[bool]) -> None:
+        self.running.discard(check)
+        ok = (not future.cancelled() and future.exception() is None and future.result())
+        if not check.cancelled:
+            self._notify(check, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
+        if not self.closed:
+            self._start_next()

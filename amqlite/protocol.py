@@ -292,6 +292,7 @@ class StompProtocol:
         limits: Limits | None = None,
         *,
         supported_versions: Iterable[str] = SUPPORTED_VERSIONS,
+        hold_handshake: bool = False,
     ) -> None:
         if role not in ("server", "client"):
             raise ValueError(f"role must be 'server' or 'client', got {role!r}")
@@ -307,6 +308,9 @@ class StompProtocol:
         self._parser.hold_after = (
             _HANDSHAKE_COMMANDS if role == "server" else frozenset({"CONNECTED"})
         )
+        # Server: keep what follows CONNECT as unparsed bytes until release_handshake(), so a
+        # client whose login is still being checked cannot make us parse and queue frames.
+        self.hold_handshake = hold_handshake
         self._receive_closed: str | None = None
         self._send_closed: str | None = None
         self._frames_since_connect = 0
@@ -339,7 +343,8 @@ class StompProtocol:
                     else:
                         self._on_frame(item)
                         events.append(FrameReceived(item))
-                if not self._parser.held:
+                if not self._parser.held or (
+                        self.hold_handshake and self._state == _CONNECTING):
                     break
                 self._parser.resume()  # the handshake frame has set the version
                 items = self._parser.feed(b"")
@@ -347,6 +352,18 @@ class StompProtocol:
             self._receive_closed = f"receiving stopped after: {exc.message}"
             raise
         return events
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames (a partial or held frame)."""
+        return self._parser.buffered
+
+    def release_handshake(self) -> list[Event]:
+        """With ``hold_handshake``: parse what arrived behind CONNECT, once it is answered."""
+        if not self._parser.held:
+            return []
+        self._parser.resume()
+        return self.receive_data(b"")
 
     def _on_frame(self, frame: Frame) -> None:
         if self.role == "server":

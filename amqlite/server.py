@@ -7,16 +7,20 @@ messaging-shaped is in ``Broker``. This module only moves bytes and time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
 import uuid
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from amqlite import __version__
+from amqlite.auth import CheckOutcome, CheckQueue, PendingCheck
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
-from amqlite.protocol import HEARTBEAT_GRACE, FrameReceived, StompProtocol
+from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
+from amqlite.settings import UNAUTHENTICATED_SHARE
 from amqlite.validation import check_connect
 
 if TYPE_CHECKING:
@@ -25,9 +29,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: A socket must send CONNECT this soon or it is closed; an idle socket would
-#: otherwise hold a connection slot forever (ActiveMQ: connectAttemptTimeout 30 s).
-CONNECT_TIMEOUT = 30.0
+#: How often slow frames are looked for, at most (a fraction of frame_timeout, see
+#: StompServer._sweep): one timer for the server, not one per partial read on the hot path.
+SWEEP_INTERVAL_MAX = 1.0
+SWEEP_INTERVAL_MIN = 0.05
 #: Transport write buffer limits: above HIGH we stop dispatching to this
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
@@ -51,6 +56,16 @@ class StompServer:
             max_header_length=settings.max_header_length,
         )
         self.connections: set[ClientConnection] = set()
+        #: Sockets without CONNECTED yet, oldest first (a dict keeps insertion order).
+        self.unauthenticated: dict[ClientConnection, None] = {}
+        self.checks = CheckQueue(auth)
+        #: Settings.resolved() fills 0 in; a Settings built by hand may still hold it.
+        self.max_unauthenticated = settings.max_unauthenticated or max(
+            1, settings.max_connections // UNAUTHENTICATED_SHARE)
+        #: Sockets refused since the last sweep, by reason: logged as one line per sweep,
+        #: since a flood would otherwise write a log line per socket.
+        self.refused: collections.Counter[str] = collections.Counter()
+        self._sweep_handle: asyncio.TimerHandle | None = None
         self.server: asyncio.base_events.Server | None = None
         self.session_ids = itertools.count(1)
         self.session_prefix = uuid.uuid4().hex[:8]
@@ -62,10 +77,57 @@ class StompServer:
         self.server = await loop.create_server(
             lambda: ClientConnection(self), host, port, reuse_address=True, backlog=512
         )
+        self._schedule_sweep()
 
     def stop_accepting(self) -> None:
         if self.server is not None:
             self.server.close()
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        self.checks.close()
+
+    # -- limits on unauthenticated and slow sockets ------------------------------------
+    def admit_unauthenticated(self, conn: ClientConnection) -> None:
+        """Count a new socket as unauthenticated; past the cap the oldest one goes, so a
+        socket flood cannot lock out a client that is connecting now."""
+        limit = self.max_unauthenticated
+        while len(self.unauthenticated) >= limit:
+            oldest = next(iter(self.unauthenticated))
+            del self.unauthenticated[oldest]
+            self.refused[f"max_unauthenticated={limit} reached"] += 1
+            oldest.close_with_error(
+                "server busy", f"too many connections still logging in (limit {limit}); retry")
+        self.unauthenticated[conn] = None
+
+    def _schedule_sweep(self) -> None:
+        interval = min(SWEEP_INTERVAL_MAX,
+                       max(SWEEP_INTERVAL_MIN, self.settings.frame_timeout / 4))
+        self._sweep_handle = asyncio.get_running_loop().call_later(interval, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connected clients whose current frame has been arriving for longer than
+        frame_timeout (a trickler with heart-beat 0,0 would otherwise be held forever)."""
+        self._sweep_handle = None
+        self.close_slow(self.connections, asyncio.get_running_loop().time())
+        for reason, count in self.refused.items():
+            log.warning("closed %d socket(s) before login: %s", count, reason)
+        self.refused.clear()
+        counts = self.checks.take_counts()
+        if counts["dropped"] or counts["busy"]:  # a flood: say what the login queue did
+            log.warning("login checks: %(run)d run, %(dropped)d dropped unrun (socket closed), "
+                        "%(busy)d refused (server busy)", counts)
+        self._schedule_sweep()
+
+    def close_slow(self, conns: Iterable[ClientConnection], now: float) -> None:
+        limit = self.settings.frame_timeout
+        for conn in list(conns):
+            since = conn.partial_since
+            if since is not None and now - since > limit and not conn.pause_reasons:
+                log.info("closing %s: frame incomplete after %.1fs", conn.peer, now - since)
+                conn.close_with_error(
+                    "frame timeout",
+                    f"a frame must arrive within {limit:g}s of its first byte")
 
     def pause_reading(self) -> None:
         for conn in list(self.connections):
@@ -110,14 +172,15 @@ class ClientConnection(asyncio.Protocol):
         self.server = server
         self.broker = server.broker
         self.loop = asyncio.get_event_loop()
-        self.proto = StompProtocol("server", server.limits)
+        self.proto = StompProtocol("server", server.limits, hold_handshake=True)
         self.transport: asyncio.Transport | None = None
         self.client_id: str | None = None
         self.version = "1.0"
         self.closed = False
         self.connected = False
-        self.authenticating = False
-        self.backlog: list[Frame] = []  # frames that arrived while CONNECT was checked
+        self.check: PendingCheck | None = None  # the login being checked
+        #: loop time when the frame now arriving started; None between frames
+        self.partial_since: float | None = None
         self.writable = True
         self.pause_reasons: set[str] = set()  # reading resumes when none is left
         self.last_rx = self.loop.time()
@@ -146,17 +209,39 @@ class ClientConnection(asyncio.Protocol):
             transport.close()
             return
         self.server.connections.add(self)
-        self.timers.append(self.loop.call_later(CONNECT_TIMEOUT, self._connect_timeout))
+        self.server.admit_unauthenticated(self)
+        self.timers.append(self.loop.call_later(self.server.settings.connect_timeout,
+                                                self._connect_timeout))
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.last_rx = self.loop.time()
+        now = self.last_rx = self.loop.time()
         try:
             events = self.proto.receive_data(data)
         except ProtocolError as exc:
             self._protocol_failed(exc)
             return
+        if events:
+            self._on_events(events)
+            if self.closed:
+                return
+        buffered = self.proto.buffered
+        if not buffered:
+            self.partial_since = None
+            return
+        if not self.connected and buffered > self.server.settings.max_handshake_bytes:
+            # A CONNECT still arriving, or bytes held behind one whose login is checked.
+            self._protocol_failed(ProtocolError(
+                "too much data before CONNECTED",
+                f"{buffered} bytes buffered before the handshake completed, limit "
+                f"{self.server.settings.max_handshake_bytes}; wait for CONNECTED"))
+            return
+        # Frame timing: a chunk that completed something started whatever is left over.
+        if events or self.partial_since is None:
+            self.partial_since = now
+
+    def _on_events(self, events: list[Event]) -> None:
         for event in events:
             if self.closed:
                 return
@@ -168,6 +253,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._forget_handshake()
         self._out.clear()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
@@ -224,7 +310,15 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # flushes what is buffered, then closes
         self.closed = True
+        self._forget_handshake()
         self.broker.detach(self)
+
+    def _forget_handshake(self) -> None:
+        """No longer unauthenticated: a queued password check for this socket never runs."""
+        self.server.unauthenticated.pop(self, None)
+        if self.check is not None:
+            self.server.checks.cancel(self.check)
+            self.check = None
 
     def pause_reading(self, reason: str) -> None:
         """Stop reading from this client (flow control) until every reason is gone."""
@@ -239,6 +333,8 @@ class ClientConnection(asyncio.Protocol):
             return
         self.pause_reasons.discard(reason)
         if not self.pause_reasons and self.transport is not None and not self.closed:
+            if self.partial_since is not None:
+                self.partial_since = self.loop.time()  # the pause was ours, not the client's
             self.transport.resume_reading()
 
     # -- frames ------------------------------------------------------------------------
@@ -251,9 +347,6 @@ class ClientConnection(asyncio.Protocol):
         self.close()
 
     def _on_frame(self, frame: Frame) -> None:
-        if self.authenticating:
-            self.backlog.append(frame)
-            return
         if not self.connected:
             self._on_connect(frame)
             return
@@ -261,32 +354,41 @@ class ClientConnection(asyncio.Protocol):
             self.broker.handle(self, frame)
         except BrokerError as exc:
             self.close_with_error(str(exc), receipt=frame.headers.get("receipt"))
+        except Exception:
+            # A bug, not the client's fault: this client gets an ERROR (no traceback on
+            # the wire), the log gets the traceback, every other client goes on.
+            log.exception("closing %s: internal error handling %s", self.peer,
+                          frame.command)
+            self.close_with_error("internal error", f"the broker failed to handle {frame.command}",
+                                  receipt=frame.headers.get("receipt"))
 
     def _on_connect(self, frame: Frame) -> None:
-        login = frame.headers.get("login")
+        """CONNECT parsed; whatever was pipelined behind it stays unparsed bytes in the
+        protocol (hold_handshake) until CONNECTED is sent."""
         if not self.server.auth.enabled:
             self._accept(frame)
             return
-        self.authenticating = True
-        future = asyncio.ensure_future(asyncio.to_thread(
-            self.server.auth.check, login, frame.headers.get("passcode")))
+        login = frame.headers.get("login")
+        # Reading goes on while the check waits: what arrives stays bytes, bounded by
+        # max_handshake_bytes (data_received), and a close is noticed at once, which
+        # cancels the check. (A paused socket would not report its peer's close.)
+        host = self.peer.rpartition(":")[0] or self.peer
 
-        def checked(f: asyncio.Future[bool]) -> None:
-            self.authenticating = False
+        def checked(outcome: CheckOutcome) -> None:
+            self.check = None
             if self.closed:
                 return
-            if f.cancelled() or f.exception() is not None or not f.result():
+            if outcome is CheckOutcome.BUSY:  # counted and logged by the queue
+                self.close_with_error("server busy", "too many logins being checked; retry")
+                return
+            if outcome is not CheckOutcome.ACCEPTED:
                 log.warning("authentication failed for login %r from %s", login, self.peer)
                 self.close_with_error("authentication failed", "bad login or passcode")
                 return
             self._accept(frame)
-            backlog, self.backlog = self.backlog, []
-            for queued in backlog:
-                if self.closed:
-                    return
-                self._on_frame(queued)
 
-        future.add_done_callback(checked)
+        self.check = self.server.checks.submit(host, login, frame.headers.get("passcode"),
+                                               checked)
 
     def _accept(self, frame: Frame) -> None:
         assert self.transport is not None
@@ -305,6 +407,7 @@ class ClientConnection(asyncio.Protocol):
         self.version = self.proto.version
         self.client_id = frame.headers.get("client-id") or None
         self.connected = True
+        self._forget_handshake()
         for t in self.timers:
             t.cancel()
         self.timers.clear()
@@ -316,6 +419,19 @@ class ClientConnection(asyncio.Protocol):
             self._schedule(hb.send_ms / 1000, self._send_heartbeat)
         if hb.expect_ms > 0:
             self._schedule(hb.expect_ms / 1000, self._check_heartbeat)
+        self._release_pipelined()
+
+    def _release_pipelined(self) -> None:
+        """Parse, with the negotiated version, what the client sent behind its CONNECT."""
+        try:
+            events = self.proto.release_handshake()
+        except ProtocolError as exc:
+            self._protocol_failed(exc)
+            return
+        if events:
+            self._on_events(events)
+        if not self.closed:
+            self.partial_since = self.loop.time() if self.proto.buffered else None
 
     # -- timers ------------------------------------------------------------------------
     def _schedule(self, delay: float, fn) -> None:
@@ -324,7 +440,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _connect_timeout(self) -> None:
         if not self.connected and not self.closed:
-            self.close_with_error("no CONNECT frame", f"send CONNECT within {CONNECT_TIMEOUT}s")
+            timeout = self.server.settings.connect_timeout
+            self.close_with_error("handshake timeout",
+                                  f"CONNECT must be sent and answered within {timeout:g}s")
 
     def _send_heartbeat(self) -> None:
         if self.closed or self.transport is None:

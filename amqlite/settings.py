@@ -29,6 +29,23 @@ DEFAULT_BIND = f"127.0.0.1:{DEFAULT_PORT}"
 #: A bound on sockets so a connection flood cannot exhaust file descriptors.
 #: ActiveMQ's transport default maximumConnections is 1000.
 DEFAULT_MAX_CONNECTIONS = 1000
+#: A socket must complete the handshake (CONNECT sent, login checked, CONNECTED back) this
+#: soon or it is closed: RabbitMQ's handshake_timeout is 10 s (ActiveMQ waits 30 s, which
+#: lets a socket flood hold slots three times as long for no benefit to real clients).
+DEFAULT_CONNECT_TIMEOUT = 10.0
+#: A frame that has started arriving must be complete this soon, whatever the heart-beat:
+#: a client trickling a byte a second is closed. 60 s is nginx's client_header_timeout and
+#: client_body_timeout; a max_frame_size frame (10 MiB) then needs ~175 KB/s.
+DEFAULT_FRAME_TIMEOUT = 60.0
+#: Bytes a socket may have buffered before it gets CONNECTED: a CONNECT still arriving, or
+#: frames pipelined behind one whose login is being checked. A CONNECT is a few hundred
+#: bytes; 64 KiB leaves room for long bearer-token passcodes and is the top of the range
+#: brokers use for the handshake (AMQP's pre-tune frame_min_size is 4 KiB, RabbitMQ's
+#: handshake frames stay well below 64 KiB).
+DEFAULT_MAX_HANDSHAKE_BYTES = 64 * 1024
+#: Sockets that have not authenticated yet, as a share of max_connections: a flood of
+#: sockets that never log in cannot take every slot from clients that reconnect.
+UNAUTHENTICATED_SHARE = 4  # a quarter
 #: ActiveMQ's RedeliveryPolicy.maximumRedeliveries default.
 DEFAULT_MAX_REDELIVERIES = 6
 #: ActiveMQ's shared dead-letter queue is ActiveMQ.DLQ; ours is a STOMP name.
@@ -76,6 +93,11 @@ class Settings:
     lock_keepalive: float = 1.0
     zk_session_timeout: float = 10.0
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: 0: a quarter of max_connections (UNAUTHENTICATED_SHARE)
+    max_unauthenticated: int = 0
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT
+    max_handshake_bytes: int = DEFAULT_MAX_HANDSHAKE_BYTES
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_header_count: int = DEFAULT_MAX_HEADER_COUNT
     max_header_length: int = DEFAULT_MAX_HEADER_LENGTH
@@ -119,9 +141,14 @@ class Settings:
             host = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
             s.advertise = f"tcp://{host}:{port}"
         for name in ("max_connections", "max_frame_size", "max_header_count",
-                     "max_header_length", "default_prefetch"):
+                     "max_header_length", "default_prefetch", "max_handshake_bytes",
+                     "connect_timeout", "frame_timeout"):
             if getattr(s, name) <= 0:
                 raise SettingsError(f"{name}: must be a positive number")
+        if s.max_unauthenticated == 0:
+            s.max_unauthenticated = max(1, s.max_connections // UNAUTHENTICATED_SHARE)
+        if not 0 < s.max_unauthenticated <= s.max_connections:
+            raise SettingsError("max_unauthenticated: must be between 1 and max_connections")
         if s.update_cluster_filter:
             try:
                 re.compile(s.update_cluster_filter)
