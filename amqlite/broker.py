@@ -24,6 +24,7 @@ import heapq
 import itertools
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -308,6 +309,31 @@ class Source:
         self.store_has_more = len(rows) >= PAGE_SIZE
         self.dispatch()
 
+    # -- management (amqlite.management.actions) -------------------------------------------
+    def drop(self, predicate: Callable[[Message], bool]) -> list[Message]:
+        """Remove the waiting messages ``predicate`` picks (purge, move, delete by an
+        operator); what is in flight to consumers is not here and is left alone."""
+        kept, dropped = [], []
+        for entry in self._heap:
+            (dropped if predicate(entry[2]) else kept).append(entry)
+        if not dropped:
+            return []
+        heapq.heapify(kept)
+        self._heap = kept
+        messages = [e[2] for e in dropped]
+        stored = sum(1 for m in messages if m.persistent)
+        self.in_memory_stored -= stored
+        self.nonpersistent -= len(messages) - stored
+        if self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG:
+            for producer in self.blocked_producers:
+                producer.resume_reading(f"flow:{self.name}")
+            self.blocked_producers.clear()
+        return messages
+
+    def inflight_ids(self) -> set[int]:
+        """Ids of this source's messages delivered and not yet acknowledged."""
+        return {d.message.id for sub in self.consumers for d in sub.inflight.values()}
+
 
 class DurableSource(Source):
     """A durable topic subscription's backlog: stored once, owed per subscription."""
@@ -384,6 +410,7 @@ class Subscription:
                 self.source.push(message)  # not sent: another consumer takes it
                 return
             message.delivery_count += 1
+            broker.dequeued[self.destination] += 1
             if ref is not None:
                 broker.writes.stage().acks.append(ref)
             return
@@ -483,6 +510,11 @@ class WriteBuffer:
         self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
         self.inflight_batches = 0
         self._released: set[Ref] = set()
+        #: Management metrics: called once per committed batch with (seconds the commit
+        #: took, seconds since the batch's first write was staged: the longest any
+        #: RECEIPT in it waited). None costs one attribute test per batch.
+        self.observer: Callable[[float, float], None] | None = None
+        self._first_staged = 0.0
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
@@ -509,6 +541,8 @@ class WriteBuffer:
     def _schedule(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            if self.observer is not None:
+                self._first_staged = time.monotonic()
             self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
@@ -530,6 +564,15 @@ class WriteBuffer:
             return
         self.inflight_batches += 1
         future = self.committer.submit(batch)
+        if self.observer is not None:
+            observer, staged, submitted = self.observer, self._first_staged, time.monotonic()
+
+            def observe(f: asyncio.Future[BatchResult]) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    now = time.monotonic()
+                    observer(now - submitted, now - (staged or submitted))
+
+            future.add_done_callback(observe)
         future.add_done_callback(lambda f: self._done(f, callbacks))
 
     def _done(self, future: asyncio.Future[BatchResult], callbacks: list) -> None:
@@ -640,6 +683,11 @@ class Broker:
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
                       "dead_lettered": 0}
+        #: Per-destination totals since this node became master, for the management
+        #: metrics (one dict increment per message; read only when scraped).
+        self.enqueued: defaultdict[str, int] = defaultdict(int)
+        self.dequeued: defaultdict[str, int] = defaultdict(int)
+        self.dead_lettered: defaultdict[str, int] = defaultdict(int)
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
             if d.kind == "queue":
@@ -818,6 +866,9 @@ class Broker:
         once) commit in one batch before anyone sees them."""
         messages = [self._message_from_send(f) for f in frames]
         self.stats["sent"] += len(messages)
+        enqueued = self.enqueued
+        for m in messages:
+            enqueued[m.destination] += 1
         to_store: list[tuple[Message, list[DurableSource]]] = []
         identity_only: list[Message] = []
         batch = self.writes.batch
@@ -1119,6 +1170,7 @@ class Broker:
         batch = self.writes.batch
         if command == "ACK":
             self.stats["acked"] += len(done)
+            self.dequeued[sub.destination] += len(done)
             batch.acks.extend(d.ref for d in done if d.ref is not None)
         else:
             for d in done:
@@ -1145,6 +1197,7 @@ class Broker:
             source.push(m)
             return
         self.stats["dead_lettered"] += 1
+        self.dead_lettered[m.destination] += 1
         dlq = self.settings.dead_letter_queue
         copy = self._copy(m)
         copy.id = next(self.ids)

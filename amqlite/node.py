@@ -19,6 +19,7 @@ import time
 
 from amqlite.auth import Authenticator, load_users
 from amqlite.broker import Broker
+from amqlite.management import ManagementServer
 from amqlite.registry import (
     NullRegistry,
     Registry,
@@ -67,6 +68,11 @@ class Node:
         self.role = "starting"
         #: This node's registry entry (cluster-list, discovery); never blocks or raises.
         self.registry: Registry = NullRegistry()
+        #: Read by the management API and its metrics.
+        self.takeovers = 0
+        self.store_errors = 0
+        self.master_since: float | None = None  # wall clock of the last activation
+        self.management: ManagementServer | None = None
 
     # -- entry point ----------------------------------------------------------------
     async def run(self) -> int:
@@ -89,6 +95,8 @@ class Node:
                 return EXIT_OK
             self.registry = open_registry(s, store)
             self.registry.confirm_master = lambda: self._still_master(locker)
+            if not await self._start_management():
+                return EXIT_ERROR
             while not self.stopping.is_set():
                 self.role = "slave"
                 log.info("node %s: slave of group %s, waiting for the lock", s.name, s.group)
@@ -103,6 +111,9 @@ class Node:
                 self.lost.clear()
             return EXIT_OK
         finally:
+            if self.management is not None:
+                with contextlib.suppress(Exception):
+                    await self.management.stop()
             with contextlib.suppress(Exception):
                 await self.registry.withdraw()
             with contextlib.suppress(Exception):
@@ -112,6 +123,18 @@ class Node:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(store.close)
             log.info("node %s: stopped", s.name)
+
+    async def _start_management(self) -> bool:
+        """Start the HTTP listener before the node waits as slave, so a slave serves
+        health, role and metrics; False when an explicit http_bind cannot be bound."""
+        try:
+            self.management = ManagementServer(self)
+            self.registry.http = await self.management.start()
+        except OSError as exc:
+            log.error("node %s: cannot listen for HTTP on %s: %s", self.settings.name,
+                      self.settings.http_bind, exc.strerror or exc)
+            return False
+        return True
 
     def request_stop(self) -> None:
         if not self.stopping.is_set():
@@ -190,6 +213,10 @@ class Node:
             self.stopping.set()
             return "stopped"
         self.broker, self.server, self.role = broker, server, "master"
+        self.takeovers += 1
+        self.master_since = time.time()
+        if self.management is not None:
+            broker.writes.observer = self.management.observer()
         log.info(
             "node %s: master of group %s (epoch %d), serving stomp on %s:%d "
             "(activated in %.0f ms; %d destinations, %d durable subscriptions)",
@@ -256,6 +283,7 @@ class Node:
 
     def _store_failed(self, exc: BaseException) -> None:
         if not self.lost.is_set():  # one failure reaches us from several callers
+            self.store_errors += 1
             log.error("node %s: store write failed: %s", self.settings.name, exc)
         self._demote(f"store: {exc}")
 

@@ -91,6 +91,9 @@ WITHDRAW_TIMEOUT = 3.0
 #: How long ``close()`` waits for the ZooKeeper session to be closed (s).
 CLOSE_TIMEOUT = 3.0
 
+#: Service URIs with these schemes are a node's management API, not a client URI.
+HTTP_SCHEMES = ("http://", "https://")
+
 _ZK_ROOT = re.compile(r"(/[A-Za-z0-9._-]+)+")
 
 
@@ -117,11 +120,15 @@ class Member:
     host: str | None = None
     pid: int | None = None
     epoch: int | None = None
+    #: The node's management API (``http://host:port``), None when it has none.
+    http: str | None = None
+    #: Last heartbeat (ms since the Unix epoch), store registry only.
+    heartbeat_at: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"group": self.group, "name": self.name, "role": self.role,
                 "services": list(self.services), "host": self.host, "pid": self.pid,
-                "epoch": self.epoch}
+                "epoch": self.epoch, "http": self.http, "heartbeat_at": self.heartbeat_at}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
@@ -129,12 +136,24 @@ class Member:
         if isinstance(services, str):
             services = [s for s in services.split(",") if s]
         pid, epoch = data.get("pid"), data.get("epoch")
+        # The store registry has one services column: an http(s):// entry in it is the
+        # management URL (kept out of the client URIs); ZooKeeper entries carry "http".
+        http = data.get("http")
+        uris = []
+        for uri in (str(s) for s in services):
+            if uri.startswith(HTTP_SCHEMES):
+                http = http or uri
+            else:
+                uris.append(uri)
+        heartbeat = data.get("heartbeat_at")
         return cls(
             group=str(data["group"]), name=str(data["name"]), role=str(data["role"]),
-            services=tuple(str(s) for s in services),
+            services=tuple(uris),
             host=None if data.get("host") is None else str(data["host"]),
             pid=None if pid is None else int(pid),
             epoch=None if epoch is None else int(epoch),
+            http=None if http is None else str(http),
+            heartbeat_at=None if heartbeat is None else int(heartbeat),
         )
 
 
@@ -243,6 +262,8 @@ class Registry(abc.ABC):
     #: A master entry is (re)written only after it says yes, so a deposed master
     #: that wakes up (SIGCONT) never shows up as master while it demotes.
     confirm_master: Callable[[], Awaitable[bool]] | None = None
+    #: The node's management API URL, announced with its role (None: no API).
+    http: str | None = None
 
     @abc.abstractmethod
     async def announce(self, role: str, epoch: int | None) -> None:
@@ -302,7 +323,7 @@ class _BackgroundRegistry(Registry):
         if self._closed:
             return
         self._wanted = Member(self.group, self.name, role, self.services, self.host, self.pid,
-                              epoch if role == ROLE_MASTER else None)
+                              epoch if role == ROLE_MASTER else None, self.http)
         self._kick()
 
     async def withdraw(self) -> None:
@@ -406,7 +427,8 @@ class StoreRegistry(_BackgroundRegistry):
         if wanted is None:
             self.store.unregister(self.name)
         else:
-            self.store.register(self.name, wanted.role, list(wanted.services), wanted.host,
+            services = list(wanted.services) + ([wanted.http] if wanted.http else [])
+            self.store.register(self.name, wanted.role, services, wanted.host,
                                 wanted.pid, wanted.epoch)
 
     async def _close_backend(self) -> None:

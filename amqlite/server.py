@@ -11,6 +11,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -187,6 +188,9 @@ class ClientConnection(asyncio.Protocol):
         self.last_tx = self.last_rx
         self.timers: list[asyncio.TimerHandle] = []
         self.peer = "?"
+        #: For the management API's connection list (wall clock, login as given).
+        self.connected_at: float | None = None
+        self.login: str | None = None
         #: Frames encoded this loop iteration, written with one send at its end:
         #: a commit releases a RECEIPT or a dozen MESSAGEs per connection at once,
         #: and one syscall (and one TCP segment) each would cost more than the frames.
@@ -407,6 +411,8 @@ class ClientConnection(asyncio.Protocol):
         self.version = self.proto.version
         self.client_id = frame.headers.get("client-id") or None
         self.connected = True
+        self.login = frame.headers.get("login") or None
+        self.connected_at = time.time()
         self._forget_handshake()
         for t in self.timers:
             t.cancel()

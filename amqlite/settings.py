@@ -62,6 +62,10 @@ DEFAULT_HEARTBEAT = (10_000, 10_000)
 DEFAULT_DEDUP_WINDOW = 600.0
 #: How often a master checkpoints housekeeping (reap expired, prune dedup).
 DEFAULT_HOUSEKEEPING_INTERVAL = 5.0
+#: The management HTTP listener: ActiveMQ's web console port, on loopback.
+DEFAULT_HTTP_PORT = 8161
+#: ``http_bind`` value meaning "no HTTP listener".
+HTTP_OFF = "off"
 
 
 def default_data_dir(group: str) -> Path:
@@ -108,6 +112,11 @@ class Settings:
     dedup_window: float = DEFAULT_DEDUP_WINDOW
     housekeeping_interval: float = DEFAULT_HOUSEKEEPING_INTERVAL
     users_file: str = ""  # TOML users file with hashed passwords; empty = no auth
+    #: Management HTTP listener, HOST:PORT or "off". Empty: 127.0.0.1, port derived from
+    #: the STOMP port (8161 + (port - 61613)) or the next free one (see amqlite.management).
+    http_bind: str = ""
+    #: Without a users file the HTTP listener must stay on loopback unless this is set.
+    http_allow_remote: bool = False
     log_level: str = "INFO"
     # Broker-side cluster client options (ActiveMQ's transportConnector attributes).
     update_cluster_clients: bool = False
@@ -155,6 +164,16 @@ class Settings:
             except re.error as e:
                 raise SettingsError(f"update_cluster_filter: not a regular expression: {e}") \
                     from None
+        if s.http_bind and s.http_bind.lower() != HTTP_OFF:
+            try:
+                parse_bind(s.http_bind)
+            except SettingsError as e:
+                raise SettingsError(f"http_bind: {e}".replace("--bind: ", "")) from None
+            host, _ = parse_bind(s.http_bind)
+            if not s.users_file and not s.http_allow_remote and not is_loopback(host):
+                raise SettingsError(
+                    f"http_bind {s.http_bind}: without a users_file the management API stays "
+                    "on loopback; set http_allow_remote = true to expose it anyway")
         if s.max_redeliveries < 0:
             raise SettingsError("max_redeliveries: must be >= 0")
         if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
@@ -174,6 +193,18 @@ def parse_bind(bind: str) -> tuple[str, int]:
     if not 0 <= p <= 65535:
         raise SettingsError(f"--bind: port out of range in {bind!r}")
     return host, p
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost (names are not resolved)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_heartbeat(value: str) -> tuple[int, int]:

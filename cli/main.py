@@ -39,6 +39,9 @@ def cli() -> None:
 @click.option("--store", help="Store URL: sqlite:///path or postgresql://user@host/db.")
 @click.option("--locker", help="Locker URL: file:///path, postgresql://..., zk://host:port/root.")
 @click.option("--bind", help="Address to listen on (default 127.0.0.1:61613).")
+@click.option("--http", "http_bind",
+              help="Management HTTP listener HOST:PORT, or 'off' (default 127.0.0.1:8161, "
+                   "or a port derived from --bind's).")
 @click.option("--advertise", help="Client URI published in the registry (default tcp://BIND).")
 @click.option("--rejoin/--no-rejoin", default=None,
               help="After losing mastership, go back to waiting as slave instead of exiting.")

@@ -1,0 +1,542 @@
+"""The management HTTP listener: health, metrics, the JSON API and the console.
+
+It runs in the node's own asyncio loop (aiohttp), from the node's start to its exit, so
+a slave answers health, role and metrics too. Only a serving master answers the rest;
+a slave or a demoting node says 503 and where the master is (from the registry).
+
+Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destination):
+
+    GET    /healthz  /readyz  /metrics
+    GET    /api/v1/node                       this node: role, epoch, readiness
+    GET    /api/v1/group                      every node of the group (registry)
+    GET    /api/v1/destinations               name, kind, waiting, in flight, consumers...
+    GET    /api/v1/destinations/{kind}/{name}
+    DELETE /api/v1/destinations/queue/{name}  purge it and forget it (see delete_destination)
+    GET    /api/v1/messages/queue/{name}?after=ID&limit=N   browse without consuming
+    GET    /api/v1/message/{id}               one whole message
+    DELETE /api/v1/message/{id}
+    POST   /api/v1/purge/queue/{name}
+    POST   /api/v1/move/queue/{name}          {"to": "/queue/x", "ids": [..]} (no ids: all)
+    POST   /api/v1/retry/queue/{name}         {"ids": [..]} (no ids: all) to original-destination
+    GET    /api/v1/connections
+    DELETE /api/v1/connections/{address}
+    GET    /api/v1/subscriptions              durable subscriptions, online or not
+    DELETE /api/v1/subscriptions/{client_id}/{name}
+
+Errors are JSON ``{"error": "..."}`` with the status: 400 malformed, 401 login, 403 not
+an administrator or a failed CSRF check, 404 unknown, 409 conflict, 503 not the master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from amqlite.management.actions import ActionError, Actions
+from amqlite.management.metrics import Metrics
+from amqlite.management.reads import DestinationDepth, StoreReader
+from amqlite.management.security import (
+    CSRF_HEADER,
+    REALM,
+    Access,
+    Forbidden,
+    Unauthorized,
+)
+from amqlite.registry import Member, RegistryError, read_members, registry_url
+from amqlite.settings import DEFAULT_HTTP_PORT, DEFAULT_PORT, HTTP_OFF, parse_bind
+from store import StoreError
+
+if TYPE_CHECKING:
+    from amqlite.node import Node
+
+log = logging.getLogger("amqlite.management")
+
+API = "/api/v1"
+#: Without ``http_bind`` the port is 8161 + (STOMP port - 61613) when that lands in this
+#: range (61614 -> 8162, the README's second node), else 8161; then the next free one.
+AUTO_PORT_RANGE = 100
+#: Ports tried after the derived one before giving up (the node then runs without HTTP).
+AUTO_PORT_TRIES = 50
+#: Default and largest page when browsing messages: 50 fits a console table; 500 is
+#: the broker's own store page (broker.PAGE_SIZE).
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+#: Largest JSON body an action accepts: a list of ids to move (~10 bytes each).
+MAX_BODY_BYTES = 1024 * 1024
+#: How long the registry's view of the group is reused (s); it changes within ~1 s.
+GROUP_CACHE_SECONDS = 1.0
+#: Paths a slave answers; the rest needs the master.
+SLAVE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", f"{API}/node", f"{API}/group"})
+#: Paths anyone may read even with a users file: health checks carry no credentials.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+STATIC = Path(__file__).with_name("static")
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    headers = {"WWW-Authenticate": f'Basic realm="{REALM}"'} if status == 401 else None
+    return web.json_response({"error": message, **extra}, status=status, headers=headers)
+
+
+class NodeView:
+    """What the API reads from the node, in one place (the node changes its broker and
+    server when it becomes master or demotes)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.settings = node.settings
+        self.reader = StoreReader(node.settings.store, node.settings.group)
+        self.depths: dict[str, DestinationDepth] = {}
+        self._group: list[Member] = []
+        self._group_at = 0.0
+
+    @property
+    def broker(self) -> Any:
+        return self.node.broker
+
+    @property
+    def server(self) -> Any:
+        return self.node.server
+
+    @property
+    def serving(self) -> bool:
+        node, broker = self.node, self.node.broker
+        return (node.role == "master" and broker is not None and not broker.paused
+                and not node.lost.is_set())
+
+    async def refresh_depths(self) -> None:
+        if self.broker is None:
+            self.depths = {}
+            return
+        try:
+            self.depths = await asyncio.to_thread(self.reader.depths)
+        except StoreError as e:
+            log.warning("management: reading depths failed: %s", e)
+
+    async def group(self) -> list[Member]:
+        if time.monotonic() - self._group_at >= GROUP_CACHE_SECONDS:
+            s = self.settings
+            try:
+                self._group = await asyncio.to_thread(read_members, registry_url(s), s.group)
+            except RegistryError as e:
+                log.debug("management: registry unreadable: %s", e)
+            self._group_at = time.monotonic()
+        return self._group
+
+    async def master(self) -> dict[str, Any] | None:
+        """The group's master as the registry sees it (highest epoch), or None."""
+        masters = [m for m in await self.group() if m.role == "master"
+                   and m.name != self.settings.name]
+        if not masters:
+            return None
+        m = max(masters, key=lambda m: m.epoch or -1)
+        return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch}
+
+    def destination_rows(self, depths: dict[str, DestinationDepth]) -> list[dict[str, Any]]:
+        """One row per destination: stored depth (cached) with live memory state."""
+        broker = self.broker
+        if broker is None:
+            return []
+        names = set(depths) | set(broker.queues) | set(broker.topics) \
+            | set(broker.durables_by_topic)
+        rows = []
+        for name in sorted(names):
+            d = depths.get(name)
+            kind = d.kind if d is not None else ("queue" if name.startswith("/queue/")
+                                                 else "topic")
+            if kind == "queue":
+                q = broker.queues.get(name)
+                inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
+                stored = d.depth if d is not None else 0
+                waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
+                consumers = len(q.consumers) if q is not None else 0
+            else:
+                durables = broker.durables_by_topic.get(name, [])
+                inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
+                waiting = sum(len(dur) for dur in durables)
+                consumers = len(broker.topics.get(name, [])) + sum(
+                    len(dur.consumers) for dur in durables)
+            rows.append({
+                "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
+                "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
+                "dequeued": broker.dequeued.get(name, 0),
+                "dead_lettered": broker.dead_lettered.get(name, 0),
+            })
+        return rows
+
+
+class ManagementServer:
+    """The aiohttp app and its listener, owned by the node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.settings = node.settings
+        self.view = NodeView(node)
+        self.access = Access.from_file(node.settings.users_file)
+        self.metrics = Metrics(self.view)
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+        self.app = self._make_app()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> str | None:
+        """Listen; the URL, or None when ``http_bind`` is off or no automatic port was
+        free. An explicit ``http_bind`` that cannot be bound raises OSError."""
+        s = self.settings
+        if s.http_bind.lower() == HTTP_OFF:
+            log.info("management API off (http_bind = off)")
+            return None
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        if s.http_bind:
+            host, port = parse_bind(s.http_bind)
+            site = await self._listen(host, [port])
+        else:
+            host = "127.0.0.1"
+            _, stomp_port = s.bind_address
+            offset = stomp_port - DEFAULT_PORT
+            first = DEFAULT_HTTP_PORT + (offset if 0 <= offset < AUTO_PORT_RANGE else 0)
+            site = await self._listen(host, list(range(first, first + AUTO_PORT_TRIES)))
+            if site is None:
+                log.warning("management API: no free port in %d-%d; running without it "
+                            "(set http_bind)", first, first + AUTO_PORT_TRIES - 1)
+                await self.stop()
+                return None
+        assert site is not None
+        port = self._runner.addresses[0][1] if self._runner and self._runner.addresses else 0
+        shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+        self.url = f"http://{shown}:{port}"
+        log.info("management API on %s (%s)", self.url,
+                 "login required" if self.access.enabled else "no users file: no login")
+        return self.url
+
+    async def _listen(self, host: str, ports: list[int]) -> web.TCPSite | None:
+        assert self._runner is not None
+        last: OSError | None = None
+        for port in ports:
+            site = web.TCPSite(self._runner, host, port, reuse_address=True)
+            try:
+                await site.start()
+                return site
+            except OSError as e:
+                last = e
+        if len(ports) == 1 and last is not None:
+            await self.stop()
+            raise last
+        return None
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.view.reader.close)
+
+    def observer(self) -> Any:
+        return self.metrics.observer()
+
+    # -- app ---------------------------------------------------------------------------
+    def _make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY_BYTES)
+        r = app.router
+        r.add_get("/", self.console)
+        if STATIC.is_dir():
+            r.add_static("/static/", STATIC)
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/metrics", self.metrics_page)
+        r.add_get(f"{API}/node", self.node_info)
+        r.add_get(f"{API}/group", self.group)
+        r.add_get(f"{API}/destinations", self.destinations)
+        r.add_get(API + "/destinations/{kind}/{name:.+}", self.destination)
+        r.add_delete(API + "/destinations/{kind}/{name:.+}", self.delete_destination)
+        r.add_get(API + "/messages/{kind}/{name:.+}", self.browse)
+        r.add_get(API + "/message/{id}", self.message)
+        r.add_delete(API + "/message/{id}", self.delete_message)
+        r.add_post(API + "/purge/{kind}/{name:.+}", self.purge)
+        r.add_post(API + "/move/{kind}/{name:.+}", self.move)
+        r.add_post(API + "/retry/{kind}/{name:.+}", self.retry)
+        r.add_get(f"{API}/connections", self.connections)
+        r.add_delete(API + "/connections/{address}", self.close_connection)
+        r.add_get(f"{API}/subscriptions", self.subscriptions)
+        r.add_delete(API + "/subscriptions/{client_id}/{name:.+}", self.remove_subscription)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Login, administrator and CSRF checks, 503 off the master, and no traceback
+        ever: an unexpected failure is logged here and answered with a one-line 500."""
+        path = request.path
+        try:
+            login = None
+            if path not in OPEN_PATHS:
+                login = await self.access.login(request.headers.get("Authorization"))
+            request["login"] = login
+            if request.method not in ("GET", "HEAD"):
+                self.access.require_admin(login)
+                self._check_csrf(request)
+            if path.startswith(API) and path not in SLAVE_PATHS and not self.view.serving:
+                return await self._not_master()
+            return await handler(request)
+        except Unauthorized as e:
+            return _error(401, str(e))
+        except Forbidden as e:
+            return _error(403, str(e))
+        except ActionError as e:
+            if e.status == 503:
+                return await self._not_master(str(e))
+            return _error(e.status, str(e))
+        except web.HTTPException as e:
+            if e.status >= 400:
+                return _error(e.status, e.reason)
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("management: %s %s failed", request.method, path)
+            return _error(500, "internal error (logged on the broker)")
+
+    @staticmethod
+    def _check_csrf(request: web.Request) -> None:
+        if not request.headers.get(CSRF_HEADER):
+            raise Forbidden(f"state changes need the {CSRF_HEADER} header (CSRF defence)")
+        origin = request.headers.get("Origin")
+        if origin and origin != "null":
+            expected = f"{request.scheme}://{request.host}"
+            if origin != expected:
+                raise Forbidden(f"cross-origin request from {origin} refused")
+
+    async def _not_master(self, why: str | None = None) -> web.Response:
+        node = self.node
+        master = await self.view.master()
+        where = (f"; the master is {master['name']} ({master['http'] or 'no API'})"
+                 if master else "; no master is registered")
+        return _error(503, (why or f"this node is {node.role}, not the serving master") + where,
+                      role=node.role, master=master)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ActionError(400, "the body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise ActionError(400, "the body must be a JSON object")
+        return data
+
+    @staticmethod
+    def _destination(request: web.Request) -> str:
+        kind = request.match_info["kind"]
+        if kind not in ("queue", "topic"):
+            raise ActionError(404, f"no such resource: {request.path}")
+        return f"/{kind}/{request.match_info['name']}"
+
+    def _logged(self, request: web.Request, what: str, result: dict[str, Any]) -> web.Response:
+        log.info("management: %s by %s from %s: %s", what, request["login"] or "(no login)",
+                 request.remote, json.dumps(result, sort_keys=True))
+        return web.json_response(result)
+
+    # -- console, health, metrics ------------------------------------------------------
+    async def console(self, request: web.Request) -> web.StreamResponse:
+        index = STATIC / "index.html"
+        if not index.is_file():
+            return web.Response(text="amqlite management API: see /api/v1/node\n")
+        return web.FileResponse(index)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "role": self.node.role,
+                                  "name": self.settings.name})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.view.serving:
+            return web.json_response({"ready": True, "role": "master",
+                                      "name": self.settings.name,
+                                      "epoch": self.view.broker.epoch})
+        master = await self.view.master()
+        return web.json_response({"ready": False, "role": self.node.role,
+                                  "name": self.settings.name, "master": master}, status=503)
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        await self.view.refresh_depths()
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- reads ----------------------------------------------------------------------------
+    async def node_info(self, request: web.Request) -> web.Response:
+        node, broker = self.node, self.view.broker
+        return web.json_response({
+            "name": self.settings.name, "group": self.settings.group, "role": node.role,
+            "ready": self.view.serving, "epoch": broker.epoch if broker is not None else None,
+            "stomp": self.settings.advertise, "http": self.url,
+            "takeovers": getattr(node, "takeovers", 0),
+            "master_since": getattr(node, "master_since", None),
+            "master": None if self.view.serving else await self.view.master(),
+        })
+
+    async def group(self, request: web.Request) -> web.Response:
+        members = await self.view.group()
+        return web.json_response({"group": self.settings.group,
+                                  "nodes": [m.to_json() for m in members]})
+
+    async def destinations(self, request: web.Request) -> web.Response:
+        await self.view.refresh_depths()
+        return web.json_response({"destinations": self.view.destination_rows(self.view.depths)})
+
+    async def _destination_row(self, name: str) -> dict[str, Any]:
+        await self.view.refresh_depths()
+        for row in self.view.destination_rows(self.view.depths):
+            if row["name"] == name:
+                return row
+        raise ActionError(404, f"no destination {name}")
+
+    async def destination(self, request: web.Request) -> web.Response:
+        return web.json_response(await self._destination_row(self._destination(request)))
+
+    async def browse(self, request: web.Request) -> web.Response:
+        name = self._destination(request)
+        q = request.query
+        try:
+            after = int(q.get("after", "0"))
+            limit = int(q.get("limit", str(DEFAULT_PAGE)))
+        except ValueError:
+            raise ActionError(400, "after and limit must be integers") from None
+        if not 1 <= limit <= MAX_PAGE or after < 0:
+            raise ActionError(400, f"limit must be 1..{MAX_PAGE} and after >= 0")
+        await self._destination_row(name)  # 404 when unknown
+        did = self.view.depths[name].id if name in self.view.depths else None
+        if did is None or self.view.depths[name].kind != "queue":
+            messages: list[dict[str, Any]] = []
+        else:
+            messages = await asyncio.to_thread(self.view.reader.browse, did, after, limit + 1)
+        more = len(messages) > limit
+        messages = messages[:limit]
+        return web.json_response({
+            "destination": name, "messages": messages,
+            "next_after": messages[-1]["id"] if more else None,
+        })
+
+    def _message_id(self, request: web.Request) -> int:
+        try:
+            return int(request.match_info["id"])
+        except ValueError:
+            raise ActionError(400, "a message id is an integer (the 'id' of browse)") from None
+
+    async def message(self, request: web.Request) -> web.Response:
+        row = await asyncio.to_thread(self.view.reader.message, self._message_id(request))
+        if row is None:
+            raise ActionError(404, f"no message {request.match_info['id']}")
+        row.pop("raw_body", None)
+        return web.json_response(row)
+
+    async def connections(self, request: web.Request) -> web.Response:
+        server, broker = self.view.server, self.view.broker
+        out = []
+        for conn in sorted(server.connections if server is not None else (),
+                           key=lambda c: getattr(c, "connected_at", 0)):
+            session = broker.sessions.get(conn) if broker is not None else None
+            subs = list(session.subscriptions.values()) if session is not None else []
+            out.append({
+                "address": conn.peer, "login": getattr(conn, "login", None),
+                "client_id": conn.client_id, "version": conn.version,
+                "connected": conn.connected,
+                "connected_since": getattr(conn, "connected_at", None),
+                "subscriptions": [{"id": s.id, "destination": s.destination,
+                                   "ack": s.ack_mode, "unacked": len(s.inflight)}
+                                  for s in subs],
+                "unacked": sum(len(s.inflight) for s in subs),
+            })
+        return web.json_response({"connections": out})
+
+    async def subscriptions(self, request: web.Request) -> web.Response:
+        broker = self.view.broker
+        try:
+            rows = await asyncio.to_thread(self.view.reader.durables)
+        except StoreError as e:
+            raise ActionError(503, str(e)) from None
+        out = []
+        for r in rows:
+            durable = broker.durables.get((r.client_id, r.name))
+            out.append({"client_id": r.client_id, "name": r.name, "topic": r.topic,
+                        "pending": r.pending,
+                        "online": bool(durable is not None and durable.consumers)})
+        return web.json_response({"subscriptions": out})
+
+    # -- actions ------------------------------------------------------------------------------
+    def _actions(self) -> Actions:
+        return Actions(self.view.broker, self.view.reader)
+
+    async def purge(self, request: web.Request) -> web.Response:
+        name = self._destination(request)
+        result = await self._actions().purge(name)
+        return self._logged(request, f"purge {name}", result)
+
+    async def delete_destination(self, request: web.Request) -> web.Response:
+        """Purge the queue and drop it from the broker's memory. Its row stays in the
+        store (there is no store operation to remove one yet): after a restart or a
+        failover it is listed again, empty."""
+        name = self._destination(request)
+        actions = self._actions()
+        q = actions.queue(name)
+        if q.consumers:
+            raise ActionError(409, f"{name} has {len(q.consumers)} consumers; close them first")
+        result = await actions.purge(name)
+        broker = self.view.broker
+        if not q.consumers and not q.pending_inserts and not len(q):
+            broker.queues.pop(name, None)
+        result["deleted"] = 1
+        return self._logged(request, f"delete {name}", result)
+
+    async def delete_message(self, request: web.Request) -> web.Response:
+        mid = self._message_id(request)
+        result = await self._actions().delete_message(mid)
+        return self._logged(request, f"delete message {mid}", result)
+
+    async def move(self, request: web.Request) -> web.Response:
+        name = self._destination(request)
+        body = await self._body(request)
+        target = body.get("to")
+        if not isinstance(target, str) or not target:
+            raise ActionError(400, 'move needs "to": the target queue, e.g. "/queue/orders"')
+        ids = self._ids(body)
+        result = await self._actions().move(name, target, ids)
+        return self._logged(request, f"move {name} -> {target}", result)
+
+    async def retry(self, request: web.Request) -> web.Response:
+        name = self._destination(request)
+        ids = self._ids(await self._body(request))
+        result = await self._actions().move(name, None, ids, retry=True)
+        return self._logged(request, f"retry {name}", result)
+
+    @staticmethod
+    def _ids(body: dict[str, Any]) -> list[int] | None:
+        ids = body.get("ids")
+        if ids is None:
+            return None
+        if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ActionError(400, '"ids" must be a list of message ids (integers)')
+        return ids
+
+    async def close_connection(self, request: web.Request) -> web.Response:
+        address = request.match_info["address"]
+        server = self.view.server
+        conn = next((c for c in server.connections if c.peer == address), None)
+        if conn is None:
+            raise ActionError(404, f"no connection from {address}")
+        result = self._actions().close_connection(conn, request["login"] or "an administrator")
+        return self._logged(request, f"close connection {address}", result)
+
+    async def remove_subscription(self, request: web.Request) -> web.Response:
+        client_id, name = request.match_info["client_id"], request.match_info["name"]
+        result = await self._actions().remove_durable(client_id, name)
+        return self._logged(request, f"remove durable subscription {client_id}/{name}", result)
