@@ -1,0 +1,87 @@
+"""HTTP helpers for the management API tests: urllib from the standard library, so the
+tests exercise the broker's listener with a client that shares no code with it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+#: Per-request timeout: generous for a loaded 2-core machine.
+HTTP_TIMEOUT = 10.0
+#: Deadline for conditions polled over HTTP (depths after a commit, a role change).
+WAIT = 15.0
+
+
+class Api:
+    """One broker's management API."""
+
+    def __init__(self, base: str, login: str | None = None, password: str | None = None):
+        self.base = base.rstrip("/")
+        self.auth = None
+        if login is not None:
+            token = base64.b64encode(f"{login}:{password}".encode()).decode()
+            self.auth = f"Basic {token}"
+
+    def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+             headers: dict[str, str] | None = None, csrf: bool = True,
+             ) -> tuple[int, Any, dict[str, str]]:
+        """(status, decoded JSON or text, headers); never raises for an HTTP status."""
+        hdrs = dict(headers or {})
+        if self.auth:
+            hdrs.setdefault("Authorization", self.auth)
+        if method not in ("GET", "HEAD") and csrf:
+            hdrs.setdefault("X-Requested-By", "tests")
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+            hdrs.setdefault("Content-Type", "application/json")
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:
+                status, payload, rh = resp.status, resp.read(), dict(resp.headers)
+        except urllib.error.HTTPError as e:
+            status, payload, rh = e.code, e.read(), dict(e.headers)
+        text = payload.decode("utf-8", "replace")
+        if rh.get("Content-Type", "").startswith("application/json"):
+            return status, json.loads(text), rh
+        return status, text, rh
+
+    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        status, data, _ = self.call("GET", path, **kw)
+        return status, data
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        status, data, _ = self.call("POST", path, body, **kw)
+        return status, data
+
+    def delete(self, path: str, **kw: Any) -> tuple[int, Any]:
+        status, data, _ = self.call("DELETE", path, **kw)
+        return status, data
+
+    def ok(self, method: str, path: str, body: Any = None) -> Any:
+        status, data, _ = self.call(method, path, body)
+        assert status == 200, f"{method} {path}: {status} {data}"
+        return data
+
+    def destination(self, name: str) -> dict[str, Any] | None:
+        kind, _, rest = name.lstrip("/").partition("/")
+        status, data = self.get(f"/api/v1/destinations/{kind}/{rest}")
+        return data if status == 200 else None
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = WAIT,
+               what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
