@@ -68,6 +68,13 @@ class Api:
         assert status == 200, f"{method} {path}: {status} {data}"
         return data
 
+    def up(self) -> bool:
+        """True once the listener answers /healthz (a process starting is refused)."""
+        try:
+            return self.get("/healthz")[0] == 200
+        except urllib.error.URLError:
+            return False
+
     def destination(self, name: str) -> dict[str, Any] | None:
         kind, _, rest = name.lstrip("/").partition("/")
         status, data = self.get(f"/api/v1/destinations/{kind}/{rest}")
