@@ -509,6 +509,12 @@ def main() -> int:
     ap.add_argument("--processes", type=int, default=1,
                     help="run the producers in this many processes of their own (the "
                          "consumers stay in this one), for when one core cannot drive a broker")
+    ap.add_argument("--scrape-interval", type=float, default=0,
+                    help="GET the broker's /metrics this often (s) during the run, as "
+                         "Prometheus would (amqlite: its management API; --scrape-url "
+                         "for a broker not spawned here); 0: never")
+    ap.add_argument("--scrape-url", help="metrics URL to scrape (default: the spawned "
+                                         "amqlite's http://.../metrics)")
     opts = ap.parse_args()
     if not opts.port and not opts.spawn:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
@@ -517,7 +523,13 @@ def main() -> int:
     with PeerSet() as peers:
         port, pid, broker_config = peers.target(opts.spawn, opts.port)
         store_pid = peers.pg.postmaster_pid() if peers.pg is not None else None
+        scraper = None
+        if opts.scrape_interval > 0:
+            url = opts.scrape_url or (broker_config.get("http", "") + "/metrics")
+            scraper = Scraper(url, opts.scrape_interval)
         result = asyncio_run(run(opts, port, pid, store_pid))
+        if scraper is not None:
+            result["scrapes"] = scraper.stop()
     out = {
         "bench": "load",
         "broker": broker_config,
@@ -526,6 +538,40 @@ def main() -> int:
     }
     print(json.dumps(out))
     return 0
+
+
+class Scraper:
+    """A Prometheus stand-in: GET the metrics URL every ``interval`` seconds in a thread
+    (for W1 with and without scrapes: the broker's hot path must not notice)."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        import threading
+
+        self.url, self.interval = url, interval
+        self.count, self.failures, self.seconds = 0, 0, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(self.interval):
+            started = time.perf_counter()
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as resp:
+                    resp.read()
+                self.count += 1
+                self.seconds += time.perf_counter() - started
+            except OSError:
+                self.failures += 1
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(timeout=15)
+        mean = self.seconds / self.count if self.count else None
+        return {"url": self.url, "count": self.count, "failures": self.failures,
+                "mean_ms": round(mean * 1000, 2) if mean is not None else None}
 
 
 def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:

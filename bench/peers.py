@@ -355,11 +355,15 @@ class Amqlite(PeerProcess):
             self.config = {"broker": "amqlite", "store": "sqlite", "locker": "file"}
         self.config["version"] = _git_version()
         self.group, self.log_level = group, log_level
+        #: The management API (metrics scrapes: load.py --scrape-interval).
+        self.http_port = free_port()
+        self.config["http"] = f"http://127.0.0.1:{self.http_port}"
 
     def start(self) -> None:
         self._spawn([sys.executable, "-m", "cli", "start", "--group", self.group,
                      "--name", self.name, "--bind", f"127.0.0.1:{self.port}",
-                     "--log-level", self.log_level, *self.store_args], cwd=ROOT)
+                     "--log-level", self.log_level, "--http", f"127.0.0.1:{self.http_port}",
+                     *self.store_args], cwd=ROOT)
 
 
 def _git_version() -> str:
