@@ -342,6 +342,7 @@ class ManagementServer:
         return f"/{kind}/{request.match_info['name']}"
 
     def _logged(self, request: web.Request, what: str, result: dict[str, Any]) -> web.Response:
+        self.view.reader.invalidate()
         log.info("management: %s by %s from %s: %s", what, request["login"] or "(no login)",
                  request.remote, json.dumps(result, sort_keys=True))
         return web.json_response(result)

@@ -90,6 +90,10 @@ class StoreReader:
         self._depths_at = time.monotonic()
         return self._depths
 
+    def invalidate(self) -> None:
+        """Forget the cached depths: an action just changed them."""
+        self._depths_at = 0.0
+
     def durables(self) -> list[DurableRow]:
         s, d = schema.subscriptions, schema.destinations
         rows = self._rows(

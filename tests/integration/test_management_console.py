@@ -1,0 +1,178 @@
+"""The web console in a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by Selenium): browse, purge and retry by clicking, and what
+the page shows afterwards. Screenshots of each page go to the test's tmp directory
+(``AMQLITE_SCREENSHOTS=DIR`` keeps them elsewhere)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
+from tests.integration.mgmt_helpers import Api, wait_until
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+#: Deadline for the page to show something after a click (the console refreshes every
+#: 2 s; a loaded machine renders slowly).
+PAGE_WAIT = 20.0
+
+webdriver = pytest.importorskip("selenium.webdriver")
+if not (os.path.exists(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+    pytest.skip("chromium and chromium-driver are not installed (scripts/install-test-deps)",
+                allow_module_level=True)
+
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
+from selenium.webdriver.common.by import By  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def broker(module_factory: BrokerFactory) -> BrokerProcess:
+    http = free_port()
+    b = module_factory.start(name="console", extra_args=["--http", f"127.0.0.1:{http}"],
+                             env={"AMQLITE_MAX_REDELIVERIES": "0"})
+    b.http = f"http://127.0.0.1:{http}"  # type: ignore[attr-defined]
+    return b
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-background-networking",
+                "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    path = Path(os.environ.get("AMQLITE_SCREENSHOTS", tmp_path))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def text_of(driver, css: str) -> str:
+    try:
+        return driver.find_element(By.CSS_SELECTOR, css).text
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def click(driver, css: str) -> None:
+    wait_until(lambda: driver.find_elements(By.CSS_SELECTOR, css), PAGE_WAIT, css)
+    driver.find_element(By.CSS_SELECTOR, css).click()
+
+
+def accept_confirm(driver) -> None:
+    def alert():
+        try:
+            return driver.switch_to.alert
+        except NoAlertPresentException:
+            return None
+
+    wait_until(alert, PAGE_WAIT, "the confirm dialog").accept()
+
+
+def test_overview_shows_group_and_live_depths(broker: BrokerProcess, browser,
+                                              clients: ClientPool, shots: Path) -> None:
+    dest = f"/queue/{unique('ui-over')}"
+    browser.get(broker.http + "/#/")  # type: ignore[attr-defined]
+    wait_until(lambda: "master" in text_of(browser, "#group"), PAGE_WAIT, "group table")
+    assert "console" in text_of(browser, "#group")
+    assert "last takeover" in text_of(browser, "#takeover")
+    producer = clients(broker.port)
+    for i in range(2):
+        producer.send(dest, f"o{i}")
+    # the page refreshes itself: the new queue appears with its depth, no reload
+    row = f'#destinations tr[data-name="{dest}"]'
+    wait_until(lambda: text_of(browser, row).split()[:3] == [dest, "queue", "2"], PAGE_WAIT,
+               "the live depth")
+    browser.save_screenshot(str(shots / "overview.png"))
+
+
+def test_browse_then_purge_by_clicking(broker: BrokerProcess, browser, clients: ClientPool,
+                                       shots: Path) -> None:
+    dest = f"/queue/{unique('ui-purge')}"
+    producer = clients(broker.port)
+    for i in range(3):
+        producer.send(dest, f"purge-me-{i}")
+    api = Api(broker.http)  # type: ignore[attr-defined]
+    wait_until(lambda: (d := api.destination(dest)) and d["waiting"] == 3, what="3 waiting")
+    browser.get(broker.http + "/#/")  # type: ignore[attr-defined]
+    click(browser, f'#destinations tr[data-name="{dest}"] a')
+    wait_until(lambda: "purge-me-2" in text_of(browser, "#messages"), PAGE_WAIT, "browse")
+    assert text_of(browser, "#stats").startswith("3 waiting")
+    bodies = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#messages td.body")]
+    assert bodies == ["purge-me-0", "purge-me-1", "purge-me-2"]
+    browser.save_screenshot(str(shots / "destination.png"))
+    click(browser, "#messages tbody tr a")  # one whole message
+    wait_until(lambda: text_of(browser, "#body") == "purge-me-0", PAGE_WAIT, "message page")
+    browser.save_screenshot(str(shots / "message.png"))
+    browser.back()
+    click(browser, "#purge")
+    accept_confirm(browser)
+    wait_until(lambda: "No messages." in text_of(browser, "#empty"), PAGE_WAIT, "empty queue")
+    assert '"purged":3' in text_of(browser, "#flash")
+    assert api.destination(dest)["waiting"] == 0  # type: ignore[index]
+
+
+def test_retry_dead_letters_by_clicking(broker: BrokerProcess, browser, clients: ClientPool,
+                                        shots: Path) -> None:
+    dest = f"/queue/{unique('ui-retry')}"
+    consumer = clients(broker.port)
+    consumer.subscribe(dest, ack="client-individual")
+    clients(broker.port).send(dest, "bounce")
+    [msg] = consumer.listener.wait_messages(1)
+    consumer.nack(msg)  # max_redeliveries = 0: dead-lettered at once
+    consumer.unsubscribe(consumer.subscriptions[0])
+    api = Api(broker.http)  # type: ignore[attr-defined]
+    wait_until(lambda: any(m["headers"].get("original-destination") == dest for m in api.ok(
+        "GET", "/api/v1/messages/queue/DLQ?limit=500")["messages"]), what="the dead letter")
+    browser.get(broker.http + "/#/")  # type: ignore[attr-defined]
+    click(browser, "#nav-dlq")
+    row = wait_until(lambda: [r for r in browser.find_elements(By.CSS_SELECTOR,
+                                                               "#messages tbody tr")
+                              if dest in r.text], PAGE_WAIT, "the dead letter")[0]
+    browser.save_screenshot(str(shots / "dead-letters.png"))
+    row.find_element(By.CSS_SELECTOR, "input.pick").click()
+    click(browser, "#retry-selected")
+    wait_until(lambda: f'"{dest}":1' in text_of(browser, "#flash"), PAGE_WAIT, "retry result")
+    wait_until(lambda: dest not in text_of(browser, "#messages"), PAGE_WAIT, "row gone")
+    again = clients(broker.port)
+    again.subscribe(dest)
+    assert [m.body for m in again.listener.wait_messages(1)] == ["bounce"]
+
+
+def test_connections_page_closes_a_connection(broker: BrokerProcess, browser,
+                                              clients: ClientPool, shots: Path) -> None:
+    cid = unique("ui-conn")
+    client = clients(broker.port, headers={"client-id": cid})
+    browser.get(broker.http + "/#/connections")  # type: ignore[attr-defined]
+    row = wait_until(lambda: [r for r in browser.find_elements(By.CSS_SELECTOR,
+                                                               "#connections tbody tr")
+                              if cid in r.text], PAGE_WAIT, "the connection row")[0]
+    browser.save_screenshot(str(shots / "connections.png"))
+    row.find_element(By.CSS_SELECTOR, "button.close").click()
+    accept_confirm(browser)
+    assert client.listener.wait_for(lambda: client.listener.disconnected)
+    wait_until(lambda: cid not in text_of(browser, "#connections"), PAGE_WAIT, "row gone")
