@@ -165,6 +165,8 @@ class Settings:
                 raise SettingsError(f"update_cluster_filter: not a regular expression: {e}") \
                     from None
         if s.http_bind and s.http_bind.lower() != HTTP_OFF:
+            if ":" not in s.http_bind:
+                raise SettingsError(f"http_bind: expected HOST:PORT or off, got {s.http_bind!r}")
             try:
                 parse_bind(s.http_bind)
             except SettingsError as e:

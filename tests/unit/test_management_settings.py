@@ -24,8 +24,9 @@ def test_http_bind_elsewhere_than_loopback_needs_a_users_file_or_an_explicit_set
 
 
 def test_bad_http_bind_is_a_one_line_settings_error(tmp_path) -> None:
-    with pytest.raises(SettingsError, match="http_bind"):
-        load_settings({"http_bind": "127.0.0.1:http", "data_dir": str(tmp_path)}, environ={})
+    for bad in ("127.0.0.1:http", "127.0.0.1", "127.0.0.1:70000"):
+        with pytest.raises(SettingsError, match="http_bind"):
+            load_settings({"http_bind": bad, "data_dir": str(tmp_path)}, environ={})
 
 
 def test_store_registry_row_keeps_the_http_url_out_of_client_uris() -> None:
