@@ -26,6 +26,11 @@ WORKDIR /var/lib/amqlite
 EXPOSE 61613
 # SIGTERM is a graceful stop: finish the group commit, release the lock at once.
 STOPSIGNAL SIGTERM
+# Healthy while the process serves its management API (master or slave: /healthz);
+# /readyz tells the master apart. The API stays on the container's loopback (8161 is
+# the port derived from STOMP's 61613) unless http_bind and a users file say otherwise.
+HEALTHCHECK --interval=5s --timeout=5s --start-period=10s --retries=6 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8161/healthz', timeout=4)"]
 # Inside a container the broker must listen beyond loopback; publish the port on the
 # host's loopback (see docker-compose.yml) to keep it private.
 CMD ["amqlite", "start", "--bind", "0.0.0.0:61613"]
