@@ -127,6 +127,9 @@ class ClientConnection(asyncio.Protocol):
         #: a commit releases a RECEIPT or a dozen MESSAGEs per connection at once,
         #: and one syscall (and one TCP segment) each would cost more than the frames.
         self._out: list[bytes] = []
+        #: Bytes in self._out: counted like the transport's buffer, so one
+        #: dispatch cannot encode a whole backlog before the transport pushes back.
+        self._out_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -168,6 +171,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._out.clear()
+        self._out_bytes = 0
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -188,7 +192,9 @@ class ClientConnection(asyncio.Protocol):
     def write_frame(self, frame: Frame) -> None:
         if self.closed or self.transport is None:
             return
-        self._out.append(self.proto.send(frame))
+        data = self.proto.send(frame)
+        self._out.append(data)
+        self._out_bytes += len(data)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
 
@@ -201,12 +207,16 @@ class ClientConnection(asyncio.Protocol):
         if not self._out:
             return
         out, self._out = self._out, []
+        held_back = self._out_bytes >= WRITE_BUFFER_HIGH
+        self._out_bytes = 0
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
             self.last_tx = self.loop.time()
+            if held_back and self.writable and not self.closed:
+                self.broker.connection_writable(self)  # can_write() said no until now
 
     def can_write(self) -> bool:
-        return self.writable
+        return self.writable and self._out_bytes < WRITE_BUFFER_HIGH
 
     def close_with_error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
         if self.closed or self.transport is None:
