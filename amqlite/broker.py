@@ -100,6 +100,11 @@ RESUME_NONPERSISTENT_BACKLOG = MAX_NONPERSISTENT_BACKLOG // 2
 #: it: a producer that sends without receipts cannot pile up unbounded work.
 MAX_PENDING_COMMITS = 2000
 RESUME_PENDING_COMMITS = MAX_PENDING_COMMITS // 2
+#: The same in bytes: persistent messages of one connection held in memory
+#: until their commit (a pipelining producer of 1 MB messages would otherwise
+#: be read faster than the store writes). 16 MiB keeps a group commit full.
+MAX_PENDING_BYTES = 16 * 1024 * 1024
+RESUME_PENDING_BYTES = MAX_PENDING_BYTES // 2
 #: Headers the broker owns or that only make sense on the SEND frame.
 NON_USER_HEADERS = frozenset(
     {
@@ -618,17 +623,26 @@ class Session:
         self.keys = itertools.count(1)
         self.transactions: dict[str, Transaction] = {}
         self.pending_commits = 0
+        self.pending_bytes = 0  # Message.size of persistent sends not yet committed
         self.on_idle: list[Callable[[], None]] = []
 
-    def commit_started(self) -> None:
+    def commit_started(self, size: int = 0) -> None:
         self.pending_commits += 1
         if self.pending_commits == MAX_PENDING_COMMITS:
             self.conn.pause_reading("commits")
+        if size:
+            self.pending_bytes += size
+            if self.pending_bytes >= MAX_PENDING_BYTES:
+                self.conn.pause_reading("commit-bytes")
 
-    def commit_finished(self) -> None:
+    def commit_finished(self, size: int = 0) -> None:
         self.pending_commits -= 1
         if self.pending_commits == RESUME_PENDING_COMMITS:
             self.conn.resume_reading("commits")
+        if size:
+            self.pending_bytes -= size
+            if self.pending_bytes <= RESUME_PENDING_BYTES:
+                self.conn.resume_reading("commit-bytes")
         if self.pending_commits == 0 and self.on_idle:
             waiting, self.on_idle = self.on_idle, []
             for cb in waiting:
@@ -877,10 +891,11 @@ class Broker:
             handed.append(None if durables else self._hand_over(m, row))
         for m in identity_only:
             batch.identities.append(self._new_row(m, batch))
-        session.commit_started()
+        pending_bytes = sum(m.size for m, _ in to_store)
+        session.commit_started(pending_bytes)
 
         def committed(result: BatchResult | None) -> None:
-            session.commit_finished()
+            session.commit_finished(pending_bytes)
             for (m, durables), hand in zip(to_store, handed, strict=True):
                 if hand is None and not durables:
                     self.queue(m.destination).pending_inserts -= 1
