@@ -288,6 +288,20 @@ class Source:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def discard(self) -> None:
+        """The source is gone (its subscription ended): free what waited in it,
+        in the budgets too, and let its paused producers go."""
+        broker = self.broker
+        broker.waiting_bytes -= self.bytes
+        self._heap.clear()
+        self.bytes = self.in_memory_stored = self.nonpersistent = 0
+        for producer in self.blocked_producers:
+            broker._unblocked(producer, self)
+            producer.resume_reading(f"flow:{self.name}")
+        self.blocked_producers.clear()
+        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
+            broker.resume_producers()
+
     # -- consumers ----------------------------------------------------------
     def add_consumer(self, sub: Subscription) -> None:
         self.consumers.append(sub)
@@ -1083,6 +1097,7 @@ class Broker:
             peers.remove(durable)
         if durable.store_id is not None:
             self.writes.stage().removed_subscriptions.append(durable.store_id)
+        durable.discard()
 
     def _unsubscribe(self, session: Session, frame: Frame) -> None:
         h = frame.headers
@@ -1109,6 +1124,7 @@ class Broker:
             peers = self.topics.get(sub.destination, [])
             if source in peers:
                 peers.remove(source)
+            source.discard()
             return
         if sub.inflight:
             returned = []

@@ -190,3 +190,20 @@ def test_slow_topic_subscriber_drops_past_its_byte_budget(store: Store,
             assert not producer.paused  # a topic publisher is never held back
 
     run(scenario)
+
+
+def test_a_closed_topic_subscription_gives_its_bytes_back(store: Store,
+                                                          settings: Settings) -> None:
+    async def scenario() -> None:
+        async with Master(store, settings, "a") as broker:
+            slow = connect(broker)
+            slow.can_write = lambda: False  # type: ignore[method-assign]
+            broker.handle(slow, Frame("SUBSCRIBE", {"destination": "/topic/gone", "id": "s"}))
+            producer = connect(broker)
+            for _ in range(3):
+                send(broker, producer, "/topic/gone", BODY, persistent="false")
+            assert broker.waiting_bytes > 3 * len(BODY)
+            broker.handle(slow, Frame("UNSUBSCRIBE", {"id": "s"}))
+            assert broker.waiting_bytes == 0
+
+    run(scenario)
