@@ -249,6 +249,7 @@ class ClientConnection(asyncio.Protocol):
         self.pause_reasons.discard(reason)
         if not self.pause_reasons and self.transport is not None and not self.closed:
             self.transport.resume_reading()
+            self.last_rx = self.loop.time()  # its silence while paused was ours
 
     # -- frames ------------------------------------------------------------------------
     def _protocol_failed(self, exc: ProtocolError) -> None:
@@ -349,7 +350,8 @@ class ClientConnection(asyncio.Protocol):
             return
         expect = self.proto.heartbeat.expect_ms / 1000
         silent = self.loop.time() - self.last_rx
-        if silent > expect * HEARTBEAT_GRACE:
+        # While we do not read (flow control) its heart-beats wait in our socket.
+        if silent > expect * HEARTBEAT_GRACE and not self.pause_reasons:
             log.info("closing %s: no heart-beat for %.1fs", self.peer, silent)
             self.close_with_error("heart-beat timeout", f"nothing received for {silent:.1f}s")
             return
