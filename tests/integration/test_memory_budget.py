@@ -45,6 +45,9 @@ DESTINATION_BUDGET = 8 * MIB
 RSS_OVERHEAD = 48 * MIB
 #: Large bodies make the budget bite with few frames (and little CPU).
 BODY_SIZE = 256 * 1024
+#: Heart-beats of the flow-controlled producer (ms): the broker drops a client
+#: silent for twice this, so a pause of 4x would drop it if silence counted.
+HEARTBEAT_MS = 500
 #: Deadline for a test's traffic on a loaded 2-core machine.
 TRAFFIC_TIMEOUT = 60.0
 
@@ -74,9 +77,10 @@ class RssBound:
               f"{(peak - self.idle) / MIB:.1f} MiB (limit {self.limit / MIB:.1f})")
 
 
-def start_broker(factory: BrokerFactory, extra_args: list[str] | None = None) -> BrokerProcess:
+def start_broker(factory: BrokerFactory, extra_args: list[str] | None = None,
+                 **env: str) -> BrokerProcess:
     return factory.start(env={"AMQLITE_MAX_MEMORY": str(BUDGET),
-                              "AMQLITE_MAX_DESTINATION_MEMORY": str(DESTINATION_BUDGET)},
+                              "AMQLITE_MAX_DESTINATION_MEMORY": str(DESTINATION_BUDGET), **env},
                          extra_args=extra_args or [])
 
 
@@ -217,20 +221,25 @@ def test_persistent_backlog_stays_in_the_store_postgres(
 
 
 def test_nonpersistent_producer_over_many_queues_is_flow_controlled(
-        broker: BrokerProcess, clients: ClientPool) -> None:
+        broker_factory: BrokerFactory, clients: ClientPool) -> None:
     """Non-persistent messages over many queues (each under its own budget, all
     together over the broker's) pause the producer; consumers drain the queues,
-    the producer resumes and every message arrives once."""
+    the producer resumes and every message arrives once. While paused, its
+    heart-beats wait unread in the broker's socket: it is not dropped for that."""
+    broker = start_broker(broker_factory, AMQLITE_HEARTBEAT=f"{HEARTBEAT_MS},{HEARTBEAT_MS}")
     rss = RssBound(broker)
     queues = [f"/queue/{unique(f'np{i}')}" for i in range(6)]  # 6 x 8 MiB > 32 MiB
     count = 3 * BUDGET // BODY_SIZE
-    sender = clients(broker.port)
+    sender = clients(broker.port, heartbeats=(HEARTBEAT_MS, HEARTBEAT_MS))
     producer = Producer(lambda i: sender.conn.send(
         queues[i % len(queues)], body(i), headers={"persistent": "false"}), count)
     producer.start()
     wait_log(broker, "memory budget reached")
     rss.check()
     assert producer.is_alive(), "the producer was never held back"
+    # paused for several heart-beat timeouts (a negative: it must hold for a while)
+    assert sender.listener.holds_for(lambda: not sender.listener.disconnected,
+                                     4 * HEARTBEAT_MS / 1000), "dropped while paused"
     consumers = []
     for q in queues:
         c = clients(broker.port)
