@@ -13,8 +13,19 @@ that keep the promise (a RECEIPTed message is never lost nor stored twice):
   is waiting for a queue that has nothing else to give, the new message is
   handed to it in the commit that stores it (stored as delivered): one write
   instead of two, and the MESSAGE leaves with the RECEIPT.
-* Queues are never loaded whole: each keeps at most ``MAX_IN_MEMORY`` stored
-  messages and pages the rest in by id (ids are allocated in commit order).
+* Queues are never loaded whole: each keeps stored messages in memory while
+  the destination and the broker are under their byte budgets (at most
+  ``MAX_IN_MEMORY``, at least ``MIN_IN_MEMORY``) and pages the rest in by id
+  (ids are allocated in commit order).
+
+Memory is a budget in bytes (``Settings.max_memory`` broker-wide,
+``Settings.max_destination_memory`` per destination). ``Message.size`` is
+computed once; sources add and subtract it as messages wait (``Source.bytes``,
+``Broker.waiting_bytes``) and subscriptions as they are in flight
+(``Subscription.inflight_bytes``, bounded by ``MAX_INFLIGHT_BYTES``). Past a
+budget: persistent messages stay in the store, producers of non-persistent
+messages are paused (flow control) until below ``RESUME_FRACTION`` of it, and a
+slow non-durable topic subscriber misses messages.
 """
 
 from __future__ import annotations
@@ -54,17 +65,38 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Stored messages a destination keeps in memory; the rest stay in the store
-#: and are paged in by id. ActiveMQ's store cursor pages 200 at a time with a
-#: memory limit per destination; 1000 keeps a fast consumer busy between pages.
+#: Stored messages a destination keeps in memory at most, when its byte
+#: budget allows; the rest stay in the store and are paged in by id.
+#: ActiveMQ's store cursor pages 200 at a time with a memory limit per
+#: destination; 1000 keeps a fast consumer busy between pages.
 MAX_IN_MEMORY = 1000
-#: Page size for loading from the store, and the level below which we load.
+#: Stored messages a destination may keep (and page in) even over its byte
+#: budget, so its consumers never starve while other destinations fill the
+#: broker: 16 x the largest frame is the worst case above the budget.
+MIN_IN_MEMORY = 16
+#: Page size for loading from the store (at most; fewer when bytes are short),
+#: and the level below which we load.
 PAGE_SIZE = 500
 LOW_WATER = 250
-#: A non-durable topic subscriber that falls this far behind misses what is
-#: published until it catches up (ActiveMQ's slow-consumer limit for topics:
-#: a publisher is never held back by one slow subscriber).
+#: Bytes a Python ``Message`` costs beyond its body and header characters,
+#: measured with tracemalloc (Message + Delivery + heap entry + empty headers
+#: dict: 497 B; each header: 72 B for 12 characters, so ~60 B beyond them).
+MESSAGE_OVERHEAD = 512
+HEADER_OVERHEAD = 64
+#: Message bytes one subscription may hold unacknowledged, whatever its
+#: ``activemq.prefetchSize``: a huge prefetch must not page the backlog into
+#: RAM. 8 MiB is ActiveMQ's default prefetch (1000) of 8 KB messages.
+MAX_INFLIGHT_BYTES = 8 * 1024 * 1024
+#: Flow control resumes when usage drops below this fraction of the budget
+#: (hysteresis, so a producer is not paused and resumed on every message).
+RESUME_FRACTION = 0.75
+#: A non-durable topic subscriber that falls this far behind (in messages, or
+#: in bytes: the destination budget) misses what is published until it catches
+#: up (ActiveMQ's slow-consumer limit for topics: a publisher is never held
+#: back by one slow subscriber).
 MAX_TOPIC_BACKLOG = 10_000
+#: Log a slow topic subscriber's drops on the first and then every this many.
+DROP_LOG_EVERY = 1000
 #: Non-persistent messages live only in memory: past this many waiting in one
 #: queue, the connections sending to it are paused until it drains to
 #: RESUME_NONPERSISTENT_BACKLOG (ActiveMQ's producer flow control). 20 000 1 KB
@@ -76,6 +108,11 @@ RESUME_NONPERSISTENT_BACKLOG = MAX_NONPERSISTENT_BACKLOG // 2
 #: it: a producer that sends without receipts cannot pile up unbounded work.
 MAX_PENDING_COMMITS = 2000
 RESUME_PENDING_COMMITS = MAX_PENDING_COMMITS // 2
+#: The same in bytes: persistent messages of one connection held in memory
+#: until their commit (a pipelining producer of 1 MB messages would otherwise
+#: be read faster than the store writes). 16 MiB keeps a group commit full.
+MAX_PENDING_BYTES = 16 * 1024 * 1024
+RESUME_PENDING_BYTES = MAX_PENDING_BYTES // 2
 #: Headers the broker owns or that only make sense on the SEND frame.
 NON_USER_HEADERS = frozenset(
     {
@@ -128,12 +165,18 @@ class Client(Protocol):
 # messages and sources
 
 
+def message_size(headers: dict[str, str], body: bytes) -> int:
+    """What a message costs in memory, for the byte budgets (integer adds only)."""
+    return (len(body) + sum(map(len, headers)) + sum(map(len, headers.values()))
+            + HEADER_OVERHEAD * len(headers) + MESSAGE_OVERHEAD)
+
+
 class Message:
     """A message in memory; ``id`` is its store row id (or a memory-only id)."""
 
     __slots__ = (
         "body", "delivery_count", "destination", "enqueued_at", "expires_at", "headers",
-        "id", "message_id", "persistent", "priority", "producer_id", "producer_seq",
+        "id", "message_id", "persistent", "priority", "producer_id", "producer_seq", "size",
     )
 
     def __init__(
@@ -154,6 +197,7 @@ class Message:
         self.enqueued_at = enqueued_at
         self.producer_id = producer_id
         self.producer_seq = producer_seq
+        self.size = message_size(headers, body)
 
     @property
     def dedup_key(self) -> str | None:
@@ -177,6 +221,10 @@ class Source:
         self._heap: list[tuple[int, int, Message]] = []
         self.in_memory_stored = 0  # stored messages in the heap
         self.nonpersistent = 0
+        self.bytes = 0  # Message.size of everything in the heap
+        #: Size of a stored row, to page in no more than the budget holds: the
+        #: largest seen (a recovered queue starts from the largest frame).
+        self.row_size = broker.settings.max_frame_size
         self.cursor = 0  # highest stored id paged in or appended
         self.store_has_more = stored
         self.paging = False
@@ -194,46 +242,79 @@ class Source:
 
     def push(self, message: Message) -> None:
         heapq.heappush(self._heap, (-message.priority, message.id, message))
+        size = message.size
+        self.bytes += size
+        self.broker.waiting_bytes += size
         if message.persistent:
             self.in_memory_stored += 1
         else:
             self.nonpersistent += 1
 
+    def over_budget(self) -> bool:
+        """This destination or the whole broker holds as many bytes as allowed."""
+        broker = self.broker
+        return (self.bytes >= broker.destination_budget
+                or broker.waiting_bytes >= broker.memory_budget)
+
     def append_committed(self, message: Message) -> None:
-        """A freshly committed message: keep it in memory unless the store pages."""
-        if self.store_has_more or self.in_memory_stored >= MAX_IN_MEMORY:
+        """A freshly committed message: keep it in memory unless the store pages
+        (it does once this destination or the broker is out of bytes)."""
+        if self.store_has_more or (
+            self.in_memory_stored >= MIN_IN_MEMORY
+            and (self.in_memory_stored >= MAX_IN_MEMORY or self.over_budget())
+        ):
             self.store_has_more = True  # the pager will find it by id
+            self.row_size = max(self.row_size, message.size)
             return
         self.cursor = max(self.cursor, message.id)
         self.push(message)
 
     def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
-        """Queue a memory-only message; past the limit, hold its producer back."""
+        """Queue a memory-only message; past the limits, hold its producer back."""
         self.push(message)
-        if (
-            producer is not None
-            and self.nonpersistent >= MAX_NONPERSISTENT_BACKLOG
-            and producer not in self.blocked_producers
+        if producer is not None and (
+            self.nonpersistent >= MAX_NONPERSISTENT_BACKLOG or self.over_budget()
         ):
-            self.blocked_producers.add(producer)
-            producer.pause_reading(f"flow:{self.name}")
+            self.broker.block_producer(producer, self)
 
     def pop(self) -> Message | None:
         if not self._heap:
             return None
         message = heapq.heappop(self._heap)[2]
+        size = message.size
+        self.bytes -= size
+        broker = self.broker
+        broker.waiting_bytes -= size
         if message.persistent:
             self.in_memory_stored -= 1
         else:
             self.nonpersistent -= 1
-            if self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG:
-                for producer in self.blocked_producers:
-                    producer.resume_reading(f"flow:{self.name}")
-                self.blocked_producers.clear()
+        if (self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG
+                and self.bytes <= broker.destination_resume):
+            for producer in self.blocked_producers:
+                broker._unblocked(producer, self)
+                producer.resume_reading(f"flow:{self.name}")
+            self.blocked_producers.clear()
+        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
+            broker.resume_producers()
         return message
 
     def __len__(self) -> int:
         return len(self._heap)
+
+    def discard(self) -> None:
+        """The source is gone (its subscription ended): free what waited in it,
+        in the budgets too, and let its paused producers go."""
+        broker = self.broker
+        broker.waiting_bytes -= self.bytes
+        self._heap.clear()
+        self.bytes = self.in_memory_stored = self.nonpersistent = 0
+        for producer in self.blocked_producers:
+            broker._unblocked(producer, self)
+            producer.resume_reading(f"flow:{self.name}")
+        self.blocked_producers.clear()
+        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
+            broker.resume_producers()
 
     # -- consumers ----------------------------------------------------------
     def add_consumer(self, sub: Subscription) -> None:
@@ -295,17 +376,34 @@ class Source:
             and self.in_memory_stored < LOW_WATER
             and self.consumers
         ):
-            self.paging = True
-            self.broker.load_page(self)
+            limit = self.page_limit()
+            if limit > 0:
+                self.paging = True
+                self.broker.load_page(self, limit)
 
-    def page_loaded(self, rows: list[StoredMessage]) -> None:
+    def page_limit(self) -> int:
+        """Rows to page in: what the byte budgets leave room for (by the largest
+        row seen), at most PAGE_SIZE, at least up to the MIN_IN_MEMORY floor."""
+        broker = self.broker
+        free = min(broker.destination_budget - self.bytes,
+                   broker.memory_budget - broker.waiting_bytes)
+        limit = min(PAGE_SIZE, LOW_WATER * 2 - self.in_memory_stored,
+                    max(free, 0) // max(self.row_size, 1))
+        return max(limit, MIN_IN_MEMORY - self.in_memory_stored)
+
+    def page_loaded(self, rows: list[StoredMessage], limit: int) -> None:
         self.paging = False
+        largest = 0
         for row in rows:
             if row.id <= self.cursor:
                 continue  # already in memory (appended after commit)
             self.cursor = row.id
-            self.push(self.broker.message_from_row(row, self.name))
-        self.store_has_more = len(rows) >= PAGE_SIZE
+            message = self.broker.message_from_row(row, self.name)
+            largest = max(largest, message.size)
+            self.push(message)
+        if largest:
+            self.row_size = largest
+        self.store_has_more = len(rows) >= limit
         self.dispatch()
 
 
@@ -331,11 +429,14 @@ class TopicSubscriptionSource(Source):
         self.dropped = 0
 
     def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
-        if self.nonpersistent >= MAX_TOPIC_BACKLOG:
+        """A subscriber that is behind past the count or byte limits misses this one."""
+        if self._heap and (self.nonpersistent >= MAX_TOPIC_BACKLOG or self.over_budget()):
             self.dropped += 1
-            if self.dropped % MAX_TOPIC_BACKLOG == 1:
-                log.warning("%s: slow subscriber %d messages behind; %d dropped so far",
-                            self.name, self.nonpersistent, self.dropped)
+            self.broker.stats["dropped"] += 1
+            if self.dropped % DROP_LOG_EVERY == 1:
+                log.warning("%s: slow subscriber %d messages (%d bytes) behind; "
+                            "%d dropped so far", self.name, self.nonpersistent, self.bytes,
+                            self.dropped)
             return
         self.push(message)
 
@@ -366,6 +467,7 @@ class Subscription:
         self.prefetch = prefetch
         self.source = source
         self.inflight: dict[str, Delivery] = {}  # by message-id, in delivery order
+        self.inflight_bytes = 0  # Message.size of what is in self.inflight
         self.closed = False
 
     def has_credit(self) -> bool:
@@ -373,7 +475,14 @@ class Subscription:
             return False
         if self.ack_mode == "auto":
             return True
-        return len(self.inflight) < self.prefetch
+        if len(self.inflight) < self.prefetch and self.inflight_bytes < MAX_INFLIGHT_BYTES:
+            return True
+        # A consumer whose connection we stopped reading (it also produces) cannot
+        # send its ACKs: let it take what waits, up to one destination budget
+        # more, so the waiting bytes drop, its reading resumes, its ACKs arrive.
+        broker = self.source.broker
+        return (self.conn in broker.blocked_producers_all
+                and self.inflight_bytes < MAX_INFLIGHT_BYTES + broker.destination_budget)
 
     def deliver(self, message: Message) -> None:
         broker = self.source.broker
@@ -391,6 +500,7 @@ class Subscription:
         message.delivery_count += 1
         delivery = Delivery(message, ref)
         self.inflight[message.message_id] = delivery
+        self.inflight_bytes += message.size
         if ref is None:
             self.write(delivery, previous)
             return
@@ -584,17 +694,26 @@ class Session:
         self.keys = itertools.count(1)
         self.transactions: dict[str, Transaction] = {}
         self.pending_commits = 0
+        self.pending_bytes = 0  # Message.size of persistent sends not yet committed
         self.on_idle: list[Callable[[], None]] = []
 
-    def commit_started(self) -> None:
+    def commit_started(self, size: int = 0) -> None:
         self.pending_commits += 1
         if self.pending_commits == MAX_PENDING_COMMITS:
             self.conn.pause_reading("commits")
+        if size:
+            self.pending_bytes += size
+            if self.pending_bytes >= MAX_PENDING_BYTES:
+                self.conn.pause_reading("commit-bytes")
 
-    def commit_finished(self) -> None:
+    def commit_finished(self, size: int = 0) -> None:
         self.pending_commits -= 1
         if self.pending_commits == RESUME_PENDING_COMMITS:
             self.conn.resume_reading("commits")
+        if size:
+            self.pending_bytes -= size
+            if self.pending_bytes <= RESUME_PENDING_BYTES:
+                self.conn.resume_reading("commit-bytes")
         if self.pending_commits == 0 and self.on_idle:
             waiting, self.on_idle = self.on_idle, []
             for cb in waiting:
@@ -639,7 +758,18 @@ class Broker:
         self.sessions: dict[Client, Session] = {}
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
-                      "dead_lettered": 0}
+                      "dead_lettered": 0, "dropped": 0}
+        #: Byte budgets (see the module docstring) and their resume levels.
+        self.memory_budget = settings.max_memory
+        self.memory_resume = int(settings.max_memory * RESUME_FRACTION)
+        self.destination_budget = settings.max_destination_memory
+        self.destination_resume = int(settings.max_destination_memory * RESUME_FRACTION)
+        self.waiting_bytes = 0  # Message.size of every message waiting in a source
+        #: Producers paused because the broker-wide budget was reached.
+        self.blocked_producers: set[Client] = set()
+        #: Producers paused for any memory reason -> the sources that paused them
+        #: (None: the broker-wide budget); see Subscription.has_credit.
+        self.blocked_producers_all: dict[Client, set[Source | None]] = {}
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
             if d.kind == "queue":
@@ -670,6 +800,8 @@ class Broker:
         self._abort_all(session)
         for sub in list(session.subscriptions.values()):
             self._close_subscription(session, sub)
+        for source in self.blocked_producers_all.pop(conn, ()):
+            (self if source is None else source).blocked_producers.discard(conn)
 
     # -- frames -----------------------------------------------------------------
     def handle(self, conn: Client, frame: Frame) -> None:
@@ -846,10 +978,11 @@ class Broker:
             handed.append(None if durables else self._hand_over(m, row))
         for m in identity_only:
             batch.identities.append(self._new_row(m, batch))
-        session.commit_started()
+        pending_bytes = sum(m.size for m, _ in to_store)
+        session.commit_started(pending_bytes)
 
         def committed(result: BatchResult | None) -> None:
-            session.commit_finished()
+            session.commit_finished(pending_bytes)
             for (m, durables), hand in zip(to_store, handed, strict=True):
                 if hand is None and not durables:
                     self.queue(m.destination).pending_inserts -= 1
@@ -891,6 +1024,7 @@ class Broker:
             return None
         delivery = Delivery(m, (None, m.id), pending=True)
         sub.inflight[m.message_id] = delivery
+        sub.inflight_bytes += m.size
         m.delivery_count = row.delivery_count = 1
         return sub, delivery
 
@@ -911,6 +1045,7 @@ class Broker:
         elif sub.inflight.get(m.message_id) is delivery:
             # already stored: the copy we hold is not, so nobody gets it
             del sub.inflight[m.message_id]
+            sub.inflight_bytes -= m.size
             sub.source.dispatch()
 
     def _new_row(self, m: Message, batch: Batch,
@@ -1040,6 +1175,7 @@ class Broker:
             peers.remove(durable)
         if durable.store_id is not None:
             self.writes.stage().removed_subscriptions.append(durable.store_id)
+        durable.discard()
 
     def _unsubscribe(self, session: Session, frame: Frame) -> None:
         h = frame.headers
@@ -1066,6 +1202,7 @@ class Broker:
             peers = self.topics.get(sub.destination, [])
             if source in peers:
                 peers.remove(source)
+            source.discard()
             return
         if sub.inflight:
             returned = []
@@ -1080,6 +1217,7 @@ class Broker:
             for delivery in returned:
                 source.push(delivery.message)
             sub.inflight.clear()
+            sub.inflight_bytes = 0
             source.dispatch()
 
     # -- ACK / NACK -----------------------------------------------------------------
@@ -1116,6 +1254,8 @@ class Broker:
                     break
         else:
             done = [sub.inflight.pop(message_id)]
+        for d in done:
+            sub.inflight_bytes -= d.message.size
         batch = self.writes.batch
         if command == "ACK":
             self.stats["acked"] += len(done)
@@ -1216,14 +1356,14 @@ class Broker:
         if message.persistent and source.stored:
             self.writes.stage().acks.append(source.ref(message))
 
-    def load_page(self, source: Source) -> None:
+    def load_page(self, source: Source, limit: int) -> None:
         assert self.committer is not None and source.store_id is not None
         if isinstance(source, DurableSource):
             fn = self.committer.store.load_subscription_page
         else:
             fn = self.committer.store.load_page
         future = asyncio.ensure_future(self.committer.call(fn, source.store_id, source.cursor,
-                                                           PAGE_SIZE))
+                                                           limit))
 
         def loaded(f: asyncio.Future) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -1231,7 +1371,7 @@ class Broker:
                 log.error("paging %s failed: %s", source.name,
                           None if f.cancelled() else f.exception())
                 return
-            source.page_loaded(f.result())
+            source.page_loaded(f.result(), limit)
 
         future.add_done_callback(loaded)
 
@@ -1241,6 +1381,43 @@ class Broker:
             row.expires_at, True, row.delivery_count, row.enqueued_at, row.producer_id,
             row.producer_seq,
         )
+
+    # -- memory flow control ----------------------------------------------------------
+    def block_producer(self, producer: Client, source: Source) -> None:
+        """Stop reading from a producer whose message put ``source`` or the broker
+        at its byte budget (ActiveMQ's producer flow control, RabbitMQ's memory
+        alarm); ``Source.pop`` resumes it below the resume level."""
+        if producer.closed:
+            return
+        reasons = self.blocked_producers_all.setdefault(producer, set())
+        if (source.bytes >= self.destination_budget
+                or source.nonpersistent >= MAX_NONPERSISTENT_BACKLOG) \
+                and producer not in source.blocked_producers:
+            source.blocked_producers.add(producer)
+            reasons.add(source)
+            producer.pause_reading(f"flow:{source.name}")
+        if self.waiting_bytes >= self.memory_budget and producer not in self.blocked_producers:
+            self.blocked_producers.add(producer)
+            reasons.add(None)
+            log.info("memory budget reached (%d bytes waiting): pausing producers",
+                     self.waiting_bytes)
+            producer.pause_reading("memory")
+        if not reasons:
+            del self.blocked_producers_all[producer]
+
+    def resume_producers(self) -> None:
+        """The broker is below its resume level: read from its producers again."""
+        blocked, self.blocked_producers = self.blocked_producers, set()
+        for producer in blocked:
+            self._unblocked(producer, None)
+            producer.resume_reading("memory")
+
+    def _unblocked(self, producer: Client, source: Source | None) -> None:
+        reasons = self.blocked_producers_all.get(producer)
+        if reasons is not None:
+            reasons.discard(source)
+            if not reasons:
+                del self.blocked_producers_all[producer]
 
     # -- flow of the whole broker --------------------------------------------------------
     def pause(self) -> None:
