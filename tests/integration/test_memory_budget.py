@@ -334,6 +334,7 @@ def test_huge_prefetch_is_bounded_in_bytes(broker: BrokerProcess, clients: Clien
     MAX_INFLIGHT_BYTES unacknowledged, so the backlog stays in the store; as it
     acknowledges, the rest arrives."""
     from amqlite.broker import MAX_INFLIGHT_BYTES
+    from amqlite.validation import MAX_PREFETCH
 
     rss = RssBound(broker)
     queue = f"/queue/{unique('prefetch')}"
@@ -342,7 +343,7 @@ def test_huge_prefetch_is_bounded_in_bytes(broker: BrokerProcess, clients: Clien
     send_many(producer, queue, [body(i) for i in range(count)], timeout=TRAFFIC_TIMEOUT)
     consumer = clients(broker.port)
     consumer.subscribe(queue, ack="client-individual",
-                       headers={"activemq.prefetchSize": "1000000"})
+                       headers={"activemq.prefetchSize": str(MAX_PREFETCH)})
     window = MAX_INFLIGHT_BYTES // BODY_SIZE
     first = wait_count(consumer, window)
     # nothing more comes until it acknowledges (a negative: hold it for a while)
