@@ -17,6 +17,7 @@ from store.api import (
     Store,
     StoredMessage,
     StoreError,
+    StoreRejected,
     SubscriptionRow,
 )
 from store.group_commit import GroupCommitter
@@ -52,6 +53,7 @@ __all__ = [
     "SqlStore",
     "Store",
     "StoreError",
+    "StoreRejected",
     "StoredMessage",
     "SubscriptionRow",
     "open_store",

@@ -16,6 +16,15 @@ class StoreError(Exception):
     """The store could not be reached or failed; the master must demote."""
 
 
+class StoreRejected(StoreError):
+    """The store refused this batch's data (a value too long, out of range, not
+    encodable, a constraint): the transaction was rolled back and the store is
+    still usable. Not a reason to demote; the group committer splits a merged
+    commit so that only the batch refused on its own fails. A subclass of
+    ``StoreError`` so that code which does not know the difference stays safe
+    (it treats it as a failure)."""
+
+
 class Fenced(StoreError):  # not FencedError: the name says what happened
     """The group's epoch is no longer ours: another master took over."""
 
@@ -245,7 +254,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:
         """Apply ``batch`` in one transaction that first proves ``epoch`` is the
-        group's current one. Raises ``Fenced`` (nothing written) or ``StoreError``."""
+        group's current one. Raises ``Fenced`` (nothing written), ``StoreRejected``
+        (the data, not the store, is at fault: nothing written, the store is
+        usable) or ``StoreError``."""
 
     @abc.abstractmethod
     def load_page(

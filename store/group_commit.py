@@ -17,6 +17,13 @@ Fail-stop: the first ``StoreError`` (``Fenced`` included) fails that commit's
 futures, calls ``on_failure`` once on the loop, and from then on every
 submit fails at once. The master demotes; it never retries a write whose
 outcome it does not know.
+
+A refusal is not a failure: when the store refuses a merged commit's data
+(``StoreRejected``: nothing was written and the store is fine), the submitted
+batches are committed again in halves, in submission order, each half its own
+transaction, until every batch the store accepts has committed; only a batch
+refused on its own gets ``StoreRejected`` on its future. One client's bad value
+thus costs a few extra transactions, not the group.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from store.api import Batch, BatchResult, Store, StoreError
+from store.api import Batch, BatchResult, Store, StoreError, StoreRejected
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +86,9 @@ class GroupCommitter:
         #: Transactions committed, and the batches they carried (for tests and metrics).
         self.commits = 0
         self.batches = 0
+        #: Batches the store refused on their own, and merged commits it refused.
+        self.rejected = 0
+        self.splits = 0
         self._thread = threading.Thread(
             target=self._run, name=f"amqlite-store-{store.group}", daemon=True
         )
@@ -202,6 +212,9 @@ class GroupCommitter:
             return
         try:
             result = self.store.commit_batch(self.epoch, batch)
+        except StoreRejected as exc:
+            self._rejected(exc, items)
+            return
         except StoreError as exc:
             self._fail(exc, items)
             return
@@ -217,6 +230,26 @@ class GroupCommitter:
         else:
             self._post(_resolve_all, items, result)
 
+    def _rejected(self, exc: StoreRejected, items: list[tuple[Any, ...]]) -> None:
+        """The store refused this commit's data. One batch: it is refused (the
+        committer goes on). Several: bisect, left half first, so that the
+        batches still commit in submission order and all the good ones do."""
+        if len(items) == 1:
+            self.rejected += 1
+            log.warning("%s: a batch was refused: %s", self.store.description, exc)
+            self._post(_set_exception, items[0][0], exc)
+            return
+        self.splits += 1
+        mid = len(items) // 2
+        for half in (items[:mid], items[mid:]):
+            if len(half) == 1:
+                batch = half[0][1]
+            else:
+                batch = Batch()
+                for item in half:
+                    batch.extend(item[1])
+            self._commit(batch, half)  # fails at once if the other half failed
+
     def _run_call(self, item: tuple[Any, ...]) -> None:
         fut, fn, args = item
         if fn is None:  # barrier
@@ -227,6 +260,8 @@ class GroupCommitter:
             return
         try:
             value = fn(*args)
+        except StoreRejected as exc:  # refused, not gone: only this call fails
+            self._post(_set_exception, fut, exc)
         except StoreError as exc:  # the store is unusable: same as a failed commit
             self._fail(exc, [item])
         except Exception as exc:
