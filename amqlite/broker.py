@@ -36,6 +36,7 @@ from store.api import (
     NewMessage,
     Ref,
     StoredMessage,
+    StoreRejected,
     SubscriptionRow,
 )
 
@@ -80,6 +81,10 @@ PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
 DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 DEFAULT_PRIORITY = 4  # JMS default priority
 ACK_MODES = ("auto", "client", "client-individual")
+#: The ERROR body when the store refused a frame's data (its own words stay in
+#: the broker's log: they name tables and columns).
+REJECTED_DETAIL = ("A value in this frame cannot be stored (too long, out of range or not "
+                   "representable); nothing of the frame was stored.")
 
 
 class BrokerError(Exception):
@@ -101,7 +106,8 @@ class Client(Protocol):
 
     def can_write(self) -> bool: ...
 
-    def close_with_error(self, message: str, detail: str = "") -> None: ...
+    def close_with_error(self, message: str, detail: str = "",
+                         receipt: str | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -419,32 +425,102 @@ def _awaits_ack(sub: Subscription, message_id: str) -> bool:
 # the write buffer in front of the group committer
 
 StagedCallback = Callable[[bool], None]
+ResultCallback = Callable[[BatchResult | None], None]
+
+
+class WriteUnit:
+    """The data one client frame brings (a SEND's or COMMIT's inserts and
+    identities, a durable SUBSCRIBE's row, the destination rows they need), in
+    a batch of its own: the group committer merges units into one transaction,
+    but when the store refuses that transaction it splits it, and then only
+    the unit the store refuses on its own fails (``rejected``), so only that
+    frame's client gets an ERROR (see ``Broker._reject``)."""
+
+    __slots__ = ("batch", "claimable", "conn", "receipt", "rejected", "result")
+
+    def __init__(self, conn: Client | None = None) -> None:
+        self.batch = Batch()
+        #: The client to blame when the store refuses the unit, and the
+        #: receipt its frame asked for (the ERROR carries it).
+        self.conn = conn
+        self.receipt: str | None = None
+        #: The frame's commit point (``Broker._finish_write``) is still to come
+        #: and belongs with this unit (see ``WriteBuffer.claim``).
+        self.claimable = False
+        self.result: BatchResult | None = None
+        #: The store refused this unit's data (nothing of it was written).
+        self.rejected: StoreRejected | None = None
+
+
+class _Flush:
+    """The units of one flush, in flight: callbacks run in staging order once
+    the last of them is resolved (they usually resolve in the same commit)."""
+
+    __slots__ = ("callbacks", "remaining")
+
+    def __init__(self, remaining: int, callbacks: list[tuple[WriteUnit, ResultCallback]]) -> None:
+        self.remaining = remaining
+        self.callbacks = callbacks
+
+
+_EMPTY_RESULT = BatchResult()
 
 
 class WriteBuffer:
-    """Gathers every write of one loop iteration into one Batch for the committer.
+    """Gathers the writes of one loop iteration for the committer.
 
-    Callbacks run on the loop, in staging order, once the batch committed
-    (``ok=True``) or failed (``ok=False``). ``stage_result`` callbacks also
-    get the ``BatchResult`` (for dedup).
+    Broker bookkeeping (deliveries, acks, releases, ...) goes into one shared
+    batch (``batch``/``stage``); each client frame's own data into a
+    ``WriteUnit`` (``unit``), so that a value the store refuses fails that
+    frame only. Callbacks run on the loop, in staging order, once every unit
+    of the flush committed (``ok=True``) or failed (``ok=False``);
+    ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
     """
 
     def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
         self.committer = committer
         self.loop = loop
-        self.batch = Batch()
-        self.callbacks: list[Callable[[BatchResult | None], None]] = []
+        self._shared = WriteUnit()
+        self.batch = self._shared.batch
+        self.units: list[WriteUnit] = []
+        self.callbacks: list[tuple[WriteUnit, ResultCallback]] = []
         self._flush_scheduled = False
         self.failed = False
         self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
         self.inflight_batches = 0
         self._released: set[Ref] = set()
+        #: Called with the destination rows of every batch that committed, so
+        #: the broker stops staging them (see ``Broker._destination_id``).
+        self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
-            self.callbacks.append(lambda result: callback(result is not None))
+            self.callbacks.append((self._shared, lambda result: callback(result is not None)))
         self._schedule()
         return self.batch
+
+    def unit(self, conn: Client | None) -> WriteUnit:
+        """A new unit for one frame of ``conn`` (None: nobody to blame)."""
+        unit = WriteUnit(conn)
+        self.units.append(unit)
+        self._schedule()
+        return unit
+
+    def claim(self, conn: Client) -> WriteUnit | None:
+        """The unit ``conn``'s current frame staged and left for its commit
+        point (a durable SUBSCRIBE, an ABORT), if any: its RECEIPT must wait
+        for that unit, and an ERROR for it must carry the receipt-id."""
+        if self.units:
+            unit = self.units[-1]
+            if unit.claimable and unit.conn is conn:
+                unit.claimable = False
+                return unit
+        return None
+
+    def stage_unit(self, unit: WriteUnit, callback: ResultCallback) -> None:
+        """``callback(result)`` after ``unit`` committed, or ``callback(None)``
+        when it failed (``unit.rejected`` says whether the store refused it)."""
+        self.callbacks.append((unit, callback))
 
     def stage_releases(self, refs: list[Ref]) -> None:
         """Deliverable again. Remembered so a redelivery of the same message is
@@ -457,8 +533,8 @@ class WriteBuffer:
             self.flush()  # release first, in its own batch, then the new delivery
         self.stage(callback).deliveries.append(ref)
 
-    def stage_result(self, callback: Callable[[BatchResult | None], None]) -> Batch:
-        self.callbacks.append(callback)
+    def stage_result(self, callback: ResultCallback) -> Batch:
+        self.callbacks.append((self._shared, callback))
         self._schedule()
         return self.batch
 
@@ -471,34 +547,65 @@ class WriteBuffer:
         self._flush_scheduled = False
         if self.held:
             return
-        batch, callbacks = self.batch, self.callbacks
-        if not len(batch) and not callbacks:
+        shared, units, callbacks = self._shared, self.units, self.callbacks
+        if not len(shared.batch) and not units and not callbacks:
             return
-        self.batch, self.callbacks = Batch(), []
+        self._shared = WriteUnit()
+        self.batch = self._shared.batch
+        self.units, self.callbacks = [], []
         self._released.clear()
         if self.failed or self.committer is None:
-            for cb in callbacks:
+            for _, cb in callbacks:
                 cb(None)
             return
-        if not len(batch):
-            for cb in callbacks:
-                cb(BatchResult())
+        # The shared batch first: it may remove a durable subscription that a
+        # unit re-creates (same client-id and name); nothing else in it depends
+        # on this flush's units. But a unit creating a subscription the shared
+        # batch removes (SUBSCRIBE then UNSUBSCRIBE) goes before it.
+        order = [shared, *units]
+        if shared.batch.removed_subscriptions and units:
+            gone = set(shared.batch.removed_subscriptions)
+            early = [u for u in units if any(r.id in gone for r in u.batch.subscriptions)]
+            if early:
+                order = [*early, shared, *(u for u in units if u not in early)]
+        submit = [u for u in order if len(u.batch)]
+        for u in order:
+            if not len(u.batch):
+                u.result = _EMPTY_RESULT
+        if not submit:
+            self._run(callbacks)
             return
         self.inflight_batches += 1
-        future = self.committer.submit(batch)
-        future.add_done_callback(lambda f: self._done(f, callbacks))
+        flight = _Flush(len(submit), callbacks)
+        for u in submit:
+            future = self.committer.submit(u.batch)
+            future.add_done_callback(lambda f, u=u: self._done(f, u, flight))
 
-    def _done(self, future: asyncio.Future[BatchResult], callbacks: list) -> None:
-        self.inflight_batches -= 1
-        result: BatchResult | None
-        if future.cancelled() or future.exception() is not None:
+    def _done(self, future: asyncio.Future[BatchResult], unit: WriteUnit, flight: _Flush) -> None:
+        if future.cancelled():
             self.failed = True
-            result = None
         else:
-            result = future.result()
-        for cb in callbacks:
+            exc = future.exception()
+            if exc is None:
+                unit.result = future.result()
+                if unit.batch.destinations and self.on_destinations is not None:
+                    self.on_destinations(unit.batch.destinations)
+            elif isinstance(exc, StoreRejected):
+                unit.rejected = exc
+                if unit.conn is None:
+                    log.error("the store refused a write no client can be told of: %s", exc)
+            else:
+                self.failed = True
+        flight.remaining -= 1
+        if not flight.remaining:
+            self.inflight_batches -= 1
+            self._run(flight.callbacks)
+
+    @staticmethod
+    def _run(callbacks: list[tuple[WriteUnit, ResultCallback]]) -> None:
+        for unit, cb in callbacks:
             try:
-                cb(result)
+                cb(unit.result)
             except Exception:
                 log.exception("commit callback failed")
 
@@ -570,11 +677,16 @@ class Broker:
         self.loop = loop
         self.epoch = recovery.epoch
         self.writes = WriteBuffer(committer, loop)
+        self.writes.on_destinations = self._destinations_committed
         self.paused = False
         self.ids = itertools.count(recovery.next_message_id)
         self.destination_ids = itertools.count(recovery.next_destination_id)
         self.subscription_ids = itertools.count(recovery.next_subscription_id)
         self.destination_rows: dict[str, int] = {}  # name -> store id
+        #: Destination rows staged and not yet committed by any batch: every
+        #: write that needs one carries it (the store inserts it once), since
+        #: the unit that first staged it may be refused by the store.
+        self.unconfirmed_destinations: dict[str, DestinationRow] = {}
         self.queues: dict[str, Source] = {}
         self.topics: dict[str, list[TopicSubscriptionSource]] = {}
         self.durables: dict[tuple[str, str], DurableSource] = {}
@@ -699,15 +811,40 @@ class Broker:
         )
 
     def _destination_id(self, name: str, batch: Batch) -> int:
-        """The store id of a destination, staging its row the first time."""
+        """The store id of a destination, staging its row in ``batch`` until a
+        batch that carried it committed (``_destinations_committed``)."""
         did = self.destination_rows.get(name)
         if did is None:
-            did = next(self.destination_ids)
+            row = DestinationRow(next(self.destination_ids), name, self.kind_of(name))
+            did = row.id
             self.destination_rows[name] = did
-            batch.destinations.append(DestinationRow(did, name, self.kind_of(name)))
+            self.unconfirmed_destinations[name] = row
+            batch.destinations.append(row)
             if name in self.queues:
                 self.queues[name].store_id = did
+        elif self.unconfirmed_destinations:
+            row = self.unconfirmed_destinations.get(name)
+            if row is not None and (not batch.destinations or batch.destinations[-1] is not row):
+                batch.destinations.append(row)  # the store ignores a row it has
         return did
+
+    def _destinations_committed(self, rows: list[DestinationRow]) -> None:
+        for row in rows:
+            if self.unconfirmed_destinations.get(row.name) is row:
+                del self.unconfirmed_destinations[row.name]
+
+    def _reject(self, unit: WriteUnit) -> None:
+        """The store refused the data of one client frame: nothing of it was
+        written. That client gets an ERROR (with its receipt-id) and is closed;
+        everyone else goes on, and the node stays master."""
+        conn = unit.conn
+        log.warning("the store refused a frame's data%s: %s",
+                    f" (client {conn.client_id})" if conn and conn.client_id else "",
+                    unit.rejected)
+        if conn is None or conn.closed:
+            return
+        conn.close_with_error("the store refused this frame's data",
+                              REJECTED_DETAIL, receipt=unit.receipt)
 
     def queue(self, name: str) -> Source:
         q = self.queues.get(name)
@@ -747,7 +884,6 @@ class Broker:
         self.stats["sent"] += len(messages)
         to_store: list[tuple[Message, list[DurableSource]]] = []
         identity_only: list[Message] = []
-        batch = self.writes.batch
         for m in messages:
             if not m.persistent:
                 self._route_now(m, session.conn)
@@ -766,6 +902,11 @@ class Broker:
             if receipt is not None:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
             return
+        # The frame's own data in a unit of its own: if the store refuses it,
+        # only this client is told (see WriteUnit).
+        unit = self.writes.unit(session.conn)
+        unit.receipt = receipt
+        batch = unit.batch
         handed: list[tuple[Subscription, Delivery] | None] = []
         for m, durables in to_store:
             row = self._new_row(m, batch, durables)
@@ -781,7 +922,12 @@ class Broker:
                 if hand is None and not durables:
                     self.queue(m.destination).pending_inserts -= 1
             if result is None:
-                return  # the store failed: no receipt; the node is demoting
+                if unit.rejected is not None:  # nothing was stored
+                    for hand in handed:
+                        if hand is not None:  # nobody gets what was never stored
+                            self._handed_over(*hand, duplicate=True)
+                    self._reject(unit)
+                return  # else the store failed: no receipt; the node is demoting
             for (m, durables), hand in zip(to_store, handed, strict=True):
                 duplicate = m.id in result.duplicate_ids
                 if duplicate:
@@ -798,7 +944,7 @@ class Broker:
             if receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
-        self.writes.stage_result(committed)
+        self.writes.stage_unit(unit, committed)
 
     def _hand_over(self, m: Message, row: NewMessage) -> tuple[Subscription, Delivery] | None:
         """Give a queue message to a waiting consumer in the commit that stores
@@ -855,8 +1001,16 @@ class Broker:
             if m.persistent and m.dedup_key is not None:
                 identities.append(m)
         if identities:
-            batch = self.writes.stage()
+            unit = self.writes.unit(session.conn)
+            unit.claimable = True  # an ABORT's RECEIPT waits for it
+            batch = unit.batch
             batch.identities.extend(self._new_row(m, batch) for m in identities)
+
+            def stored(result: BatchResult | None) -> None:
+                if result is None and unit.rejected is not None:
+                    self._reject(unit)
+
+            self.writes.stage_unit(unit, stored)
 
     def _route_now(self, m: Message, producer: Client | None = None) -> None:
         if self.kind_of(m.destination) == "queue":
@@ -942,13 +1096,27 @@ class Broker:
             self._remove_durable(durable)
             durable = None
         if durable is None:
-            batch = self.writes.stage()
+            # The client's data (its client-id, the name, the topic): a unit.
+            unit = self.writes.unit(self.clients_by_id.get(client_id))
+            unit.claimable = True  # the SUBSCRIBE's RECEIPT waits for it
+            batch = unit.batch
             did = self._destination_id(topic, batch)
             sid = next(self.subscription_ids)
             batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did))
             durable = DurableSource(self, topic, sid, client_id, name, topic)
             durable.store_has_more = False
             self._add_durable(durable)
+            new = durable
+
+            def created(result: BatchResult | None) -> None:
+                if result is None and unit.rejected is not None:
+                    # Never stored: forget it, and remove what messages staged
+                    # meanwhile stored for it (pending rows of no subscription).
+                    if self.durables.get((client_id, name)) is new:
+                        self._remove_durable(new)
+                    self._reject(unit)
+
+            self.writes.stage_unit(unit, created)
         return durable
 
     def _add_durable(self, durable: DurableSource) -> None:
@@ -1056,7 +1224,12 @@ class Broker:
             if ok and receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
-        self.writes.stage(done)
+        unit = self.writes.claim(session.conn)
+        if unit is None:
+            self.writes.stage(done)
+        else:  # the frame's own data is in a unit: the RECEIPT waits for it
+            unit.receipt = receipt
+            self.writes.stage_unit(unit, lambda result: done(result is not None))
 
     def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch) -> None:
         m = d.message

@@ -300,11 +300,11 @@ class GroupCommitter:
 
 
 def _split_result(result: BatchResult, items: list[tuple[Any, ...]]) -> list[BatchResult]:
-    """Each caller learns only about its own dropped inserts."""
+    """Each caller learns only about its own dropped inserts and identities."""
     out = []
     for _, batch in items:
         mine = BatchResult()
-        for x in batch.inserts:
+        for x in (*batch.inserts, *batch.identities):
             if x.id in result.duplicate_ids:
                 mine.duplicate_ids.add(x.id)
                 if x.dedup_key is not None:

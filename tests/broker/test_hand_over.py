@@ -154,7 +154,7 @@ class Scene:
 
     def staged(self) -> NewMessage:
         """The last insert staged and not yet committed."""
-        return self.broker.writes.batch.inserts[-1]
+        return self.broker.writes.units[-1].batch.inserts[-1]
 
     async def settle(self) -> None:
         """Until every staged write committed, including writes its callbacks staged."""
@@ -162,7 +162,8 @@ class Scene:
         for _ in range(20):
             writes.flush()
             await self.committer.drain()
-            if not len(writes.batch) and not writes.callbacks and not writes.inflight_batches:
+            if not (len(writes.batch) or writes.units or writes.callbacks
+                    or writes.inflight_batches):
                 return
         raise AssertionError("the broker keeps staging writes")
 
