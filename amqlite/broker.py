@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from amqlite.codec import Frame
 from store.api import (
+    OUTSIDE_UNITS,
     Batch,
     BatchResult,
     DestinationRow,
@@ -38,6 +39,7 @@ from store.api import (
     StoredMessage,
     StoreRejected,
     SubscriptionRow,
+    UnitSpan,
 )
 
 if TYPE_CHECKING:
@@ -430,81 +432,82 @@ ResultCallback = Callable[[BatchResult | None], None]
 
 class WriteUnit:
     """The data one client frame brings (a SEND's or COMMIT's inserts and
-    identities, a durable SUBSCRIBE's row, the destination rows they need), in
-    a batch of its own: the group committer merges units into one transaction,
-    but when the store refuses that transaction it splits it, and then only
-    the unit the store refuses on its own fails (``rejected``), so only that
-    frame's client gets an ERROR (see ``Broker._reject``)."""
+    identities, a durable SUBSCRIBE's row, the destination rows they need): a
+    span of the flush's batch. The batch commits whole as long as the store
+    takes it; when the store refuses it, the group committer splits it along
+    the spans, and only a unit the store refuses on its own fails
+    (``rejected``), so only that frame's client gets an ERROR."""
 
-    __slots__ = ("batch", "claimable", "conn", "receipt", "rejected", "result")
+    __slots__ = ("claimable", "conn", "index", "receipt", "rejected", "span", "start")
 
-    def __init__(self, conn: Client | None = None) -> None:
-        self.batch = Batch()
+    def __init__(self, conn: Client | None, index: int, batch: Batch) -> None:
         #: The client to blame when the store refuses the unit, and the
         #: receipt its frame asked for (the ERROR carries it).
         self.conn = conn
         self.receipt: str | None = None
+        self.index = index  # in the flush's spans
+        self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
+                      len(batch.identities))
+        self.span: UnitSpan | None = None
         #: The frame's commit point (``Broker._finish_write``) is still to come
         #: and belongs with this unit (see ``WriteBuffer.claim``).
         self.claimable = False
-        self.result: BatchResult | None = None
         #: The store refused this unit's data (nothing of it was written).
         self.rejected: StoreRejected | None = None
 
-
-class _Flush:
-    """The units of one flush, in flight: callbacks run in staging order once
-    the last of them is resolved (they usually resolve in the same commit)."""
-
-    __slots__ = ("callbacks", "remaining")
-
-    def __init__(self, remaining: int, callbacks: list[tuple[WriteUnit, ResultCallback]]) -> None:
-        self.remaining = remaining
-        self.callbacks = callbacks
-
-
-_EMPTY_RESULT = BatchResult()
+    def end(self, batch: Batch) -> UnitSpan:
+        if self.span is None:
+            d, s, i, y = self.start
+            self.span = (d, len(batch.destinations), s, len(batch.subscriptions),
+                         i, len(batch.inserts), y, len(batch.identities))
+        return self.span
 
 
 class WriteBuffer:
-    """Gathers the writes of one loop iteration for the committer.
+    """Gathers every write of one loop iteration into one Batch for the committer.
 
-    Broker bookkeeping (deliveries, acks, releases, ...) goes into one shared
-    batch (``batch``/``stage``); each client frame's own data into a
-    ``WriteUnit`` (``unit``), so that a value the store refuses fails that
-    frame only. Callbacks run on the loop, in staging order, once every unit
-    of the flush committed (``ok=True``) or failed (``ok=False``);
+    What a client frame brings is staged between ``begin_unit`` and
+    ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
+    order, once the batch committed (``ok=True``) or failed (``ok=False``;
+    for a unit's own callbacks also when the store refused that unit).
     ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
     """
 
     def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
         self.committer = committer
         self.loop = loop
-        self._shared = WriteUnit()
-        self.batch = self._shared.batch
+        self.batch = Batch()
         self.units: list[WriteUnit] = []
-        self.callbacks: list[tuple[WriteUnit, ResultCallback]] = []
+        #: (the unit whose outcome the callback gets, or None: the whole batch's)
+        self.callbacks: list[tuple[WriteUnit | None, ResultCallback]] = []
         self._flush_scheduled = False
         self.failed = False
         self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
         self.inflight_batches = 0
         self._released: set[Ref] = set()
-        #: Called with the destination rows of every batch that committed, so
-        #: the broker stops staging them (see ``Broker._destination_id``).
+        #: The unit being staged, if any.
+        self.current: WriteUnit | None = None
+        #: Called with the destination rows that committed, so the broker
+        #: stops staging them (see ``Broker._destination_id``).
         self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
-            self.callbacks.append((self._shared, lambda result: callback(result is not None)))
+            self.callbacks.append((None, lambda result: callback(result is not None)))
         self._schedule()
         return self.batch
 
-    def unit(self, conn: Client | None) -> WriteUnit:
-        """A new unit for one frame of ``conn`` (None: nobody to blame)."""
-        unit = WriteUnit(conn)
+    def begin_unit(self, conn: Client | None) -> WriteUnit:
+        """Start staging one frame's data, blamed on ``conn`` if refused."""
+        unit = WriteUnit(conn, len(self.units), self.batch)
         self.units.append(unit)
+        self.current = unit
         self._schedule()
         return unit
+
+    def end_unit(self, unit: WriteUnit) -> None:
+        unit.end(self.batch)
+        self.current = None
 
     def claim(self, conn: Client) -> WriteUnit | None:
         """The unit ``conn``'s current frame staged and left for its commit
@@ -518,7 +521,7 @@ class WriteBuffer:
         return None
 
     def stage_unit(self, unit: WriteUnit, callback: ResultCallback) -> None:
-        """``callback(result)`` after ``unit`` committed, or ``callback(None)``
+        """``callback(result)`` once ``unit`` committed, ``callback(None)``
         when it failed (``unit.rejected`` says whether the store refused it)."""
         self.callbacks.append((unit, callback))
 
@@ -534,7 +537,7 @@ class WriteBuffer:
         self.stage(callback).deliveries.append(ref)
 
     def stage_result(self, callback: ResultCallback) -> Batch:
-        self.callbacks.append((self._shared, callback))
+        self.callbacks.append((None, callback))
         self._schedule()
         return self.batch
 
@@ -547,71 +550,79 @@ class WriteBuffer:
         self._flush_scheduled = False
         if self.held:
             return
-        shared, units, callbacks = self._shared, self.units, self.callbacks
-        if not len(shared.batch) and not units and not callbacks:
+        batch, callbacks, units = self.batch, self.callbacks, self.units
+        if not len(batch) and not callbacks:
+            self.units = []
             return
-        self._shared = WriteUnit()
-        self.batch = self._shared.batch
-        self.units, self.callbacks = [], []
+        if self.current is not None:  # never mid-frame; a frame that raised
+            self.end_unit(self.current)
+        self.batch, self.callbacks, self.units = Batch(), [], []
         self._released.clear()
         if self.failed or self.committer is None:
             for _, cb in callbacks:
                 cb(None)
             return
-        # The shared batch first: it may remove a durable subscription that a
-        # unit re-creates (same client-id and name); nothing else in it depends
-        # on this flush's units. But a unit creating a subscription the shared
-        # batch removes (SUBSCRIBE then UNSUBSCRIBE) goes before it.
-        order = [shared, *units]
-        if shared.batch.removed_subscriptions and units:
-            gone = set(shared.batch.removed_subscriptions)
-            early = [u for u in units if any(r.id in gone for r in u.batch.subscriptions)]
-            if early:
-                order = [*early, shared, *(u for u in units if u not in early)]
-        submit = [u for u in order if len(u.batch)]
-        for u in order:
-            if not len(u.batch):
-                u.result = _EMPTY_RESULT
-        if not submit:
-            self._run(callbacks)
+        if not len(batch):
+            empty = BatchResult()
+            for _, cb in callbacks:
+                cb(empty)
             return
         self.inflight_batches += 1
-        flight = _Flush(len(submit), callbacks)
-        for u in submit:
-            future = self.committer.submit(u.batch)
-            future.add_done_callback(lambda f, u=u: self._done(f, u, flight))
+        spans = [u.end(batch) for u in units] if units else None
+        future = self.committer.submit(batch, spans)
+        future.add_done_callback(lambda f: self._done(f, batch, units, callbacks))
 
-    def _done(self, future: asyncio.Future[BatchResult], unit: WriteUnit, flight: _Flush) -> None:
-        if future.cancelled():
+    def _done(self, future: asyncio.Future[BatchResult], batch: Batch,
+              units: list[WriteUnit], callbacks: list) -> None:
+        self.inflight_batches -= 1
+        result: BatchResult | None = None
+        exc = None if future.cancelled() else future.exception()
+        if future.cancelled() or (exc is not None and not isinstance(exc, StoreRejected)):
             self.failed = True
+        elif exc is not None:  # refused whole, and no unit to pin it on
+            log.error("the store refused a write no client can be told of: %s", exc)
         else:
-            exc = future.exception()
-            if exc is None:
-                unit.result = future.result()
-                if unit.batch.destinations and self.on_destinations is not None:
-                    self.on_destinations(unit.batch.destinations)
-            elif isinstance(exc, StoreRejected):
-                unit.rejected = exc
-                if unit.conn is None:
-                    log.error("the store refused a write no client can be told of: %s", exc)
-            else:
-                self.failed = True
-        flight.remaining -= 1
-        if not flight.remaining:
-            self.inflight_batches -= 1
-            self._run(flight.callbacks)
-
-    @staticmethod
-    def _run(callbacks: list[tuple[WriteUnit, ResultCallback]]) -> None:
+            result = future.result()
+        rest_ok = result is not None
+        if result is not None and result.rejected:
+            for i, refused in result.rejected.items():
+                if i == OUTSIDE_UNITS:
+                    rest_ok = False
+                    log.error("the store refused a write no client can be told of: %s",
+                              refused)
+                else:
+                    units[i].rejected = refused
+        if batch.destinations and self.on_destinations is not None and result is not None:
+            self.on_destinations(_committed_destinations(batch, units, rest_ok)
+                                 if result.rejected else batch.destinations)
         for unit, cb in callbacks:
+            ok = rest_ok if unit is None else result is not None and unit.rejected is None
             try:
-                cb(unit.result)
+                cb(result if ok else None)
             except Exception:
                 log.exception("commit callback failed")
 
     def release(self) -> None:
         self.held = False
         self._schedule()
+
+
+def _committed_destinations(batch: Batch, units: list[WriteUnit],
+                            rest_ok: bool) -> list[DestinationRow]:
+    """The destination rows of a split batch that did commit."""
+    rows = batch.destinations
+    inside = [False] * len(rows)
+    committed = []
+    for u in units:
+        assert u.span is not None
+        d0, d1 = u.span[0], u.span[1]
+        for k in range(d0, d1):
+            inside[k] = True
+            if u.rejected is None:
+                committed.append(rows[k])
+    if rest_ok:
+        committed.extend(r for r, taken in zip(rows, inside, strict=True) if not taken)
+    return committed
 
 
 # ---------------------------------------------------------------------------
@@ -824,8 +835,12 @@ class Broker:
                 self.queues[name].store_id = did
         elif self.unconfirmed_destinations:
             row = self.unconfirmed_destinations.get(name)
-            if row is not None and (not batch.destinations or batch.destinations[-1] is not row):
-                batch.destinations.append(row)  # the store ignores a row it has
+            if row is not None:
+                # Each unit carries the row (the one that staged it first may be
+                # refused); outside a unit, carry it anyway. The store inserts it once.
+                unit = self.writes.current
+                if unit is None or row not in batch.destinations[unit.start[0]:]:
+                    batch.destinations.append(row)
         return did
 
     def _destinations_committed(self, rows: list[DestinationRow]) -> None:
@@ -902,11 +917,12 @@ class Broker:
             if receipt is not None:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
             return
-        # The frame's own data in a unit of its own: if the store refuses it,
-        # only this client is told (see WriteUnit).
-        unit = self.writes.unit(session.conn)
+        # The frame's own data is a unit: if the store refuses it, only this
+        # client is told (see WriteUnit).
+        writes = self.writes
+        batch = writes.batch
+        unit = writes.begin_unit(session.conn)
         unit.receipt = receipt
-        batch = unit.batch
         handed: list[tuple[Subscription, Delivery] | None] = []
         for m, durables in to_store:
             row = self._new_row(m, batch, durables)
@@ -914,6 +930,7 @@ class Broker:
             handed.append(None if durables else self._hand_over(m, row))
         for m in identity_only:
             batch.identities.append(self._new_row(m, batch))
+        writes.end_unit(unit)
         session.commit_started()
 
         def committed(result: BatchResult | None) -> None:
@@ -1001,10 +1018,11 @@ class Broker:
             if m.persistent and m.dedup_key is not None:
                 identities.append(m)
         if identities:
-            unit = self.writes.unit(session.conn)
+            batch = self.writes.batch
+            unit = self.writes.begin_unit(session.conn)
             unit.claimable = True  # an ABORT's RECEIPT waits for it
-            batch = unit.batch
             batch.identities.extend(self._new_row(m, batch) for m in identities)
+            self.writes.end_unit(unit)
 
             def stored(result: BatchResult | None) -> None:
                 if result is None and unit.rejected is not None:
@@ -1097,12 +1115,13 @@ class Broker:
             durable = None
         if durable is None:
             # The client's data (its client-id, the name, the topic): a unit.
-            unit = self.writes.unit(self.clients_by_id.get(client_id))
+            batch = self.writes.batch
+            unit = self.writes.begin_unit(self.clients_by_id.get(client_id))
             unit.claimable = True  # the SUBSCRIBE's RECEIPT waits for it
-            batch = unit.batch
             did = self._destination_id(topic, batch)
             sid = next(self.subscription_ids)
             batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did))
+            self.writes.end_unit(unit)
             durable = DurableSource(self, topic, sid, client_id, name, topic)
             durable.store_has_more = False
             self._add_durable(durable)

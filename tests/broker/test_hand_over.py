@@ -154,7 +154,7 @@ class Scene:
 
     def staged(self) -> NewMessage:
         """The last insert staged and not yet committed."""
-        return self.broker.writes.units[-1].batch.inserts[-1]
+        return self.broker.writes.batch.inserts[-1]
 
     async def settle(self) -> None:
         """Until every staged write committed, including writes its callbacks staged."""

@@ -192,7 +192,7 @@ def test_a_refused_durable_subscribe_fails_only_its_client(
                 "destination": TOPIC, "id": "d", "ack": "client-individual",
                 "activemq.subscriptionName": "durable", "receipt": "s1"}))
             # Bypass the edge: the staged row gets a name the store refuses.
-            rows = broker.writes.units[-1].batch.subscriptions
+            rows = broker.writes.batch.subscriptions
             rows[-1] = dataclasses.replace(rows[-1], name=poison_name(store.dialect))
             producer = s.client()
             s.send(producer, "pub", destination=TOPIC, receipt="p1")

@@ -200,3 +200,35 @@ def test_refused_batches_keep_submission_order_and_dedup(
     asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
     assert _ids(s) == [1, 2, 4, 5, 6, 7, 9, 10]
     assert_counters(s)
+
+
+def test_a_batch_with_units_is_split_along_them(
+    case: Case, make_store: Callable[..., SqlStore]
+) -> None:
+    """The broker's shape: one batch per flush, a span per client frame, and
+    bookkeeping outside the spans (here an ack). Refused whole, it is split:
+    the part outside the units and the good units commit, the refused unit is
+    reported by its index, the committer goes on."""
+    s, e = master(make_store)
+    s.commit_batch(e, Batch(inserts=[msg(1)]))
+    failures: list[BaseException] = []
+    bad = case.bad(3)
+    batch = Batch(destinations=list(bad.destinations), inserts=[msg(2), *bad.inserts, msg(4)],
+                  acks=[(None, 1)])
+    nd = len(bad.destinations)
+    spans = [(0, 0, 0, 0, 0, 1, 0, 0), (0, nd, 0, 0, 1, 2, 0, 0), (nd, nd, 0, 0, 2, 3, 0, 0)]
+
+    async def scenario() -> None:
+        gc = GroupCommitter(s, e, asyncio.get_running_loop(), failures.append)
+        result = await gc.submit(batch, spans)
+        assert list(result.rejected) == [1]
+        assert isinstance(result.rejected[1], StoreRejected)
+        assert gc.failure is None and gc.rejected == 1
+        await gc.submit(Batch(inserts=[msg(5)]))
+        assert await gc.call(_ids, s) == [2, 4, 5]  # 1 acked, 3 refused
+        gc.close()
+        await gc.wait_closed()
+
+    asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
+    assert failures == []
+    assert_counters(s)
