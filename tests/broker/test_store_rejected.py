@@ -223,3 +223,42 @@ def test_a_refused_durable_subscribe_fails_only_its_client(
         in ([(b"pub2",)], [(memoryview(b"pub2"),)])
     assert_counters(store)
 
+
+
+@pytest.mark.parametrize("store_url", BACKENDS, indirect=True)
+def test_a_durable_moved_to_another_topic_is_not_refused(
+    store: SqlStore, settings: Settings
+) -> None:
+    """Re-subscribing a durable name to another topic removes the old row and
+    creates a new one with the same (client-id, name) in one batch; applied in
+    the batch's fixed order (create first) the store refuses it, and the split
+    (the removal first, then the SUBSCRIBE's unit) must make it go through."""
+
+    async def scenario() -> None:
+        async with running(store, settings) as s:
+            broker = s.broker
+            client = FrameSink(client_id="c1")
+            broker.attach(client)
+
+            def subscribe(topic: str, sub_id: str, receipt: str) -> None:
+                broker.handle(client, Frame("SUBSCRIBE", {
+                    "destination": topic, "id": sub_id, "ack": "client-individual",
+                    "activemq.subscriptionName": "d", "receipt": receipt}))
+
+            subscribe(TOPIC, "a", "s1")
+            await until(lambda: len(client.of("RECEIPT")) == 1)
+            broker.handle(client, Frame("UNSUBSCRIBE", {"id": "a", "receipt": "u1"}))
+            await until(lambda: len(client.of("RECEIPT")) == 2)
+            subscribe(TOPIC + "-2", "b", "s2")
+            await until(lambda: len(client.of("RECEIPT")) == 3 or client.closed)
+            assert not client.closed, client.errors
+            assert s.master.failures == []
+            assert s.committer.splits >= 1 and s.committer.rejected == 0
+            await s.settle()
+
+    run(scenario)
+    rows = sql(store, "SELECT s.client_id, s.name, d.name FROM amq_subscriptions s "
+                      "JOIN amq_destinations d ON d.grp = s.grp AND d.id = s.destination_id "
+                      "WHERE s.grp = :g", g=store.group)
+    assert rows == [("c1", "d", TOPIC + "-2")]
+    assert_counters(store)
