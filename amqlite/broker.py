@@ -49,13 +49,16 @@ from amqlite.validation import (
     parse_send,
 )
 from store.api import (
+    OUTSIDE_UNITS,
     Batch,
     BatchResult,
     DestinationRow,
     NewMessage,
     Ref,
     StoredMessage,
+    StoreRejected,
     SubscriptionRow,
+    UnitSpan,
 )
 
 if TYPE_CHECKING:
@@ -125,6 +128,10 @@ PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
 DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 DEFAULT_PRIORITY = 4  # JMS default priority
 ACK_MODES = ("auto", "client", "client-individual")
+#: The ERROR body when the store refused a frame's data (its own words stay in
+#: the broker's log: they name tables and columns).
+REJECTED_DETAIL = ("A value in this frame cannot be stored (too long, out of range or not "
+                   "representable); nothing of the frame was stored.")
 
 
 #: Transactions are held in memory until COMMIT: bound them per connection.
@@ -152,7 +159,8 @@ class Client(Protocol):
 
     def can_write(self) -> bool: ...
 
-    def close_with_error(self, message: str, detail: str = "") -> None: ...
+    def close_with_error(self, message: str, detail: str = "",
+                         receipt: str | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -573,32 +581,103 @@ def _awaits_ack(sub: Subscription, message_id: str) -> bool:
 # the write buffer in front of the group committer
 
 StagedCallback = Callable[[bool], None]
+ResultCallback = Callable[[BatchResult | None], None]
+
+
+class WriteUnit:
+    """The data one client frame brings (a SEND's or COMMIT's inserts and
+    identities, a durable SUBSCRIBE's row, the destination rows they need): a
+    span of the flush's batch. The batch commits whole as long as the store
+    takes it; when the store refuses it, the group committer splits it along
+    the spans, and only a unit the store refuses on its own fails
+    (``rejected``), so only that frame's client gets an ERROR."""
+
+    __slots__ = ("claimable", "conn", "index", "receipt", "rejected", "span", "start")
+
+    def __init__(self, conn: Client | None, index: int, batch: Batch) -> None:
+        #: The client to blame when the store refuses the unit, and the
+        #: receipt its frame asked for (the ERROR carries it).
+        self.conn = conn
+        self.receipt: str | None = None
+        self.index = index  # in the flush's spans
+        self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
+                      len(batch.identities))
+        self.span: UnitSpan | None = None
+        #: The frame's commit point (``Broker._finish_write``) is still to come
+        #: and belongs with this unit (see ``WriteBuffer.claim``).
+        self.claimable = False
+        #: The store refused this unit's data (nothing of it was written).
+        self.rejected: StoreRejected | None = None
+
+    def end(self, batch: Batch) -> UnitSpan:
+        if self.span is None:
+            d, s, i, y = self.start
+            self.span = (d, len(batch.destinations), s, len(batch.subscriptions),
+                         i, len(batch.inserts), y, len(batch.identities))
+        return self.span
 
 
 class WriteBuffer:
     """Gathers every write of one loop iteration into one Batch for the committer.
 
-    Callbacks run on the loop, in staging order, once the batch committed
-    (``ok=True``) or failed (``ok=False``). ``stage_result`` callbacks also
-    get the ``BatchResult`` (for dedup).
+    What a client frame brings is staged between ``begin_unit`` and
+    ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
+    order, once the batch committed (``ok=True``) or failed (``ok=False``;
+    for a unit's own callbacks also when the store refused that unit).
+    ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
     """
 
     def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
         self.committer = committer
         self.loop = loop
         self.batch = Batch()
-        self.callbacks: list[Callable[[BatchResult | None], None]] = []
+        self.units: list[WriteUnit] = []
+        #: (the unit whose outcome the callback gets, or None: the whole batch's)
+        self.callbacks: list[tuple[WriteUnit | None, ResultCallback]] = []
         self._flush_scheduled = False
         self.failed = False
         self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
         self.inflight_batches = 0
         self._released: set[Ref] = set()
+        #: The unit being staged, if any.
+        self.current: WriteUnit | None = None
+        #: Called with the destination rows that committed, so the broker
+        #: stops staging them (see ``Broker._destination_id``).
+        self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
-            self.callbacks.append(lambda result: callback(result is not None))
+            self.callbacks.append((None, lambda result: callback(result is not None)))
         self._schedule()
         return self.batch
+
+    def begin_unit(self, conn: Client | None) -> WriteUnit:
+        """Start staging one frame's data, blamed on ``conn`` if refused."""
+        unit = WriteUnit(conn, len(self.units), self.batch)
+        self.units.append(unit)
+        self.current = unit
+        self._schedule()
+        return unit
+
+    def end_unit(self, unit: WriteUnit) -> None:
+        unit.end(self.batch)
+        self.current = None
+
+    def claim(self, conn: Client) -> WriteUnit | None:
+        """The unit ``conn``'s current frame staged and left for its commit
+        point (a durable SUBSCRIBE, an ABORT), if any: its RECEIPT must wait
+        for that unit, and an ERROR for it must carry the receipt-id."""
+        if self.units:
+            unit = self.units[-1]
+            if unit.claimable and unit.conn is conn:
+                unit.claimable = False
+                return unit
+        return None
+
+    def stage_unit(self, unit: WriteUnit, callback: ResultCallback) -> None:
+        """``callback(result)`` once ``unit`` committed, ``callback(None)``
+        when it failed (``unit.rejected`` says whether the store refused it)."""
+        self.callbacks.append((unit, callback))
 
     def stage_releases(self, refs: list[Ref]) -> None:
         """Deliverable again. Remembered so a redelivery of the same message is
@@ -611,8 +690,8 @@ class WriteBuffer:
             self.flush()  # release first, in its own batch, then the new delivery
         self.stage(callback).deliveries.append(ref)
 
-    def stage_result(self, callback: Callable[[BatchResult | None], None]) -> Batch:
-        self.callbacks.append(callback)
+    def stage_result(self, callback: ResultCallback) -> Batch:
+        self.callbacks.append((None, callback))
         self._schedule()
         return self.batch
 
@@ -625,40 +704,79 @@ class WriteBuffer:
         self._flush_scheduled = False
         if self.held:
             return
-        batch, callbacks = self.batch, self.callbacks
+        batch, callbacks, units = self.batch, self.callbacks, self.units
         if not len(batch) and not callbacks:
+            self.units = []
             return
-        self.batch, self.callbacks = Batch(), []
+        if self.current is not None:  # never mid-frame; a frame that raised
+            self.end_unit(self.current)
+        self.batch, self.callbacks, self.units = Batch(), [], []
         self._released.clear()
         if self.failed or self.committer is None:
-            for cb in callbacks:
+            for _, cb in callbacks:
                 cb(None)
             return
         if not len(batch):
-            for cb in callbacks:
-                cb(BatchResult())
+            empty = BatchResult()
+            for _, cb in callbacks:
+                cb(empty)
             return
         self.inflight_batches += 1
-        future = self.committer.submit(batch)
-        future.add_done_callback(lambda f: self._done(f, callbacks))
+        spans = [u.end(batch) for u in units] if units else None
+        future = self.committer.submit(batch, spans)
+        future.add_done_callback(lambda f: self._done(f, batch, units, callbacks))
 
-    def _done(self, future: asyncio.Future[BatchResult], callbacks: list) -> None:
+    def _done(self, future: asyncio.Future[BatchResult], batch: Batch,
+              units: list[WriteUnit], callbacks: list) -> None:
         self.inflight_batches -= 1
-        result: BatchResult | None
-        if future.cancelled() or future.exception() is not None:
+        result: BatchResult | None = None
+        exc = None if future.cancelled() else future.exception()
+        if future.cancelled() or (exc is not None and not isinstance(exc, StoreRejected)):
             self.failed = True
-            result = None
+        elif exc is not None:  # refused whole, and no unit to pin it on
+            log.error("the store refused a write no client can be told of: %s", exc)
         else:
             result = future.result()
-        for cb in callbacks:
+        rest_ok = result is not None
+        if result is not None and result.rejected:
+            for i, refused in result.rejected.items():
+                if i == OUTSIDE_UNITS:
+                    rest_ok = False
+                    log.error("the store refused a write no client can be told of: %s",
+                              refused)
+                else:
+                    units[i].rejected = refused
+        if batch.destinations and self.on_destinations is not None and result is not None:
+            self.on_destinations(_committed_destinations(batch, units, rest_ok)
+                                 if result.rejected else batch.destinations)
+        for unit, cb in callbacks:
+            ok = rest_ok if unit is None else result is not None and unit.rejected is None
             try:
-                cb(result)
+                cb(result if ok else None)
             except Exception:
                 log.exception("commit callback failed")
 
     def release(self) -> None:
         self.held = False
         self._schedule()
+
+
+def _committed_destinations(batch: Batch, units: list[WriteUnit],
+                            rest_ok: bool) -> list[DestinationRow]:
+    """The destination rows of a split batch that did commit."""
+    rows = batch.destinations
+    inside = [False] * len(rows)
+    committed = []
+    for u in units:
+        assert u.span is not None
+        d0, d1 = u.span[0], u.span[1]
+        for k in range(d0, d1):
+            inside[k] = True
+            if u.rejected is None:
+                committed.append(rows[k])
+    if rest_ok:
+        committed.extend(r for r, taken in zip(rows, inside, strict=True) if not taken)
+    return committed
 
 
 # ---------------------------------------------------------------------------
@@ -746,11 +864,16 @@ class Broker:
         self.loop = loop
         self.epoch = recovery.epoch
         self.writes = WriteBuffer(committer, loop)
+        self.writes.on_destinations = self._destinations_committed
         self.paused = False
         self.ids = itertools.count(recovery.next_message_id)
         self.destination_ids = itertools.count(recovery.next_destination_id)
         self.subscription_ids = itertools.count(recovery.next_subscription_id)
         self.destination_rows: dict[str, int] = {}  # name -> store id
+        #: Destination rows staged and not yet committed by any batch: every
+        #: write that needs one carries it (the store inserts it once), since
+        #: the unit that first staged it may be refused by the store.
+        self.unconfirmed_destinations: dict[str, DestinationRow] = {}
         self.queues: dict[str, Source] = {}
         self.topics: dict[str, list[TopicSubscriptionSource]] = {}
         self.durables: dict[tuple[str, str], DurableSource] = {}
@@ -900,15 +1023,44 @@ class Broker:
         )
 
     def _destination_id(self, name: str, batch: Batch) -> int:
-        """The store id of a destination, staging its row the first time."""
+        """The store id of a destination, staging its row in ``batch`` until a
+        batch that carried it committed (``_destinations_committed``)."""
         did = self.destination_rows.get(name)
         if did is None:
-            did = next(self.destination_ids)
+            row = DestinationRow(next(self.destination_ids), name, self.kind_of(name))
+            did = row.id
             self.destination_rows[name] = did
-            batch.destinations.append(DestinationRow(did, name, self.kind_of(name)))
+            self.unconfirmed_destinations[name] = row
+            batch.destinations.append(row)
             if name in self.queues:
                 self.queues[name].store_id = did
+        elif self.unconfirmed_destinations:
+            row = self.unconfirmed_destinations.get(name)
+            if row is not None:
+                # Each unit carries the row (the one that staged it first may be
+                # refused); outside a unit, carry it anyway. The store inserts it once.
+                unit = self.writes.current
+                if unit is None or row not in batch.destinations[unit.start[0]:]:
+                    batch.destinations.append(row)
         return did
+
+    def _destinations_committed(self, rows: list[DestinationRow]) -> None:
+        for row in rows:
+            if self.unconfirmed_destinations.get(row.name) is row:
+                del self.unconfirmed_destinations[row.name]
+
+    def _reject(self, unit: WriteUnit) -> None:
+        """The store refused the data of one client frame: nothing of it was
+        written. That client gets an ERROR (with its receipt-id) and is closed;
+        everyone else goes on, and the node stays master."""
+        conn = unit.conn
+        log.warning("the store refused a frame's data%s: %s",
+                    f" (client {conn.client_id})" if conn and conn.client_id else "",
+                    unit.rejected)
+        if conn is None or conn.closed:
+            return
+        conn.close_with_error("the store refused this frame's data",
+                              REJECTED_DETAIL, receipt=unit.receipt)
 
     def queue(self, name: str) -> Source:
         q = self.queues.get(name)
@@ -952,7 +1104,6 @@ class Broker:
         self.stats["sent"] += len(messages)
         to_store: list[tuple[Message, list[DurableSource]]] = []
         identity_only: list[Message] = []
-        batch = self.writes.batch
         for m in messages:
             if not m.persistent:
                 self._route_now(m, session.conn)
@@ -971,6 +1122,12 @@ class Broker:
             if receipt is not None:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
             return
+        # The frame's own data is a unit: if the store refuses it, only this
+        # client is told (see WriteUnit).
+        writes = self.writes
+        batch = writes.batch
+        unit = writes.begin_unit(session.conn)
+        unit.receipt = receipt
         handed: list[tuple[Subscription, Delivery] | None] = []
         for m, durables in to_store:
             row = self._new_row(m, batch, durables)
@@ -978,6 +1135,7 @@ class Broker:
             handed.append(None if durables else self._hand_over(m, row))
         for m in identity_only:
             batch.identities.append(self._new_row(m, batch))
+        writes.end_unit(unit)
         pending_bytes = sum(m.size for m, _ in to_store)
         session.commit_started(pending_bytes)
 
@@ -987,7 +1145,12 @@ class Broker:
                 if hand is None and not durables:
                     self.queue(m.destination).pending_inserts -= 1
             if result is None:
-                return  # the store failed: no receipt; the node is demoting
+                if unit.rejected is not None:  # nothing was stored
+                    for hand in handed:
+                        if hand is not None:  # nobody gets what was never stored
+                            self._handed_over(*hand, duplicate=True)
+                    self._reject(unit)
+                return  # else the store failed: no receipt; the node is demoting
             for (m, durables), hand in zip(to_store, handed, strict=True):
                 duplicate = m.id in result.duplicate_ids
                 if duplicate:
@@ -1012,7 +1175,7 @@ class Broker:
             if receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
-        self.writes.stage_result(committed)
+        self.writes.stage_unit(unit, committed)
 
     def _hand_over(self, m: Message, row: NewMessage) -> tuple[Subscription, Delivery] | None:
         """Give a queue message to a waiting consumer in the commit that stores
@@ -1071,8 +1234,17 @@ class Broker:
             if m.persistent and m.dedup_key is not None:
                 identities.append(m)
         if identities:
-            batch = self.writes.stage()
+            batch = self.writes.batch
+            unit = self.writes.begin_unit(session.conn)
+            unit.claimable = True  # an ABORT's RECEIPT waits for it
             batch.identities.extend(self._new_row(m, batch) for m in identities)
+            self.writes.end_unit(unit)
+
+            def stored(result: BatchResult | None) -> None:
+                if result is None and unit.rejected is not None:
+                    self._reject(unit)
+
+            self.writes.stage_unit(unit, stored)
 
     def _route_now(self, m: Message, producer: Client | None = None) -> None:
         if self.kind_of(m.destination) == "queue":
@@ -1155,13 +1327,28 @@ class Broker:
             self._remove_durable(durable)
             durable = None
         if durable is None:
-            batch = self.writes.stage()
+            # The client's data (its client-id, the name, the topic): a unit.
+            batch = self.writes.batch
+            unit = self.writes.begin_unit(self.clients_by_id.get(client_id))
+            unit.claimable = True  # the SUBSCRIBE's RECEIPT waits for it
             did = self._destination_id(topic, batch)
             sid = next(self.subscription_ids)
             batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did))
+            self.writes.end_unit(unit)
             durable = DurableSource(self, topic, sid, client_id, name, topic)
             durable.store_has_more = False
             self._add_durable(durable)
+            new = durable
+
+            def created(result: BatchResult | None) -> None:
+                if result is None and unit.rejected is not None:
+                    # Never stored: forget it, and remove what messages staged
+                    # meanwhile stored for it (pending rows of no subscription).
+                    if self.durables.get((client_id, name)) is new:
+                        self._remove_durable(new)
+                    self._reject(unit)
+
+            self.writes.stage_unit(unit, created)
         return durable
 
     def _add_durable(self, durable: DurableSource) -> None:
@@ -1275,7 +1462,12 @@ class Broker:
             if ok and receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
-        self.writes.stage(done)
+        unit = self.writes.claim(session.conn)
+        if unit is None:
+            self.writes.stage(done)
+        else:  # the frame's own data is in a unit: the RECEIPT waits for it
+            unit.receipt = receipt
+            self.writes.stage_unit(unit, lambda result: done(result is not None))
 
     def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch) -> None:
         m = d.message

@@ -30,7 +30,7 @@ from amqlite.registry import (
 from amqlite.server import StompServer
 from amqlite.settings import Settings
 from lockers import LockerError, LockLost, LockState, open_locker
-from store import GroupCommitter, StoreError, open_store
+from store import GroupCommitter, StoreError, StoreRejected, open_store
 
 log = logging.getLogger("amqlite.node")
 
@@ -255,6 +255,11 @@ class Node:
         return not self.lost.is_set()
 
     def _store_failed(self, exc: BaseException) -> None:
+        """Demote: the store is gone or we are fenced. A refused write is
+        neither (the committer never reports one here; this is the guard)."""
+        if isinstance(exc, StoreRejected):
+            log.warning("node %s: the store refused a write: %s", self.settings.name, exc)
+            return
         if not self.lost.is_set():  # one failure reaches us from several callers
             log.error("node %s: store write failed: %s", self.settings.name, exc)
         self._demote(f"store: {exc}")
@@ -332,6 +337,8 @@ class Node:
                 await committer.call(store.reap_expired, epoch, now, REAP_BATCH)
                 await committer.call(store.prune_dedup, epoch, now - int(s.dedup_window * 1000),
                                      PRUNE_BATCH)
+            except StoreRejected as exc:  # not a lost store: try again next time
+                log.warning("housekeeping: the store refused it: %s", exc)
             except StoreError as exc:
                 self._store_failed(exc)
                 return
