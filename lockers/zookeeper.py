@@ -29,7 +29,6 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import CancelledError as KazooCancelledError
 from kazoo.exceptions import (
     ConnectionLoss,
-    ForceRetryError,
     KazooException,
     LockTimeout,
     NoNodeError,
@@ -37,8 +36,8 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import KazooState, ZnodeStat
 from kazoo.recipe.lock import Lock
+from kazoo.retry import ForceRetryError, KazooRetry
 from kazoo.retry import InterruptedError as KazooInterruptedError
-from kazoo.retry import KazooRetry
 
 from lockers.base import (
     DEFAULT_KEEPALIVE_INTERVAL,
