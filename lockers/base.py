@@ -16,18 +16,8 @@ import enum
 import logging
 from collections.abc import Callable
 
-from lockers.blocking import run_blocking
-
-__all__ = [
-    "DEFAULT_KEEPALIVE_INTERVAL",
-    "DEFAULT_POLL_INTERVAL",
-    "LockLost",
-    "LockState",
-    "Locker",
-    "LockerError",
-    "StateListener",
-    "run_blocking",  # re-exported: lockers/postgres.py still imports it from here
-]
+# Re-exported (the ``as`` form): lockers/postgres.py still imports it from here.
+from lockers.blocking import run_blocking as run_blocking
 
 log = logging.getLogger(__name__)
 
