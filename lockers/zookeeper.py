@@ -411,6 +411,9 @@ class ZooKeeperLocker(Locker):
         return grant
 
     async def _after_cancel(self, client: KazooClient, fut: asyncio.Future[Any]) -> None:
+        # The thread may fail after we stopped waiting (its session dropped):
+        # retrieve that, so no "exception was never retrieved" traceback is logged.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         done, _ = await asyncio.wait({fut}, timeout=ZK_CANCEL_GRACE)
         if done and fut.exception() is None and fut.result() is None:
             return  # kazoo's thread removed our contender node
