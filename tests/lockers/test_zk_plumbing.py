@@ -6,23 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
-from kazoo.client import KazooClient
 
 from amqlite.registry import RegistryError, zk_target
-from lockers import LockerError, open_locker
-from lockers.zk_connect import (
-    ZK_DEFAULT_PORT,
-    ZK_DEFAULT_ROOT,
-    ZkTarget,
-    ZkUrlError,
-    is_zk_url,
-    new_zk_client,
-    parse_zk_url,
-    stop_zk_client,
-)
+from lockers import LockerError, open_locker, zk_connect
 from lockers.zookeeper import ZK_CANCEL_GRACE, ZK_WAIT_SLICE, ZooKeeperLocker
 from tests.lockers.helpers import eventually, run
 from tests.servers import ZooKeeperServer
@@ -36,14 +24,14 @@ _counter = iter(range(1_000_000))
 @pytest.mark.parametrize(
     ("url", "hosts", "root"),
     [
-        ("zk://zk1", f"zk1:{ZK_DEFAULT_PORT}", ZK_DEFAULT_ROOT),
-        ("ZK://zk1:2182/", "zk1:2182", ZK_DEFAULT_ROOT),
+        ("zk://zk1", f"zk1:{zk_connect.ZK_DEFAULT_PORT}", zk_connect.ZK_DEFAULT_ROOT),
+        ("ZK://zk1:2182/", "zk1:2182", zk_connect.ZK_DEFAULT_ROOT),
         ("zk://zk1:2181, zk2:02182/a/b-c.d", "zk1:2181,zk2:2182", "/a/b-c.d"),
     ],
 )
 def test_parse_zk_url(url: str, hosts: str, root: str) -> None:
-    assert is_zk_url(url)
-    assert parse_zk_url(url) == ZkTarget(hosts, root)
+    assert zk_connect.is_zk_url(url)
+    assert zk_connect.parse_zk_url(url) == zk_connect.ZkTarget(hosts, root)
 
 
 @pytest.mark.parametrize(
@@ -60,38 +48,28 @@ def test_parse_zk_url(url: str, hosts: str, root: str) -> None:
 )
 def test_one_parser_one_verdict_for_locker_and_registry(url: str, message: str) -> None:
     """The locker and the registry read a zk:// URL alike; each names its own URL."""
-    with pytest.raises(ZkUrlError, match=message):
-        parse_zk_url(url)
+    with pytest.raises(zk_connect.ZkUrlError, match=message):
+        zk_connect.parse_zk_url(url)
     with pytest.raises(RegistryError, match=f"^zk:// URL: .*{message}"):
         zk_target(url)
-    if is_zk_url(url):
+    if zk_connect.is_zk_url(url):
         with pytest.raises(LockerError, match=f"^zk:// locker URL: .*{message}"):
             open_locker(url, "g")
 
 
-@pytest.fixture
-def zk_admin(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper_server.hosts, timeout=10.0)
-    client.start(timeout=30)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
-
-
 def test_stop_zk_client_from_two_threads_ends_the_session_once(
-    zookeeper_server: ZooKeeperServer, zk_admin: KazooClient
+    zookeeper_server: ZooKeeperServer,
 ) -> None:
     path = f"/plumbing{next(_counter)}/node"
-    client = new_zk_client(zookeeper_server.hosts, 10.0)
+    client, admin = (zk_connect.new_zk_client(zookeeper_server.hosts, 10.0) for _ in range(2))
     client.start(timeout=30)
+    admin.start(timeout=30)
     client.create(path, b"x", ephemeral=True, makepath=True)
     errors: list[BaseException] = []
 
     def stop() -> None:
         try:
-            stop_zk_client(client)
+            zk_connect.stop_zk_client(client)
         except BaseException as e:  # collected and asserted below
             errors.append(e)
 
@@ -101,8 +79,11 @@ def test_stop_zk_client_from_two_threads_ends_the_session_once(
     for t in threads:
         t.join(30)
     assert errors == []
-    assert zk_admin.exists(path) is None  # the session, and its node, are gone
-    stop_zk_client(client)  # idempotent
+    try:
+        assert admin.exists(path) is None  # the session, and its node, are gone
+    finally:
+        zk_connect.stop_zk_client(admin)
+    zk_connect.stop_zk_client(client)  # idempotent
 
 
 def _lock_threads() -> set[threading.Thread]:
