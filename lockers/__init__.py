@@ -42,11 +42,7 @@ __all__ = [
 #: room in ZooKeeper paths and is far beyond any sensible name.
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
-#: ZooKeeper's default client port, used when a zk:// host names none.
-ZK_DEFAULT_PORT = 2181
-
 _PG_SCHEMES = ("postgresql", "postgres")
-_ZK_ROOT = re.compile(r"(/[A-Za-z0-9._-]+)+")
 
 
 def _positive(name: str, value: float | None) -> float | None:
@@ -57,20 +53,6 @@ def _positive(name: str, value: float | None) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise LockerError(f"{name} must be a positive number of seconds, not {value!r}")
     return float(value)
-
-
-def _zk_hosts(netloc: str) -> str:
-    if "@" in netloc:
-        raise LockerError("zk:// locker URL: user info is not supported")
-    hosts = []
-    for part in netloc.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep:
-            host, port = part.strip(), str(ZK_DEFAULT_PORT)
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise LockerError(f"zk:// locker URL: bad host:port {part!r}")
-        hosts.append(f"{host}:{int(port)}")
-    return ",".join(hosts)
 
 
 def open_locker(
@@ -125,18 +107,17 @@ def open_locker(
         return PostgresLocker(url, group, node=node, keepalive_interval=interval)
 
     if scheme == "zk":
-        parts = urlsplit(url)
-        if parts.query or parts.fragment:
-            raise LockerError("zk:// locker URL: no query or fragment allowed")
-        hosts = _zk_hosts(parts.netloc)
-        from lockers.zookeeper import ZK_DEFAULT_ROOT, ZK_SESSION_TIMEOUT, ZooKeeperLocker
+        from lockers.zk_connect import ZkUrlError, parse_zk_url
 
-        root = parts.path.rstrip("/") or ZK_DEFAULT_ROOT
-        if not _ZK_ROOT.fullmatch(root):
-            raise LockerError(f"zk:// locker URL: bad root path {root!r}")
+        try:
+            target = parse_zk_url(url)
+        except ZkUrlError as e:
+            raise LockerError(f"zk:// locker URL: {e}") from None
+        from lockers.zookeeper import ZK_SESSION_TIMEOUT, ZooKeeperLocker
+
         return ZooKeeperLocker(
-            hosts,
-            root,
+            target.hosts,
+            target.root,
             group,
             node=node,
             session_timeout=session_timeout or ZK_SESSION_TIMEOUT,
