@@ -75,6 +75,10 @@ class Settings:
     lock_poll_interval: float = 0.5  # DESIGN.md; Artemis backup retries every 500 ms
     lock_keepalive: float = 1.0
     zk_session_timeout: float = 10.0
+    #: PostgreSQL locker: seconds a paused (SIGSTOP, frozen VM) master keeps the
+    #: lock before a slave ends its session; renewed every third of it from a
+    #: thread. 0 turns it off. lockers/pg_lease.py says where 3 s comes from.
+    lock_lease: float = 3.0
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_header_count: int = DEFAULT_MAX_HEADER_COUNT
@@ -132,6 +136,8 @@ class Settings:
             raise SettingsError("max_redeliveries: must be >= 0")
         if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
             raise SettingsError("lock_poll_interval/lock_keepalive: must be > 0")
+        if not s.lock_lease >= 0 or s.lock_lease == float("inf"):
+            raise SettingsError("lock_lease: must be >= 0 seconds (0: no lease)")
         return s
 
 

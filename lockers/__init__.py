@@ -80,6 +80,7 @@ def open_locker(
     session_timeout: float | None = None,
     keepalive_interval: float | None = None,
     node: str | None = None,
+    lease: float | None = None,
 ) -> Locker:
     """The locker for ``url``; raises ``LockerError`` (one line) on a bad URL.
 
@@ -87,7 +88,9 @@ def open_locker(
     lockers have no session to time out and ignore it (PostgreSQL's TCP
     timeouts are ``lockers.postgres.PG_DEAD_PEER_TIMEOUT``). ``node`` names this
     broker in the lock (file note, znode data, ``application_name``); default
-    ``host:pid``.
+    ``host:pid``. ``lease``: PostgreSQL's lease in seconds (``lockers.pg_lease``;
+    None: its default, 0: none), so a paused master loses the lock; the others
+    ignore it (ZooKeeper's session timeout plays that part).
     Nothing connects until the first ``try_acquire``/``acquire``.
     """
     if not isinstance(group, str) or not GROUP_NAME.fullmatch(group):
@@ -120,9 +123,15 @@ def open_locker(
         return locker
 
     if scheme in _PG_SCHEMES or scheme.startswith("postgresql+"):
+        from lockers.pg_lease import PG_LEASE
         from lockers.postgres import PostgresLocker
 
-        return PostgresLocker(url, group, node=node, keepalive_interval=interval)
+        if lease is not None and (not math.isfinite(lease) or lease < 0):
+            raise LockerError(f"lease: must be a number >= 0, got {lease!r}")
+        return PostgresLocker(
+            url, group, node=node, keepalive_interval=interval,
+            lease=PG_LEASE if lease is None else lease,
+        )
 
     if scheme == "zk":
         parts = urlsplit(url)
