@@ -74,7 +74,8 @@ class Settings:
     rejoin: bool = False
     lock_poll_interval: float = 0.5  # DESIGN.md; Artemis backup retries every 500 ms
     lock_keepalive: float = 1.0
-    zk_session_timeout: float = 10.0
+    #: A crashed or paused master's takeover with ZooKeeper (lockers/zookeeper.py).
+    zk_session_timeout: float = 4.0
     #: PostgreSQL locker: seconds a paused (SIGSTOP, frozen VM) master keeps the
     #: lock before a slave ends its session; renewed every third of it from a
     #: thread. 0 turns it off. lockers/pg_lease.py says where 3 s comes from.
