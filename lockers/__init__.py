@@ -123,11 +123,12 @@ def open_locker(
         return locker
 
     if scheme in _PG_SCHEMES or scheme.startswith("postgresql+"):
-        from lockers.pg_lease import PG_LEASE
+        from lockers.pg_lease import PG_LEASE, PG_MIN_LEASE
         from lockers.postgres import PostgresLocker
 
-        if lease is not None and (not math.isfinite(lease) or lease < 0):
-            raise LockerError(f"lease: must be a number >= 0, got {lease!r}")
+        if lease is not None and not (lease == 0 or PG_MIN_LEASE <= lease < math.inf):
+            raise LockerError(f"lease: must be 0 (none) or at least {PG_MIN_LEASE:g}s,"
+                              f" got {lease!r}")
         return PostgresLocker(
             url, group, node=node, keepalive_interval=interval,
             lease=PG_LEASE if lease is None else lease,

@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 #: within the 5 s the issue asks for.
 PG_LEASE = 3.0
 
+#: Shortest lease accepted (seconds): a renewal is retried for up to a third of
+#: the lease, and a loaded server's round trip plus a thread switch on a busy
+#: host must fit in a fraction of that.
+PG_MIN_LEASE = 1.0
+
 #: Renewals per lease period: lease 3 s -> renewed every 1 s.
 PG_LEASE_RENEWALS = 3
 

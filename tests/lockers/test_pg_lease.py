@@ -9,8 +9,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from lockers import LockLost, LockState, open_locker
+from lockers import LockerError, LockLost, LockState, open_locker
 from lockers.pg_lease import LEASE_TABLE, PG_LEASE, PG_LEASE_CHECKS, PG_UNLEASED_GRACE_SHARE
+from lockers.postgres import PostgresLocker
 from tests.lockers.helpers import Holder, StateRecorder, eventually, run
 from tests.servers import PostgresServer
 
@@ -133,3 +134,16 @@ def test_holder_without_a_lease_is_ended_after_the_grace(
             await old.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("lease", [-1.0, 0.5, float("nan"), float("inf")])
+def test_bad_lease_is_refused(lease: float) -> None:
+    with pytest.raises(LockerError, match="lease"):
+        open_locker("postgresql://u@127.0.0.1/db", "g", node="n", lease=lease)
+
+
+def test_lease_defaults_and_off() -> None:
+    on = open_locker("postgresql://u@127.0.0.1/db", "g", node="n")
+    off = open_locker("postgresql://u@127.0.0.1/db", "g", node="n", lease=0)
+    assert isinstance(on, PostgresLocker) and isinstance(off, PostgresLocker)
+    assert (on.lease, off.lease) == (PG_LEASE, 0)
