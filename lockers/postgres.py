@@ -15,6 +15,10 @@ or break it:
 A slave does not poll: it waits inside ``pg_advisory_lock`` (in slices bounded
 by ``lock_timeout``, which does apply to advisory-lock waits), so it is granted
 the lock the instant the master's session ends.
+
+A *paused* master's session does not end (its kernel still answers TCP), so
+the holder also renews a lease and a waiting slave ends the session of a
+holder whose lease ran out: ``lockers/pg_lease.py``.
 """
 
 from __future__ import annotations
