@@ -216,7 +216,13 @@ class LeaseKeeper(_LeaseThread):
         self.renewals = 0
 
     def on_crash(self) -> None:
-        self.lost("lease thread failed")
+        self._lose("lease thread failed")
+
+    def _lose(self, reason: str) -> None:
+        """Report the loss once, unless the lock was given up meanwhile (stop())."""
+        if not self.stopped.is_set():
+            self.stopped.set()
+            self.lost(reason)
 
     def _run(self) -> None:
         period = self.lease / PG_LEASE_RENEWALS
@@ -226,7 +232,7 @@ class LeaseKeeper(_LeaseThread):
             if sent >= self.valid_until:
                 # Asleep (SIGSTOP, VM freeze) or cut off for a whole lease: a
                 # slave may have ended our session and taken over already.
-                self.lost(f"lease not renewed for {sent - self.valid_until + self.lease:.1f}s"
+                self._lose(f"lease not renewed for {sent - self.valid_until + self.lease:.1f}s"
                           f" (lease {self.lease:g}s): the process was paused or the database"
                           " is out of reach")
                 return
@@ -237,7 +243,7 @@ class LeaseKeeper(_LeaseThread):
                 self.stopped.wait(min(retry, max(0.0, self.valid_until - time.monotonic())))
                 continue
             if row is None:
-                self.lost("the lock session no longer holds the lock")
+                self._lose("the lock session no longer holds the lock")
                 return
             self._recovered("renewing the lease")
             # The row says clock_timestamp() at execution + lease, and execution

@@ -297,6 +297,8 @@ class PostgresLocker(Locker):
         self, loop: asyncio.AbstractEventLoop, keeper: LeaseKeeper | None, reason: str
     ) -> None:
         """From the keeper thread: stop the broker now, tell the loop to demote."""
+        if keeper is not self._keeper:
+            return  # the lock was given up and this keeper stopped meanwhile
         self.freeze_now()
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
             loop.call_soon_threadsafe(self._lease_lost, keeper, reason)
