@@ -79,9 +79,10 @@ class Node:
         store = open_store(s.store, s.group)
         locker = open_locker(
             s.locker, s.group, session_timeout=s.zk_session_timeout,
-            keepalive_interval=s.lock_keepalive, node=s.name,
+            keepalive_interval=s.lock_keepalive, node=s.name, lease=s.lock_lease,
         )
         locker.add_listener(self._lock_state)
+        locker.freeze = self._freeze
         log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
                  store.description, locker.description)
         try:
@@ -157,6 +158,14 @@ class Node:
         elif state is LockState.HELD and broker is not None and broker.paused:
             log.info("node %s: lock confirmed again; resuming", self.settings.name)
             broker.resume()
+
+    def _freeze(self) -> None:
+        """From a locker thread: the lock may be gone (a paused master woke up).
+        Only flags: nothing is dispatched or committed until LOST demotes us."""
+        broker = self.broker
+        if broker is not None:
+            broker.paused = True
+            broker.writes.held = True
 
     def _demote(self, reason: str) -> None:
         if not self.lost.is_set() and self.role == "master":

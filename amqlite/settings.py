@@ -102,7 +102,12 @@ class Settings:
     rejoin: bool = False
     lock_poll_interval: float = 0.5  # DESIGN.md; Artemis backup retries every 500 ms
     lock_keepalive: float = 1.0
-    zk_session_timeout: float = 10.0
+    #: A crashed or paused master's takeover with ZooKeeper (lockers/zookeeper.py).
+    zk_session_timeout: float = 4.0
+    #: PostgreSQL locker: seconds a paused (SIGSTOP, frozen VM) master keeps the
+    #: lock before a slave ends its session; renewed every third of it from a
+    #: thread. 0 turns it off. lockers/pg_lease.py says where 3 s comes from.
+    lock_lease: float = 3.0
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     #: 0: a quarter of max_connections (UNAUTHENTICATED_SHARE)
     max_unauthenticated: int = 0
@@ -173,6 +178,8 @@ class Settings:
             raise SettingsError("max_redeliveries: must be >= 0")
         if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
             raise SettingsError("lock_poll_interval/lock_keepalive: must be > 0")
+        if not s.lock_lease >= 0 or s.lock_lease == float("inf"):
+            raise SettingsError("lock_lease: must be >= 0 seconds (0: no lease)")
         return s
 
 

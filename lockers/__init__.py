@@ -62,6 +62,7 @@ def open_locker(
     session_timeout: float | None = None,
     keepalive_interval: float | None = None,
     node: str | None = None,
+    lease: float | None = None,
 ) -> Locker:
     """The locker for ``url``; raises ``LockerError`` (one line) on a bad URL.
 
@@ -69,7 +70,9 @@ def open_locker(
     lockers have no session to time out and ignore it (PostgreSQL's TCP
     timeouts are ``lockers.postgres.PG_DEAD_PEER_TIMEOUT``). ``node`` names this
     broker in the lock (file note, znode data, ``application_name``); default
-    ``host:pid``.
+    ``host:pid``. ``lease``: PostgreSQL's lease in seconds (``lockers.pg_lease``;
+    None: its default, 0: none), so a paused master loses the lock; the others
+    ignore it (ZooKeeper's session timeout plays that part).
     Nothing connects until the first ``try_acquire``/``acquire``.
     """
     if not isinstance(group, str) or not GROUP_NAME.fullmatch(group):
@@ -102,9 +105,16 @@ def open_locker(
         return locker
 
     if scheme in _PG_SCHEMES or scheme.startswith("postgresql+"):
+        from lockers.pg_lease import PG_LEASE, PG_MIN_LEASE
         from lockers.postgres import PostgresLocker
 
-        return PostgresLocker(url, group, node=node, keepalive_interval=interval)
+        if lease is not None and not (lease == 0 or PG_MIN_LEASE <= lease < math.inf):
+            raise LockerError(f"lease: must be 0 (none) or at least {PG_MIN_LEASE:g}s,"
+                              f" got {lease!r}")
+        return PostgresLocker(
+            url, group, node=node, keepalive_interval=interval,
+            lease=PG_LEASE if lease is None else lease,
+        )
 
     if scheme == "zk":
         from lockers.zk_connect import ZkUrlError, parse_zk_url

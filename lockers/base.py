@@ -71,6 +71,21 @@ class Locker(abc.ABC):
 
     def __init__(self) -> None:
         self._listeners: list[StateListener] = []
+        #: Called from a locker *thread* the instant the lock may no longer be
+        #: ours (a lease that ran out while the process was paused), before the
+        #: LOST notification reaches the event loop: the loop may serve a few
+        #: frames first. It must only set flags (``Broker.paused``).
+        self.freeze: Callable[[], None] | None = None
+
+    def freeze_now(self) -> None:
+        """Run ``freeze`` (from any thread); a failing hook must not break the locker."""
+        freeze = self.freeze
+        if freeze is None:
+            return
+        try:
+            freeze()
+        except Exception:
+            log.exception("lock freeze hook failed")
 
     # -- election -------------------------------------------------------
     @abc.abstractmethod
