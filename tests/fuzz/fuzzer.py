@@ -1,0 +1,293 @@
+"""Drives the mutator's frames at a real broker over raw sockets, and watches the broker.
+
+Each worker thread holds one connection at a time: CONNECT (any version), then batches of
+pipelined cases written in random chunks, each batch closed by a probe (BEGIN + ABORT with
+a receipt: ABORT waits for the session's pending writes, so its RECEIPT says every case
+before it was handled). An ERROR closes the connection; the worker opens another. A batch
+ending in a cut frame half-closes the socket and waits for the broker to hang up.
+
+What must never happen is recorded as a Finding: the broker exits, demotes, logs a
+traceback; a client gets a traceback; a connection that is open stops answering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tests.fuzz.mutator import Case, ConnState, Mutator
+from tests.integration.broker_proc import HOST, BrokerProcess
+
+#: How long an open connection may take to answer a probe before the broker is said to
+#: have stranded it. Generous: a healthy broker answers in milliseconds, but the CI box
+#: is 2 cores shared with other brokers and PostgreSQL.
+PROBE_TIMEOUT = 20.0
+#: How long to wait for CONNECTED (or ERROR) on a new fuzz connection.
+CONNECT_TIMEOUT = 10.0
+#: After a cut frame and our half-close, how long the broker may take to hang up.
+HANGUP_TIMEOUT = 10.0
+#: Cases pipelined per batch: enough to amortise the probe round trip, few enough that
+#: an ERROR early in the batch does not waste many.
+MAX_BATCH = 12
+#: How often the monitor looks at the broker process, its port and its log.
+MONITOR_INTERVAL = 0.2
+#: Log lines that say the broker stopped being a healthy master, or crashed somewhere.
+FATAL_LOG_MARKERS = ("DEMOTED", "Traceback", "store write failed")
+#: Batches each worker remembers, to show what was in flight when something broke.
+RECENT_BATCHES = 3
+
+
+@dataclass
+class Finding:
+    what: str
+    detail: str
+    frames: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [f"* {self.what}: {self.detail}"]
+        lines += [f"    {f}" for f in self.frames[:40]]
+        return "\n".join(lines)
+
+
+@dataclass
+class Stats:
+    cases: int = 0
+    connections: int = 0
+    errors: int = 0
+    batches: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+
+
+class Fuzzer:
+    """Worker threads plus a monitor thread against one broker; run for a time budget."""
+
+    def __init__(self, broker: BrokerProcess, *, seed: int, workers: int,
+                 mutator_args: dict[str, object]) -> None:
+        self.broker = broker
+        self.seed = seed
+        self.workers = workers
+        self.mutator_args = mutator_args
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.stats = Stats()
+        self.findings: list[Finding] = []
+        self.fatal = threading.Event()
+        self.recent: dict[int, list[list[Case]]] = {}
+        self._log_offset = 0
+
+    # -- reporting ----------------------------------------------------------------------
+    def add_finding(self, what: str, detail: str, frames: list[str] | None = None) -> None:
+        with self.lock:
+            self.findings.append(Finding(what, detail, frames or []))
+
+    def in_flight(self) -> list[str]:
+        """What every worker sent last: the suspects when the broker breaks."""
+        with self.lock:
+            out = []
+            for w, batches in sorted(self.recent.items()):
+                for i, batch in enumerate(batches):
+                    out += [f"w{w} batch-{len(batches) - i}: {c.describe()}" for c in batch]
+            return out
+
+    def _count(self, cases: list[Case], errors: int) -> None:
+        with self.lock:
+            self.stats.cases += len(cases)
+            self.stats.batches += 1
+            self.stats.errors += errors
+            self.stats.kinds.update(c.kind for c in cases)
+
+    # -- run ----------------------------------------------------------------------------
+    def run(self, seconds: float) -> None:
+        threads = [threading.Thread(target=self._worker, args=(i,), daemon=True,
+                                    name=f"fuzz-{i}") for i in range(self.workers)]
+        monitor = threading.Thread(target=self._monitor, daemon=True, name="fuzz-monitor")
+        monitor.start()
+        for t in threads:
+            t.start()
+        self.stop.wait(seconds)
+        self.stop.set()
+        for t in threads:
+            t.join(PROBE_TIMEOUT + 5)
+        monitor.join(5)
+        self.check_broker()  # one last look after the workers stopped
+
+    def _monitor(self) -> None:
+        last_port_check = 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            check_port = now - last_port_check > 1.0
+            if check_port:
+                last_port_check = now
+            if not self.check_broker(check_port):
+                self.fatal.set()
+                self.stop.set()
+                return
+            self.stop.wait(MONITOR_INTERVAL)
+
+    def check_broker(self, check_port: bool = True) -> bool:
+        """False (and a finding) if the broker exited, stopped serving or logged trouble."""
+        if self.fatal.is_set():
+            return False
+        text = self.broker.log_text()
+        new, self._log_offset = text[self._log_offset:], len(text)
+        for marker in FATAL_LOG_MARKERS:
+            if marker in new:
+                at = new.index(marker)
+                excerpt = new[max(0, at - 1500):at + 3000]
+                self.add_finding(f"broker log says {marker!r}", excerpt, self.in_flight())
+                return False
+        if not self.broker.alive:
+            self.add_finding("broker process exited", f"exit code {self.broker.returncode}",
+                             self.in_flight())
+            return False
+        if check_port and not self.broker.is_serving():
+            self.add_finding("broker stopped accepting connections", "", self.in_flight())
+            return False
+        return True
+
+    # -- workers ------------------------------------------------------------------------
+    def _worker(self, index: int) -> None:
+        mutator = Mutator(self.seed * 1000 + index, **self.mutator_args)  # type: ignore[arg-type]
+        while not self.stop.is_set():
+            try:
+                self._connection(index, mutator)
+            except OSError:
+                # refused or reset outside a batch: the monitor decides if the broker is gone
+                self.stop.wait(0.05)
+
+    def _remember(self, index: int, cases: list[Case]) -> None:
+        with self.lock:
+            batches = self.recent.setdefault(index, [])
+            batches.append(cases)
+            del batches[:-RECENT_BATCHES]
+
+    def _connection(self, index: int, mutator: Mutator) -> None:
+        sock = socket.create_connection((HOST, self.broker.port), timeout=CONNECT_TIMEOUT)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.lock:
+            self.stats.connections += 1
+        try:
+            if mutator.chance(0.03):  # a hostile CONNECT is its own case
+                case = mutator.hostile_connect()
+                self._remember(index, [case])
+                got, _ = exchange(sock, [case.data], None, CONNECT_TIMEOUT, self.stop)
+                self._check_reply(got, [case])
+                self._count([case], got.count(b"ERROR\n"))
+                return
+            connect = mutator.connect()
+            got, closed = exchange(sock, [connect], b"\n\n", CONNECT_TIMEOUT, self.stop)
+            if not got.startswith(b"CONNECTED"):
+                if not self.stop.is_set() and not closed and not got:
+                    self.add_finding("no CONNECTED for a plain CONNECT",
+                                     f"within {CONNECT_TIMEOUT}s", [repr(connect)])
+                return
+            st = ConnState(version=header(got, b"version") or "1.0")
+            probe_no = 0
+            while not self.stop.is_set():
+                cases = mutator.batch(st, mutator.rng.randrange(1, MAX_BATCH + 1))
+                self._remember(index, cases)
+                data = mutator.join(cases)
+                probe_no += 1
+                probe = b"p%d" % probe_no
+                terminal = cases[-1].terminal
+                if not terminal:
+                    data += (b"BEGIN\ntransaction:" + probe + b"\n\n\x00ABORT\ntransaction:"
+                             + probe + b"\nreceipt:" + probe + b"\n\n\x00")
+                marker = None if terminal else b"receipt-id:" + probe + b"\n"
+                timeout = HANGUP_TIMEOUT if terminal else PROBE_TIMEOUT
+                got, closed = exchange(sock, mutator.chunks(data), marker, timeout, self.stop,
+                                       half_close=terminal)
+                errors = got.count(b"ERROR\n")
+                self._check_reply(got, cases)
+                self._count(cases, errors)
+                st.harvest(got)
+                if closed or terminal:
+                    return
+                if marker is not None and marker not in got and not self.stop.is_set():
+                    self.add_finding(
+                        "an open connection stopped answering",
+                        f"no RECEIPT for the probe after the batch within {PROBE_TIMEOUT}s "
+                        f"(STOMP {st.version}); received: {got[-600:]!r}",
+                        [c.describe() for c in cases])
+                    return
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _check_reply(self, got: bytes, cases: list[Case]) -> None:
+        if b"Traceback" in got:
+            at = got.index(b"Traceback")
+            self.add_finding("a traceback reached a client", repr(got[max(0, at - 300):at + 800]),
+                             [c.describe() for c in cases])
+
+
+def header(frame_bytes: bytes, name: bytes) -> str | None:
+    """A header of the first frame in `frame_bytes` (enough for CONNECTED's version)."""
+    head = frame_bytes.split(b"\n\n", 1)[0]
+    for line in head.split(b"\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key == name:
+            return value.decode(errors="replace")
+    return None
+
+
+def exchange(sock: socket.socket, chunks: list[bytes], marker: bytes | None, timeout: float,
+             stop: threading.Event, *, half_close: bool = False) -> tuple[bytes, bool]:
+    """Write the chunks while reading whatever comes back (so neither side blocks on a full
+    buffer) until `marker` was received, the broker closed, or the deadline; with no marker,
+    read until the broker closes. Returns (bytes received, closed by the broker)."""
+    sock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    received = bytearray()
+    pending = list(chunks)
+    offset = 0
+    deadline = time.monotonic() + timeout
+    closed = False
+    scan_from = 0  # the marker cannot start before this offset
+    sel.register(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0))
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (stop.is_set() and not pending):
+                break
+            for _key, events in sel.select(min(remaining, 0.5)):
+                if events & selectors.EVENT_READ:
+                    try:
+                        data = sock.recv(262144)
+                    except (BlockingIOError, InterruptedError):
+                        data = None
+                    except OSError:
+                        data = b""
+                    if data == b"":
+                        closed = True
+                    elif data:
+                        received += data
+                if events & selectors.EVENT_WRITE and pending:
+                    try:
+                        offset += sock.send(memoryview(pending[0])[offset:])
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                    except OSError:
+                        closed = True
+                    if pending and offset >= len(pending[0]):
+                        pending.pop(0)
+                        offset = 0
+                    if not pending:
+                        if half_close:
+                            with contextlib.suppress(OSError):
+                                sock.shutdown(socket.SHUT_WR)
+                        sel.modify(sock, selectors.EVENT_READ)
+            if closed:
+                break
+            if marker is not None and not pending:
+                if received.find(marker, scan_from) >= 0:
+                    break
+                scan_from = max(0, len(received) - len(marker))
+    finally:
+        sel.close()
+    return bytes(received), closed
