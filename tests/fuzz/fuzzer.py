@@ -13,6 +13,7 @@ traceback; a client gets a traceback; a connection that is open stops answering.
 from __future__ import annotations
 
 import contextlib
+import re
 import selectors
 import socket
 import threading
@@ -36,8 +37,8 @@ HANGUP_TIMEOUT = 10.0
 MAX_BATCH = 12
 #: How often the monitor looks at the broker process, its port and its log.
 MONITOR_INTERVAL = 0.2
-#: Log lines that say the broker stopped being a healthy master, or crashed somewhere.
-FATAL_LOG_MARKERS = ("DEMOTED", "Traceback", "store write failed")
+#: Log lines that say the broker stopped being a healthy master.
+FATAL_LOG_MARKERS = ("DEMOTED", "store write failed", "store writes stopped")
 #: Batches each worker remembers, to show what was in flight when something broke.
 RECENT_BATCHES = 3
 
@@ -79,6 +80,7 @@ class Fuzzer:
         self.fatal = threading.Event()
         self.recent: dict[int, list[list[Case]]] = {}
         self._log_offset = 0
+        self._tracebacks: set[str] = set()
 
     # -- reporting ----------------------------------------------------------------------
     def add_finding(self, what: str, detail: str, frames: list[str] | None = None) -> None:
@@ -130,17 +132,22 @@ class Fuzzer:
             self.stop.wait(MONITOR_INTERVAL)
 
     def check_broker(self, check_port: bool = True) -> bool:
-        """False (and a finding) if the broker exited, stopped serving or logged trouble."""
+        """False (and a finding) if the broker exited, demoted or stopped serving; a
+        traceback in its log is a finding too (one per distinct exception), but the broker
+        may still serve, so fuzzing goes on and finds more."""
         if self.fatal.is_set():
             return False
-        text = self.broker.log_text()
-        new, self._log_offset = text[self._log_offset:], len(text)
-        for marker in FATAL_LOG_MARKERS:
-            if marker in new:
-                at = new.index(marker)
-                excerpt = new[max(0, at - 1500):at + 3000]
-                self.add_finding(f"broker log says {marker!r}", excerpt, self.in_flight())
-                return False
+        new = self._read_log()
+        if "Traceback" in new or any(m in new for m in FATAL_LOG_MARKERS):
+            lines = new.splitlines()
+            for i, line in enumerate(lines):
+                if "Traceback" in line:
+                    self._traceback_finding(lines, i)
+            for i, line in enumerate(lines):
+                if any(m in line for m in FATAL_LOG_MARKERS):
+                    self.add_finding("broker stopped being master", "\n".join(
+                        quiet(lines[max(0, i - 3):i + 3])), self.in_flight())
+                    return False
         if not self.broker.alive:
             self.add_finding("broker process exited", f"exit code {self.broker.returncode}",
                              self.in_flight())
@@ -149,6 +156,32 @@ class Fuzzer:
             self.add_finding("broker stopped accepting connections", "", self.in_flight())
             return False
         return True
+
+    def _read_log(self) -> str:
+        """The complete log lines written since the last look (the log only grows)."""
+        try:
+            with open(self.broker.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        end = data.rfind(b"\n") + 1
+        self._log_offset += end
+        return data[:end].decode(errors="replace")
+
+    def _traceback_finding(self, lines: list[str], at: int) -> None:
+        """One finding per distinct exception (its last line, numbers masked)."""
+        end = at + 1
+        while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end]):
+            end += 1
+        exc_line = lines[end] if end < len(lines) else lines[-1]
+        key = re.sub(r"\d+", "N", exc_line)
+        with self.lock:
+            if key in self._tracebacks:
+                return
+            self._tracebacks.add(key)
+        self.add_finding("traceback in the broker log",
+                         "\n".join(lines[max(0, at - 2):end + 1]), self.in_flight())
 
     # -- workers ------------------------------------------------------------------------
     def _worker(self, index: int) -> None:
@@ -291,3 +324,8 @@ def exchange(sock: socket.socket, chunks: list[bytes], marker: bytes | None, tim
     finally:
         sel.close()
     return bytes(received), closed
+
+
+def quiet(lines: list[str]) -> list[str]:
+    """Log lines minus the broker's routine 'closing <peer>: <reason>' notes."""
+    return [line for line in lines if "amqlite.server: closing" not in line]

@@ -363,7 +363,7 @@ class Mutator:
         if r < 0.3 or not st.txs:
             name = self.uid(b"t") if self.chance(0.8) else self.hostile_string()
             st.txs.append(name)
-            return Case("tx", frame(b"BEGIN", [(b"transaction", name)] + self.receipt()))
+            return Case("tx", frame(b"BEGIN", [(b"transaction", name), *self.receipt()]))
         tx = self.pick(st.txs)
         if r < 0.55:  # a SEND in the transaction, valid or hostile
             c = self.pick((self._send_int, self._send_string, self._send_body))(st)
@@ -376,7 +376,7 @@ class Mutator:
         command = b"COMMIT" if self.chance(0.7) else b"ABORT"
         if self.chance(0.1):
             tx = self.some_value()  # unknown transaction
-        return Case("tx", frame(command, [(b"transaction", tx)] + self.receipt()))
+        return Case("tx", frame(command, [(b"transaction", tx), *self.receipt()]))
 
     def _headers(self, st: ConnState) -> Case:
         """Duplicated, missing, escaped headers and CRLF line ends on any command."""
