@@ -29,7 +29,9 @@ RECEIPT_TIMEOUT = 30.0
 #: producers with async sends do, without letting the canary dominate the broker's CPU).
 WINDOW = 8
 #: How long the consumers may take, after the producer stopped, to receive everything.
-DRAIN_TIMEOUT = 60.0
+DRAIN_TIMEOUT = 30.0
+#: How often the drain re-checks that everything arrived.
+DRAIN_CHECK = 0.1
 CONNECT_TIMEOUT = 15.0
 QUEUE_PREFIX = b"canary-q-"
 TOPIC_PREFIX = b"canary-t-"
@@ -40,12 +42,14 @@ RECEIPT_PREFIX = "k-"
 class CanaryListener(stomp.ConnectionListener):
     """Records what one canary connection receives; ACKs queue messages as they come."""
 
-    def __init__(self, name: str, version: str, destinations: tuple[str, str]) -> None:
+    def __init__(self, name: str, version: str, destinations: tuple[str, str],
+                 cond: threading.Condition) -> None:
         self.name = name
         self.version = version
         self.destinations = destinations
         self.conn: stomp.Connection | None = None
-        self.cond = threading.Condition()
+        #: Shared by all canary listeners: the drain waits on messages reaching any of them.
+        self.cond = cond
         self.connected = False
         self.disconnected = False
         self.queue_bodies: list[bytes] = []
@@ -114,11 +118,11 @@ CONNECTIONS = {"1.0": stomp.Connection10, "1.1": stomp.Connection11,
                "1.2": stomp.Connection12}
 
 
-def open_canary(port: int, version: str, name: str,
-                destinations: tuple[str, str]) -> tuple[stomp.Connection, CanaryListener]:
+def open_canary(port: int, version: str, name: str, destinations: tuple[str, str],
+                cond: threading.Condition) -> tuple[stomp.Connection, CanaryListener]:
     cls = CONNECTIONS[version]
     conn = cls([(HOST, port)], auto_decode=False, reconnect_attempts_max=1, timeout=5)
-    listener = CanaryListener(name, version, destinations)
+    listener = CanaryListener(name, version, destinations, cond)
     listener.conn = conn
     conn.set_listener("canary", listener)
     if version == "1.0":
@@ -147,11 +151,13 @@ class Canary:
     receipted: dict[bytes, bytes] = field(default_factory=dict)  # body -> prefix
     problems: list[str] = field(default_factory=list)
     thread: threading.Thread | None = None
+    cond: threading.Condition = field(default_factory=threading.Condition)
 
     def start(self) -> None:
         dests = (self.queue, self.topic)
         for version in ("1.0", "1.1", "1.2"):
-            conn, listener = open_canary(self.port, version, f"consumer-{version}", dests)
+            conn, listener = open_canary(self.port, version, f"consumer-{version}", dests,
+                                         self.cond)
             self.consumers.append((conn, listener))
             sub_id = f"cq-{version}"
             ack = "client" if version == "1.0" else "client-individual"
@@ -163,7 +169,7 @@ class Canary:
             for rid in (f"k-{sub_id}", f"k-ct-{version}"):
                 assert self._wait_receipt(listener, rid, CONNECT_TIMEOUT), (
                     f"canary {listener.name}: no RECEIPT for SUBSCRIBE ({listener.problems})")
-        self.producer = open_canary(self.port, "1.2", "producer", dests)
+        self.producer = open_canary(self.port, "1.2", "producer", dests, self.cond)
         self.thread = threading.Thread(target=self._produce, daemon=True, name="canary")
         self.thread.start()
 
@@ -206,16 +212,27 @@ class Canary:
         self.stop.set()
         if self.thread is not None:
             self.thread.join(RECEIPT_TIMEOUT + 5)
-        deadline = time.monotonic() + DRAIN_TIMEOUT
         queue_sent = {b for b, p in self.receipted.items() if p == QUEUE_PREFIX}
         topic_sent = {b for b, p in self.receipted.items() if p == TOPIC_PREFIX}
-        for _conn, listener in self.consumers:
-            with listener.cond:
-                listener.cond.wait_for(
-                    lambda lis=listener: (topic_sent <= set(lis.topic_bodies)
-                                          and queue_sent <= self._queue_received())
-                    or lis.disconnected,
-                    max(0.0, deadline - time.monotonic()))
+
+        def drained() -> bool:
+            return all(lis.disconnected or topic_sent <= set(lis.topic_bodies)
+                       for _c, lis in self.consumers) and queue_sent <= self._queue_received()
+
+        # Every canary MESSAGE notifies: evaluate the (linear) predicate at most every
+        # DRAIN_CHECK seconds, not on each of thousands of wake-ups.
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        checked = 0.0
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                if now - checked >= DRAIN_CHECK:
+                    checked = now
+                    if drained():
+                        return
+                if now >= deadline:
+                    return
+                self.cond.wait(min(DRAIN_CHECK, deadline - now))
 
     def _queue_received(self) -> set[bytes]:
         got: set[bytes] = set()

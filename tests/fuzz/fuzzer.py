@@ -166,6 +166,12 @@ class Fuzzer:
         except FileNotFoundError:
             return ""
         end = data.rfind(b"\n") + 1
+        tb = data.rfind(b"Traceback", 0, end)
+        if tb >= 0 and self.broker.alive:
+            # a traceback is written in several pieces: wait until its exception line is in
+            tail = data[tb:end].split(b"\n")[1:]
+            if not any(line and not line.startswith((b" ", b"\t")) for line in tail):
+                end = data.rfind(b"\n", 0, tb) + 1
         self._log_offset += end
         return data[:end].decode(errors="replace")
 
