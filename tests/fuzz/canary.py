@@ -13,8 +13,10 @@ a disconnect.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import stomp
@@ -33,6 +35,8 @@ DRAIN_TIMEOUT = 30.0
 #: How often the drain re-checks that everything arrived.
 DRAIN_CHECK = 0.1
 CONNECT_TIMEOUT = 15.0
+#: Frames each canary listener remembers for its problem reports.
+RECENT_FRAMES = 4
 QUEUE_PREFIX = b"canary-q-"
 TOPIC_PREFIX = b"canary-t-"
 #: Prefix of the canary's own receipt ids: any other receipt-id is a forged frame.
@@ -56,6 +60,10 @@ class CanaryListener(stomp.ConnectionListener):
         self.topic_bodies: list[bytes] = []
         self.receipts: set[str] = set()
         self.problems: list[str] = []
+        #: The last frames received, shown with a problem: they are what led to it.
+        self.recent: deque[str] = deque(maxlen=RECENT_FRAMES)
+        #: message-id and ack id -> the queue MESSAGE ACKed: explains an ACK the broker refuses.
+        self.acked: dict[str, str] = {}
 
     def on_connected(self, frame: Frame) -> None:
         with self.cond:
@@ -66,6 +74,7 @@ class CanaryListener(stomp.ConnectionListener):
         dest = frame.headers.get("destination")
         body = frame.body if isinstance(frame.body, bytes) else str(frame.body).encode()
         with self.cond:
+            self.recent.append(f"MESSAGE {frame.headers} {body[:100]!r}")
             if dest == self.destinations[0]:
                 self.queue_bodies.append(body)
             elif dest == self.destinations[1]:
@@ -75,6 +84,10 @@ class CanaryListener(stomp.ConnectionListener):
                                      f"(a forged frame?): {frame.headers}")
             self.cond.notify_all()
         if dest == self.destinations[0]:
+            with self.cond:
+                seen = f"{frame.headers} {body[:100]!r}"
+                self.acked[frame.headers.get("message-id", "")] = seen
+                self.acked[frame.headers.get("ack", "")] = seen
             self._ack(frame)
 
     def _ack(self, frame: Frame) -> None:
@@ -95,13 +108,17 @@ class CanaryListener(stomp.ConnectionListener):
         rid = frame.headers.get("receipt-id", "")
         with self.cond:
             if not rid.startswith(RECEIPT_PREFIX):
-                self.problems.append(f"RECEIPT it never asked for (forged?): {frame.headers}")
+                self.problems.append(f"RECEIPT it never asked for (forged?): {frame.headers}; "
+                                     f"the frames before: {list(self.recent)}")
             self.receipts.add(rid)
             self.cond.notify_all()
 
     def on_error(self, frame: Frame) -> None:
         with self.cond:
-            self.problems.append(f"ERROR {frame.headers} {frame.body!r}")
+            quoted = re.findall(r"'([^']*)'", frame.headers.get("message", ""))
+            named = [self.acked[k] for k in quoted if k in self.acked]
+            self.problems.append(f"ERROR {frame.headers} {frame.body!r}; the frames before: "
+                                 f"{list(self.recent)}; the MESSAGE it names: {named}")
             self.cond.notify_all()
 
     def on_disconnected(self) -> None:
