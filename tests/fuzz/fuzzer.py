@@ -41,6 +41,7 @@ MONITOR_INTERVAL = 0.2
 FATAL_LOG_MARKERS = ("DEMOTED", "store write failed", "store writes stopped")
 #: Batches each worker remembers, to show what was in flight when something broke.
 RECENT_BATCHES = 3
+_RECEIPT_ID_RE = re.compile(rb"receipt-id:(c\d+)\r?\n")
 
 
 @dataclass
@@ -96,12 +97,21 @@ class Fuzzer:
                     out += [f"w{w} batch-{len(batches) - i}: {c.describe()}" for c in batch]
             return out
 
-    def _count(self, cases: list[Case], errors: int) -> None:
+    def _count(self, cases: list[Case], got: bytes, complete: bool) -> None:
+        """Count the cases the broker handled: all of them when the probe came back (or a
+        cut batch ended without ERROR); else those up to the last one it answered, plus
+        the one its ERROR was about."""
+        errors = got.count(b"ERROR\n")
+        handled = len(cases)
+        if not complete and errors:
+            answered = set(_RECEIPT_ID_RE.findall(got))
+            last = max((i for i, c in enumerate(cases) if c.receipt in answered), default=-1)
+            handled = min(len(cases), last + 2)
         with self.lock:
-            self.stats.cases += len(cases)
+            self.stats.cases += handled
             self.stats.batches += 1
             self.stats.errors += errors
-            self.stats.kinds.update(c.kind for c in cases)
+            self.stats.kinds.update(c.kind for c in cases[:handled])
 
     # -- run ----------------------------------------------------------------------------
     def run(self, seconds: float) -> None:
@@ -216,7 +226,7 @@ class Fuzzer:
                 self._remember(index, [case])
                 got, _ = exchange(sock, [case.data], None, CONNECT_TIMEOUT, self.stop)
                 self._check_reply(got, [case])
-                self._count([case], got.count(b"ERROR\n"))
+                self._count([case], got, True)
                 return
             connect = mutator.connect()
             got, closed = exchange(sock, [connect], b"\n\n", CONNECT_TIMEOUT, self.stop)
@@ -241,9 +251,8 @@ class Fuzzer:
                 timeout = HANGUP_TIMEOUT if terminal else PROBE_TIMEOUT
                 got, closed = exchange(sock, mutator.chunks(data), marker, timeout, self.stop,
                                        half_close=terminal)
-                errors = got.count(b"ERROR\n")
                 self._check_reply(got, cases)
-                self._count(cases, errors)
+                self._count(cases, got, marker is None or marker in got)
                 st.harvest(got)
                 if closed or terminal:
                     return

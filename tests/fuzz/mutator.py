@@ -75,6 +75,7 @@ ACK_MODES = (b"auto", b"client", b"client-individual", b"", b"AUTO", b"client-in
 _ACK_RE = re.compile(rb"\nack:([^\r\n\x00]*)")
 _MID_RE = re.compile(rb"\nmessage-id:([^\r\n\x00]*)")
 _SUB_RE = re.compile(rb"\nsubscription:([^\r\n\x00]*)")
+_CASE_RECEIPT_RE = re.compile(rb"\nreceipt:(c\d+)\r?\n")
 #: Ack ids remembered per connection (recent MESSAGE frames): enough to ACK real messages.
 HARVEST_KEEP = 32
 
@@ -87,6 +88,12 @@ class Case:
     kind: str
     data: bytes
     terminal: bool = False
+
+    @property
+    def receipt(self) -> bytes | None:
+        """The case's own receipt id (c<N>), to tell which cases the broker answered."""
+        m = _CASE_RECEIPT_RE.search(self.data)
+        return m.group(1) if m else None
 
     def describe(self, limit: int = 400) -> str:
         data = self.data if len(self.data) <= limit else (
