@@ -119,6 +119,8 @@ class Fuzzer:
                                     name=f"fuzz-{i}") for i in range(self.workers)]
         monitor = threading.Thread(target=self._monitor, daemon=True, name="fuzz-monitor")
         monitor.start()
+        sink = threading.Thread(target=self._sink, daemon=True, name="fuzz-sink")
+        sink.start()
         for t in threads:
             t.start()
         self.stop.wait(seconds)
@@ -126,7 +128,31 @@ class Fuzzer:
         for t in threads:
             t.join(PROBE_TIMEOUT + 5)
         monitor.join(5)
+        sink.join(5)
         self.check_broker()  # one last look after the workers stopped
+
+    def _sink(self) -> None:
+        """Drain the fuzz queues (auto ack, discarding everything), so what the fuzzer
+        stores does not pile up until a memory limit rightly stops reading from the fuzz
+        producers, which would look like a stranded connection."""
+        queues = self.mutator_args["fuzz_queues"]
+        while not self.stop.is_set():
+            try:
+                with socket.create_connection((HOST, self.broker.port),
+                                              timeout=CONNECT_TIMEOUT) as sock:
+                    sock.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00" + b"".join(
+                        b"SUBSCRIBE\nid:sink-%d\ndestination:%s\nack:auto\n\n\x00"
+                        % (i, q.encode()) for i, q in enumerate(queues)))  # type: ignore[attr-defined]
+                    sock.settimeout(0.5)
+                    while not self.stop.is_set():
+                        try:
+                            if not sock.recv(262144):
+                                break  # closed (e.g. a MESSAGE it could not encode)
+                        except TimeoutError:
+                            continue
+            except OSError:
+                pass
+            self.stop.wait(0.05)
 
     def _monitor(self) -> None:
         last_port_check = 0.0
