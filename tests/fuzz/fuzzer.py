@@ -19,10 +19,11 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tests.fuzz.mutator import Case, ConnState, Mutator
-from tests.integration.broker_proc import HOST, BrokerProcess
+from tests.integration.broker_proc import HOST, BrokerProcess, RawFrame, RawStomp
 
 #: How long an open connection may take to answer a probe before the broker is said to
 #: have stranded it. Generous: a healthy broker answers in milliseconds, but the CI box
@@ -63,6 +64,9 @@ class Stats:
     errors: int = 0
     batches: int = 0
     kinds: Counter[str] = field(default_factory=Counter)
+    #: Transaction-oracle rounds: (committed, rejected and the ACK correctly undone).
+    tx_committed: int = 0
+    tx_rejected: int = 0
 
 
 class Fuzzer:
@@ -121,6 +125,7 @@ class Fuzzer:
         monitor.start()
         sink = threading.Thread(target=self._sink, daemon=True, name="fuzz-sink")
         sink.start()
+        threads.append(threading.Thread(target=self._tx_oracle, daemon=True, name="fuzz-tx"))
         for t in threads:
             t.start()
         self.stop.wait(seconds)
@@ -130,6 +135,69 @@ class Fuzzer:
         monitor.join(5)
         sink.join(5)
         self.check_broker()  # one last look after the workers stopped
+
+    def _tx_oracle(self) -> None:
+        """COMMIT is all-or-nothing: ACK a message in a transaction together with a hostile
+        SEND; if the transaction does not commit (ERROR at the SEND or at COMMIT), the
+        message must come back to a new subscriber."""
+        mutator = Mutator(self.seed * 1000 + 999, **self.mutator_args)  # type: ignore[arg-type]
+        base = self.mutator_args["fuzz_queues"][0]  # type: ignore[index]
+        rounds = 0
+        while not self.stop.is_set():
+            rounds += 1
+            queue = f"{base}-txo-{rounds}"
+            try:
+                self._tx_round(mutator, queue, rounds)
+            except (OSError, AssertionError, ValueError):  # refused, reset, no CONNECTED
+                self.stop.wait(0.05)  # the monitor decides whether the broker is gone
+            except Exception as exc:  # a bug in this harness must not pass silently
+                self.add_finding("fuzz harness error (transaction oracle)", repr(exc))
+                return
+
+    def _tx_round(self, mutator: Mutator, queue: str, n: int) -> None:
+        body = b"oracle-%d" % n
+        with RawStomp(self.broker.port, timeout=CONNECT_TIMEOUT) as raw:
+            raw.connect()
+            raw.send_frame("SUBSCRIBE", {"id": "o", "destination": queue,
+                                         "ack": "client-individual"})
+            raw.send_frame("SEND", {"destination": queue, "persistent": "true"}, body)
+            message = read_until(raw, lambda f: f.command == "MESSAGE", self.stop)
+            if message is None or message.command != "MESSAGE":
+                return  # broker busy or gone: not this oracle's call
+            hostile = mutator.pick((mutator._send_int, mutator._send_string))(ConnState())
+            if hostile.terminal:
+                return
+            tx = b"otx-%d" % n
+            data = (b"BEGIN\ntransaction:" + tx + b"\n\n\x00"
+                    + b"ACK\nid:" + message.headers.get("ack", "").encode()
+                    + b"\ntransaction:" + tx + b"\n\n\x00"
+                    + hostile.data.replace(b"SEND\n", b"SEND\ntransaction:" + tx + b"\n", 1)
+                    + b"COMMIT\ntransaction:" + tx + b"\nreceipt:done\n\n\x00")
+            raw.send_raw(data)
+            reply = read_until(raw, lambda f: f.command in ("RECEIPT", "ERROR")
+                               and f.headers.get("receipt-id", "done") == "done", self.stop)
+        if reply is not None and reply.command == "RECEIPT":
+            with self.lock:
+                self.stats.tx_committed += 1
+            return
+        if reply is None and self.stop.is_set():
+            return
+        # Not committed: the ACK in it must not have been applied.
+        with RawStomp(self.broker.port, timeout=CONNECT_TIMEOUT) as raw:
+            raw.connect()
+            raw.send_frame("SUBSCRIBE", {"id": "o2", "destination": queue, "ack": "auto"})
+            again = read_until(raw, lambda f: f.command == "MESSAGE", self.stop,
+                               timeout=PROBE_TIMEOUT)
+        if again is not None and again.body == body:
+            with self.lock:
+                self.stats.tx_rejected += 1
+        elif not self.stop.is_set():
+            self.add_finding(
+                "COMMIT was not all-or-nothing",
+                f"the transaction got {reply.command if reply else 'no answer'} "
+                f"{reply.headers if reply else ''}, yet the message it ACKed never came back "
+                f"to a new subscriber of {queue} within {PROBE_TIMEOUT}s",
+                [hostile.describe()])
 
     def _sink(self) -> None:
         """Drain the fuzz queues (auto ack, discarding everything), so what the fuzzer
@@ -298,6 +366,21 @@ class Fuzzer:
             at = got.index(b"Traceback")
             self.add_finding("a traceback reached a client", repr(got[max(0, at - 300):at + 800]),
                              [c.describe() for c in cases])
+
+
+def read_until(raw: RawStomp, wanted: Callable[[RawFrame], bool], stop: threading.Event,
+               timeout: float = PROBE_TIMEOUT) -> RawFrame | None:
+    """The first frame `wanted` accepts, or the ERROR/close that came first (None)."""
+    deadline = time.monotonic() + timeout
+    while not stop.is_set() and time.monotonic() < deadline:
+        frame = raw.read_frame(min(0.5, max(0.0, deadline - time.monotonic())))
+        if frame is None:
+            if raw.closed:
+                return None
+            continue
+        if wanted(frame) or frame.command == "ERROR":
+            return frame
+    return None
 
 
 def header(frame_bytes: bytes, name: bytes) -> str | None:

@@ -88,7 +88,9 @@ def test_hostile_frames_stop_nothing_and_lose_nothing(
     stats = fuzzer.stats
     floor = int(MIN_CASES * seconds / FUZZ_SECONDS)
     summary = (f"fuzz[{store}] seed={seed}: {stats.cases} cases in {stats.batches} batches on "
-               f"{stats.connections} connections, {stats.errors} ERROR frames; "
+               f"{stats.connections} connections, {stats.errors} ERROR frames; transaction "
+               f"oracle: {stats.tx_committed} committed, {stats.tx_rejected} rejected and "
+               f"undone; "
                f"kinds {dict(stats.kinds)}; {canary.summary()}")
     print(summary)
     if not fuzzer.fatal.is_set() and stats.cases < floor:
