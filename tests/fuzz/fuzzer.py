@@ -6,8 +6,13 @@ a receipt: ABORT waits for the session's pending writes, so its RECEIPT says eve
 before it was handled). An ERROR closes the connection; the worker opens another. A batch
 ending in a cut frame half-closes the socket and waits for the broker to hang up.
 
+A transaction oracle thread ACKs a message in a transaction together with a hostile SEND:
+if the transaction does not commit, the message must come back to a new subscriber.
+A sink thread drains the fuzz queues.
+
 What must never happen is recorded as a Finding: the broker exits, demotes, logs a
-traceback; a client gets a traceback; a connection that is open stops answering.
+traceback; a client gets a traceback; a connection that is open stops answering; an
+uncommitted transaction's ACK was applied.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from tests.integration.broker_proc import HOST, BrokerProcess, RawFrame, RawStom
 #: have stranded it. Generous: a healthy broker answers in milliseconds, but the CI box
 #: is 2 cores shared with other brokers and PostgreSQL.
 PROBE_TIMEOUT = 20.0
-#: How long to wait for CONNECTED (or ERROR) on a new fuzz connection.
-CONNECT_TIMEOUT = 10.0
+#: How long to wait for CONNECTED (or ERROR) on a new fuzz connection (as for a probe).
+CONNECT_TIMEOUT = 20.0
 #: After a cut frame and our half-close, how long the broker may take to hang up.
 HANGUP_TIMEOUT = 10.0
 #: Cases pipelined per batch: enough to amortise the probe round trip, few enough that

@@ -6,8 +6,9 @@ sockets (tests/fuzz/mutator.py, tests/fuzz/fuzzer.py) and well-behaved stomp.py 
 of every STOMP version produce and consume on destinations the fuzzer also writes to
 (tests/fuzz/canary.py). A fuzz connection may get an ERROR and be closed; what fails the
 test: the broker exits, demotes, logs a traceback, shows a client a traceback, leaves an
-open connection unanswered; a receipted canary message is lost or duplicated; a canary
-connection gets an ERROR, a forged frame or a disconnect; fewer cases ran than the floor.
+open connection unanswered, applies an ACK of a transaction that did not commit; a
+receipted canary message is lost or duplicated; a canary connection gets an ERROR, a
+forged frame or a disconnect; fewer cases ran than the floor.
 
 Reproduce a failure with the seed it prints: AMQLITE_FUZZ_SEED=<seed>; narrow it down
 with AMQLITE_FUZZ_KINDS=send-int,tx (see mutator.KIND_WEIGHTS) and AMQLITE_FUZZ_SECONDS.
