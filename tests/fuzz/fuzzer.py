@@ -193,10 +193,11 @@ class Fuzzer:
             raw.send_frame("SUBSCRIBE", {"id": "o2", "destination": queue, "ack": "auto"})
             again = read_until(raw, lambda f: f.command == "MESSAGE", self.stop,
                                timeout=PROBE_TIMEOUT)
+            cut_off = raw.closed  # closed by the broker (e.g. demoting): inconclusive
         if again is not None and again.body == body:
             with self.lock:
                 self.stats.tx_rejected += 1
-        elif not self.stop.is_set():
+        elif again is None and not cut_off and not self.stop.is_set():
             self.add_finding(
                 "COMMIT was not all-or-nothing",
                 f"the transaction got {reply.command if reply else 'no answer'} "
@@ -323,7 +324,7 @@ class Fuzzer:
             if mutator.chance(0.03):  # a hostile CONNECT is its own case
                 case = mutator.hostile_connect()
                 self._remember(index, [case])
-                got, _ = exchange(sock, [case.data], None, CONNECT_TIMEOUT, self.stop)
+                got, _ = exchange(sock, [case.data], b"\x00", CONNECT_TIMEOUT, self.stop)
                 self._check_reply(got, [case])
                 self._count([case], got, True)
                 return
