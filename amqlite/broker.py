@@ -458,6 +458,11 @@ class Delivery:
     #: Its MESSAGE frame went out: only then may the client acknowledge it (a
     #: cumulative ACK must not cover a delivery still waiting for its commit).
     written: bool = False
+    #: Order in which its MESSAGE went out on the subscription. A cumulative
+    #: ACK covers what was written up to the acked message, which is not the
+    #: order deliveries entered ``inflight``: a persistent delivery waits for
+    #: its record to commit while a non-persistent one behind it goes at once.
+    written_seq: int = 0
     #: Its subscription closed before that commit: the commit requeues it.
     orphaned: bool = False
 
@@ -476,6 +481,7 @@ class Subscription:
         self.source = source
         self.inflight: dict[str, Delivery] = {}  # by message-id, in delivery order
         self.inflight_bytes = 0  # Message.size of what is in self.inflight
+        self.written_count = 0  # MESSAGE frames written, numbers Delivery.written_seq
         self.closed = False
 
     def has_credit(self) -> bool:
@@ -526,7 +532,15 @@ class Subscription:
         if self.closed or self.inflight.get(delivery.message.message_id) is not delivery:
             return
         delivery.written = True
+        self.written_count += 1
+        delivery.written_seq = self.written_count
         self._write(delivery.message, previous_deliveries)
+
+    def cumulative(self, message_id: str) -> list[str]:
+        """The message ids a ``client``-mode ACK of ``message_id`` settles: every
+        delivery written up to it, in the order the client saw them."""
+        last = self.inflight[message_id].written_seq
+        return [mid for mid, d in self.inflight.items() if d.written and d.written_seq <= last]
 
     def _write(self, message: Message, previous_deliveries: int) -> bool:
         """Write one MESSAGE; False if it could not be. Never raises: one message
@@ -1433,12 +1447,7 @@ class Broker:
     def _ack(self, session: Session, command: str, frame: Frame, receipt: str | None) -> None:
         sub, message_id = self._find_delivery(session, frame)
         if sub.ack_mode == "client":  # cumulative: everything written up to this one
-            done: list[Delivery] = []
-            for mid, d in list(sub.inflight.items()):
-                if d.written:
-                    done.append(sub.inflight.pop(mid))
-                if mid == message_id:
-                    break
+            done = [sub.inflight.pop(mid) for mid in sub.cumulative(message_id)]
         else:
             done = [sub.inflight.pop(message_id)]
         for d in done:
@@ -1523,11 +1532,7 @@ class Broker:
                 raise BrokerError(f"message {message_id!r} is acknowledged twice in "
                                   "the transaction")
             if sub.ack_mode == "client":
-                for mid, d in sub.inflight.items():
-                    if d.written:
-                        settled.add((id(sub), mid))
-                    if mid == message_id:
-                        break
+                settled.update((id(sub), mid) for mid in sub.cumulative(message_id))
             else:
                 settled.add((id(sub), message_id))
         for frame in tx.sends:
