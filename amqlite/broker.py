@@ -13,8 +13,19 @@ that keep the promise (a RECEIPTed message is never lost nor stored twice):
   is waiting for a queue that has nothing else to give, the new message is
   handed to it in the commit that stores it (stored as delivered): one write
   instead of two, and the MESSAGE leaves with the RECEIPT.
-* Queues are never loaded whole: each keeps at most ``MAX_IN_MEMORY`` stored
-  messages and pages the rest in by id (ids are allocated in commit order).
+* Queues are never loaded whole: each keeps stored messages in memory while
+  the destination and the broker are under their byte budgets (at most
+  ``MAX_IN_MEMORY``, at least ``MIN_IN_MEMORY``) and pages the rest in by id
+  (ids are allocated in commit order).
+
+Memory is a budget in bytes (``Settings.max_memory`` broker-wide,
+``Settings.max_destination_memory`` per destination). ``Message.size`` is
+computed once; sources add and subtract it as messages wait (``Source.bytes``,
+``Broker.waiting_bytes``) and subscriptions as they are in flight
+(``Subscription.inflight_bytes``, bounded by ``MAX_INFLIGHT_BYTES``). Past a
+budget: persistent messages stay in the store, producers of non-persistent
+messages are paused (flow control) until below ``RESUME_FRACTION`` of it, and a
+slow non-durable topic subscriber misses messages.
 """
 
 from __future__ import annotations
@@ -39,13 +50,16 @@ from amqlite.validation import (
     parse_send,
 )
 from store.api import (
+    OUTSIDE_UNITS,
     Batch,
     BatchResult,
     DestinationRow,
     NewMessage,
     Ref,
     StoredMessage,
+    StoreRejected,
     SubscriptionRow,
+    UnitSpan,
 )
 
 if TYPE_CHECKING:
@@ -55,17 +69,38 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Stored messages a destination keeps in memory; the rest stay in the store
-#: and are paged in by id. ActiveMQ's store cursor pages 200 at a time with a
-#: memory limit per destination; 1000 keeps a fast consumer busy between pages.
+#: Stored messages a destination keeps in memory at most, when its byte
+#: budget allows; the rest stay in the store and are paged in by id.
+#: ActiveMQ's store cursor pages 200 at a time with a memory limit per
+#: destination; 1000 keeps a fast consumer busy between pages.
 MAX_IN_MEMORY = 1000
-#: Page size for loading from the store, and the level below which we load.
+#: Stored messages a destination may keep (and page in) even over its byte
+#: budget, so its consumers never starve while other destinations fill the
+#: broker: 16 x the largest frame is the worst case above the budget.
+MIN_IN_MEMORY = 16
+#: Page size for loading from the store (at most; fewer when bytes are short),
+#: and the level below which we load.
 PAGE_SIZE = 500
 LOW_WATER = 250
-#: A non-durable topic subscriber that falls this far behind misses what is
-#: published until it catches up (ActiveMQ's slow-consumer limit for topics:
-#: a publisher is never held back by one slow subscriber).
+#: Bytes a Python ``Message`` costs beyond its body and header characters,
+#: measured with tracemalloc (Message + Delivery + heap entry + empty headers
+#: dict: 497 B; each header: 72 B for 12 characters, so ~60 B beyond them).
+MESSAGE_OVERHEAD = 512
+HEADER_OVERHEAD = 64
+#: Message bytes one subscription may hold unacknowledged, whatever its
+#: ``activemq.prefetchSize``: a huge prefetch must not page the backlog into
+#: RAM. 8 MiB is ActiveMQ's default prefetch (1000) of 8 KB messages.
+MAX_INFLIGHT_BYTES = 8 * 1024 * 1024
+#: Flow control resumes when usage drops below this fraction of the budget
+#: (hysteresis, so a producer is not paused and resumed on every message).
+RESUME_FRACTION = 0.75
+#: A non-durable topic subscriber that falls this far behind (in messages, or
+#: in bytes: the destination budget) misses what is published until it catches
+#: up (ActiveMQ's slow-consumer limit for topics: a publisher is never held
+#: back by one slow subscriber).
 MAX_TOPIC_BACKLOG = 10_000
+#: Log a slow topic subscriber's drops on the first and then every this many.
+DROP_LOG_EVERY = 1000
 #: Non-persistent messages live only in memory: past this many waiting in one
 #: queue, the connections sending to it are paused until it drains to
 #: RESUME_NONPERSISTENT_BACKLOG (ActiveMQ's producer flow control). 20 000 1 KB
@@ -77,6 +112,11 @@ RESUME_NONPERSISTENT_BACKLOG = MAX_NONPERSISTENT_BACKLOG // 2
 #: it: a producer that sends without receipts cannot pile up unbounded work.
 MAX_PENDING_COMMITS = 2000
 RESUME_PENDING_COMMITS = MAX_PENDING_COMMITS // 2
+#: The same in bytes: persistent messages of one connection held in memory
+#: until their commit (a pipelining producer of 1 MB messages would otherwise
+#: be read faster than the store writes). 16 MiB keeps a group commit full.
+MAX_PENDING_BYTES = 16 * 1024 * 1024
+RESUME_PENDING_BYTES = MAX_PENDING_BYTES // 2
 #: Headers the broker owns or that only make sense on the SEND frame.
 NON_USER_HEADERS = frozenset(
     {
@@ -89,6 +129,10 @@ PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
 DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 DEFAULT_PRIORITY = 4  # JMS default priority
 ACK_MODES = ("auto", "client", "client-individual")
+#: The ERROR body when the store refused a frame's data (its own words stay in
+#: the broker's log: they name tables and columns).
+REJECTED_DETAIL = ("A value in this frame cannot be stored (too long, out of range or not "
+                   "representable); nothing of the frame was stored.")
 
 
 #: Transactions are held in memory until COMMIT: bound them per connection.
@@ -116,7 +160,8 @@ class Client(Protocol):
 
     def can_write(self) -> bool: ...
 
-    def close_with_error(self, message: str, detail: str = "") -> None: ...
+    def close_with_error(self, message: str, detail: str = "",
+                         receipt: str | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -129,12 +174,18 @@ class Client(Protocol):
 # messages and sources
 
 
+def message_size(headers: dict[str, str], body: bytes) -> int:
+    """What a message costs in memory, for the byte budgets (integer adds only)."""
+    return (len(body) + sum(map(len, headers)) + sum(map(len, headers.values()))
+            + HEADER_OVERHEAD * len(headers) + MESSAGE_OVERHEAD)
+
+
 class Message:
     """A message in memory; ``id`` is its store row id (or a memory-only id)."""
 
     __slots__ = (
         "body", "delivery_count", "destination", "enqueued_at", "expires_at", "headers",
-        "id", "message_id", "persistent", "priority", "producer_id", "producer_seq",
+        "id", "message_id", "persistent", "priority", "producer_id", "producer_seq", "size",
     )
 
     def __init__(
@@ -155,6 +206,7 @@ class Message:
         self.enqueued_at = enqueued_at
         self.producer_id = producer_id
         self.producer_seq = producer_seq
+        self.size = message_size(headers, body)
 
     @property
     def dedup_key(self) -> str | None:
@@ -178,6 +230,10 @@ class Source:
         self._heap: list[tuple[int, int, Message]] = []
         self.in_memory_stored = 0  # stored messages in the heap
         self.nonpersistent = 0
+        self.bytes = 0  # Message.size of everything in the heap
+        #: Size of a stored row, to page in no more than the budget holds: the
+        #: largest seen (a recovered queue starts from the largest frame).
+        self.row_size = broker.settings.max_frame_size
         self.cursor = 0  # highest stored id paged in or appended
         self.store_has_more = stored
         self.paging = False
@@ -195,46 +251,79 @@ class Source:
 
     def push(self, message: Message) -> None:
         heapq.heappush(self._heap, (-message.priority, message.id, message))
+        size = message.size
+        self.bytes += size
+        self.broker.waiting_bytes += size
         if message.persistent:
             self.in_memory_stored += 1
         else:
             self.nonpersistent += 1
 
+    def over_budget(self) -> bool:
+        """This destination or the whole broker holds as many bytes as allowed."""
+        broker = self.broker
+        return (self.bytes >= broker.destination_budget
+                or broker.waiting_bytes >= broker.memory_budget)
+
     def append_committed(self, message: Message) -> None:
-        """A freshly committed message: keep it in memory unless the store pages."""
-        if self.store_has_more or self.in_memory_stored >= MAX_IN_MEMORY:
+        """A freshly committed message: keep it in memory unless the store pages
+        (it does once this destination or the broker is out of bytes)."""
+        if self.store_has_more or (
+            self.in_memory_stored >= MIN_IN_MEMORY
+            and (self.in_memory_stored >= MAX_IN_MEMORY or self.over_budget())
+        ):
             self.store_has_more = True  # the pager will find it by id
+            self.row_size = max(self.row_size, message.size)
             return
         self.cursor = max(self.cursor, message.id)
         self.push(message)
 
     def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
-        """Queue a memory-only message; past the limit, hold its producer back."""
+        """Queue a memory-only message; past the limits, hold its producer back."""
         self.push(message)
-        if (
-            producer is not None
-            and self.nonpersistent >= MAX_NONPERSISTENT_BACKLOG
-            and producer not in self.blocked_producers
+        if producer is not None and (
+            self.nonpersistent >= MAX_NONPERSISTENT_BACKLOG or self.over_budget()
         ):
-            self.blocked_producers.add(producer)
-            producer.pause_reading(f"flow:{self.name}")
+            self.broker.block_producer(producer, self)
 
     def pop(self) -> Message | None:
         if not self._heap:
             return None
         message = heapq.heappop(self._heap)[2]
+        size = message.size
+        self.bytes -= size
+        broker = self.broker
+        broker.waiting_bytes -= size
         if message.persistent:
             self.in_memory_stored -= 1
         else:
             self.nonpersistent -= 1
-            if self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG:
-                for producer in self.blocked_producers:
-                    producer.resume_reading(f"flow:{self.name}")
-                self.blocked_producers.clear()
+        if (self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG
+                and self.bytes <= broker.destination_resume):
+            for producer in self.blocked_producers:
+                broker._unblocked(producer, self)
+                producer.resume_reading(f"flow:{self.name}")
+            self.blocked_producers.clear()
+        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
+            broker.resume_producers()
         return message
 
     def __len__(self) -> int:
         return len(self._heap)
+
+    def discard(self) -> None:
+        """The source is gone (its subscription ended): free what waited in it,
+        in the budgets too, and let its paused producers go."""
+        broker = self.broker
+        broker.waiting_bytes -= self.bytes
+        self._heap.clear()
+        self.bytes = self.in_memory_stored = self.nonpersistent = 0
+        for producer in self.blocked_producers:
+            broker._unblocked(producer, self)
+            producer.resume_reading(f"flow:{self.name}")
+        self.blocked_producers.clear()
+        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
+            broker.resume_producers()
 
     # -- consumers ----------------------------------------------------------
     def add_consumer(self, sub: Subscription) -> None:
@@ -296,23 +385,41 @@ class Source:
             and self.in_memory_stored < LOW_WATER
             and self.consumers
         ):
-            self.paging = True
-            self.broker.load_page(self)
+            limit = self.page_limit()
+            if limit > 0:
+                self.paging = True
+                self.broker.load_page(self, limit)
 
-    def page_loaded(self, rows: list[StoredMessage]) -> None:
+    def page_limit(self) -> int:
+        """Rows to page in: what the byte budgets leave room for (by the largest
+        row seen), at most PAGE_SIZE, at least up to the MIN_IN_MEMORY floor."""
+        broker = self.broker
+        free = min(broker.destination_budget - self.bytes,
+                   broker.memory_budget - broker.waiting_bytes)
+        limit = min(PAGE_SIZE, LOW_WATER * 2 - self.in_memory_stored,
+                    max(free, 0) // max(self.row_size, 1))
+        return max(limit, MIN_IN_MEMORY - self.in_memory_stored)
+
+    def page_loaded(self, rows: list[StoredMessage], limit: int) -> None:
         self.paging = False
+        largest = 0
         for row in rows:
             if row.id <= self.cursor:
                 continue  # already in memory (appended after commit)
             self.cursor = row.id
-            self.push(self.broker.message_from_row(row, self.name))
-        self.store_has_more = len(rows) >= PAGE_SIZE
+            message = self.broker.message_from_row(row, self.name)
+            largest = max(largest, message.size)
+            self.push(message)
+        if largest:
+            self.row_size = largest
+        self.store_has_more = len(rows) >= limit
         self.dispatch()
 
     # -- management (amqlite.management.actions) -------------------------------------------
     def drop(self, predicate: Callable[[Message], bool]) -> list[Message]:
         """Remove the waiting messages ``predicate`` picks (purge, move, delete by an
-        operator); what is in flight to consumers is not here and is left alone."""
+        operator), freeing their bytes like ``pop``; what is in flight to consumers is
+        not here and is left alone."""
         kept, dropped = [], []
         for entry in self._heap:
             (dropped if predicate(entry[2]) else kept).append(entry)
@@ -321,13 +428,21 @@ class Source:
         heapq.heapify(kept)
         self._heap = kept
         messages = [e[2] for e in dropped]
+        size = sum(m.size for m in messages)
         stored = sum(1 for m in messages if m.persistent)
+        broker = self.broker
+        self.bytes -= size
+        broker.waiting_bytes -= size
         self.in_memory_stored -= stored
         self.nonpersistent -= len(messages) - stored
-        if self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG:
+        if (self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG
+                and self.bytes <= broker.destination_resume):
             for producer in self.blocked_producers:
+                broker._unblocked(producer, self)
                 producer.resume_reading(f"flow:{self.name}")
             self.blocked_producers.clear()
+        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
+            broker.resume_producers()
         return messages
 
     def inflight_ids(self) -> set[int]:
@@ -357,11 +472,14 @@ class TopicSubscriptionSource(Source):
         self.dropped = 0
 
     def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
-        if self.nonpersistent >= MAX_TOPIC_BACKLOG:
+        """A subscriber that is behind past the count or byte limits misses this one."""
+        if self._heap and (self.nonpersistent >= MAX_TOPIC_BACKLOG or self.over_budget()):
             self.dropped += 1
-            if self.dropped % MAX_TOPIC_BACKLOG == 1:
-                log.warning("%s: slow subscriber %d messages behind; %d dropped so far",
-                            self.name, self.nonpersistent, self.dropped)
+            self.broker.stats["dropped"] += 1
+            if self.dropped % DROP_LOG_EVERY == 1:
+                log.warning("%s: slow subscriber %d messages (%d bytes) behind; "
+                            "%d dropped so far", self.name, self.nonpersistent, self.bytes,
+                            self.dropped)
             return
         self.push(message)
 
@@ -375,6 +493,11 @@ class Delivery:
     #: Its MESSAGE frame went out: only then may the client acknowledge it (a
     #: cumulative ACK must not cover a delivery still waiting for its commit).
     written: bool = False
+    #: Order in which its MESSAGE went out on the subscription. A cumulative
+    #: ACK covers what was written up to the acked message, which is not the
+    #: order deliveries entered ``inflight``: a persistent delivery waits for
+    #: its record to commit while a non-persistent one behind it goes at once.
+    written_seq: int = 0
     #: Its subscription closed before that commit: the commit requeues it.
     orphaned: bool = False
 
@@ -392,6 +515,8 @@ class Subscription:
         self.prefetch = prefetch
         self.source = source
         self.inflight: dict[str, Delivery] = {}  # by message-id, in delivery order
+        self.inflight_bytes = 0  # Message.size of what is in self.inflight
+        self.written_count = 0  # MESSAGE frames written, numbers Delivery.written_seq
         self.closed = False
 
     def has_credit(self) -> bool:
@@ -399,7 +524,14 @@ class Subscription:
             return False
         if self.ack_mode == "auto":
             return True
-        return len(self.inflight) < self.prefetch
+        if len(self.inflight) < self.prefetch and self.inflight_bytes < MAX_INFLIGHT_BYTES:
+            return True
+        # A consumer whose connection we stopped reading (it also produces) cannot
+        # send its ACKs: let it take what waits, up to one destination budget
+        # more, so the waiting bytes drop, its reading resumes, its ACKs arrive.
+        broker = self.source.broker
+        return (self.conn in broker.blocked_producers_all
+                and self.inflight_bytes < MAX_INFLIGHT_BYTES + broker.destination_budget)
 
     def deliver(self, message: Message) -> None:
         broker = self.source.broker
@@ -418,6 +550,7 @@ class Subscription:
         message.delivery_count += 1
         delivery = Delivery(message, ref)
         self.inflight[message.message_id] = delivery
+        self.inflight_bytes += message.size
         if ref is None:
             self.write(delivery, previous)
             return
@@ -435,7 +568,15 @@ class Subscription:
         if self.closed or self.inflight.get(delivery.message.message_id) is not delivery:
             return
         delivery.written = True
+        self.written_count += 1
+        delivery.written_seq = self.written_count
         self._write(delivery.message, previous_deliveries)
+
+    def cumulative(self, message_id: str) -> list[str]:
+        """The message ids a ``client``-mode ACK of ``message_id`` settles: every
+        delivery written up to it, in the order the client saw them."""
+        last = self.inflight[message_id].written_seq
+        return [mid for mid, d in self.inflight.items() if d.written and d.written_seq <= last]
 
     def _write(self, message: Message, previous_deliveries: int) -> bool:
         """Write one MESSAGE; False if it could not be. Never raises: one message
@@ -490,26 +631,69 @@ def _awaits_ack(sub: Subscription, message_id: str) -> bool:
 # the write buffer in front of the group committer
 
 StagedCallback = Callable[[bool], None]
+ResultCallback = Callable[[BatchResult | None], None]
+
+
+class WriteUnit:
+    """The data one client frame brings (a SEND's or COMMIT's inserts and
+    identities, a durable SUBSCRIBE's row, the destination rows they need): a
+    span of the flush's batch. The batch commits whole as long as the store
+    takes it; when the store refuses it, the group committer splits it along
+    the spans, and only a unit the store refuses on its own fails
+    (``rejected``), so only that frame's client gets an ERROR."""
+
+    __slots__ = ("claimable", "conn", "index", "receipt", "rejected", "span", "start")
+
+    def __init__(self, conn: Client | None, index: int, batch: Batch) -> None:
+        #: The client to blame when the store refuses the unit, and the
+        #: receipt its frame asked for (the ERROR carries it).
+        self.conn = conn
+        self.receipt: str | None = None
+        self.index = index  # in the flush's spans
+        self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
+                      len(batch.identities))
+        self.span: UnitSpan | None = None
+        #: The frame's commit point (``Broker._finish_write``) is still to come
+        #: and belongs with this unit (see ``WriteBuffer.claim``).
+        self.claimable = False
+        #: The store refused this unit's data (nothing of it was written).
+        self.rejected: StoreRejected | None = None
+
+    def end(self, batch: Batch) -> UnitSpan:
+        if self.span is None:
+            d, s, i, y = self.start
+            self.span = (d, len(batch.destinations), s, len(batch.subscriptions),
+                         i, len(batch.inserts), y, len(batch.identities))
+        return self.span
 
 
 class WriteBuffer:
     """Gathers every write of one loop iteration into one Batch for the committer.
 
-    Callbacks run on the loop, in staging order, once the batch committed
-    (``ok=True``) or failed (``ok=False``). ``stage_result`` callbacks also
-    get the ``BatchResult`` (for dedup).
+    What a client frame brings is staged between ``begin_unit`` and
+    ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
+    order, once the batch committed (``ok=True``) or failed (``ok=False``;
+    for a unit's own callbacks also when the store refused that unit).
+    ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
     """
 
     def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
         self.committer = committer
         self.loop = loop
         self.batch = Batch()
-        self.callbacks: list[Callable[[BatchResult | None], None]] = []
+        self.units: list[WriteUnit] = []
+        #: (the unit whose outcome the callback gets, or None: the whole batch's)
+        self.callbacks: list[tuple[WriteUnit | None, ResultCallback]] = []
         self._flush_scheduled = False
         self.failed = False
         self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
         self.inflight_batches = 0
         self._released: set[Ref] = set()
+        #: The unit being staged, if any.
+        self.current: WriteUnit | None = None
+        #: Called with the destination rows that committed, so the broker
+        #: stops staging them (see ``Broker._destination_id``).
+        self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
         #: Management metrics: called once per committed batch with (seconds the commit
         #: took, seconds since the batch's first write was staged: the longest any
         #: RECEIPT in it waited). None costs one attribute test per batch.
@@ -518,9 +702,37 @@ class WriteBuffer:
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
-            self.callbacks.append(lambda result: callback(result is not None))
+            self.callbacks.append((None, lambda result: callback(result is not None)))
         self._schedule()
         return self.batch
+
+    def begin_unit(self, conn: Client | None) -> WriteUnit:
+        """Start staging one frame's data, blamed on ``conn`` if refused."""
+        unit = WriteUnit(conn, len(self.units), self.batch)
+        self.units.append(unit)
+        self.current = unit
+        self._schedule()
+        return unit
+
+    def end_unit(self, unit: WriteUnit) -> None:
+        unit.end(self.batch)
+        self.current = None
+
+    def claim(self, conn: Client) -> WriteUnit | None:
+        """The unit ``conn``'s current frame staged and left for its commit
+        point (a durable SUBSCRIBE, an ABORT), if any: its RECEIPT must wait
+        for that unit, and an ERROR for it must carry the receipt-id."""
+        if self.units:
+            unit = self.units[-1]
+            if unit.claimable and unit.conn is conn:
+                unit.claimable = False
+                return unit
+        return None
+
+    def stage_unit(self, unit: WriteUnit, callback: ResultCallback) -> None:
+        """``callback(result)`` once ``unit`` committed, ``callback(None)``
+        when it failed (``unit.rejected`` says whether the store refused it)."""
+        self.callbacks.append((unit, callback))
 
     def stage_releases(self, refs: list[Ref]) -> None:
         """Deliverable again. Remembered so a redelivery of the same message is
@@ -533,8 +745,8 @@ class WriteBuffer:
             self.flush()  # release first, in its own batch, then the new delivery
         self.stage(callback).deliveries.append(ref)
 
-    def stage_result(self, callback: Callable[[BatchResult | None], None]) -> Batch:
-        self.callbacks.append(callback)
+    def stage_result(self, callback: ResultCallback) -> Batch:
+        self.callbacks.append((None, callback))
         self._schedule()
         return self.batch
 
@@ -549,21 +761,26 @@ class WriteBuffer:
         self._flush_scheduled = False
         if self.held:
             return
-        batch, callbacks = self.batch, self.callbacks
+        batch, callbacks, units = self.batch, self.callbacks, self.units
         if not len(batch) and not callbacks:
+            self.units = []
             return
-        self.batch, self.callbacks = Batch(), []
+        if self.current is not None:  # never mid-frame; a frame that raised
+            self.end_unit(self.current)
+        self.batch, self.callbacks, self.units = Batch(), [], []
         self._released.clear()
         if self.failed or self.committer is None:
-            for cb in callbacks:
+            for _, cb in callbacks:
                 cb(None)
             return
         if not len(batch):
-            for cb in callbacks:
-                cb(BatchResult())
+            empty = BatchResult()
+            for _, cb in callbacks:
+                cb(empty)
             return
         self.inflight_batches += 1
-        future = self.committer.submit(batch)
+        spans = [u.end(batch) for u in units] if units else None
+        future = self.committer.submit(batch, spans)
         if self.observer is not None:
             observer, staged, submitted = self.observer, self._first_staged, time.monotonic()
 
@@ -573,25 +790,59 @@ class WriteBuffer:
                     observer(now - submitted, now - (staged or submitted))
 
             future.add_done_callback(observe)
-        future.add_done_callback(lambda f: self._done(f, callbacks))
+        future.add_done_callback(lambda f: self._done(f, batch, units, callbacks))
 
-    def _done(self, future: asyncio.Future[BatchResult], callbacks: list) -> None:
+    def _done(self, future: asyncio.Future[BatchResult], batch: Batch,
+              units: list[WriteUnit], callbacks: list) -> None:
         self.inflight_batches -= 1
-        result: BatchResult | None
-        if future.cancelled() or future.exception() is not None:
+        result: BatchResult | None = None
+        exc = None if future.cancelled() else future.exception()
+        if future.cancelled() or (exc is not None and not isinstance(exc, StoreRejected)):
             self.failed = True
-            result = None
+        elif exc is not None:  # refused whole, and no unit to pin it on
+            log.error("the store refused a write no client can be told of: %s", exc)
         else:
             result = future.result()
-        for cb in callbacks:
+        rest_ok = result is not None
+        if result is not None and result.rejected:
+            for i, refused in result.rejected.items():
+                if i == OUTSIDE_UNITS:
+                    rest_ok = False
+                    log.error("the store refused a write no client can be told of: %s",
+                              refused)
+                else:
+                    units[i].rejected = refused
+        if batch.destinations and self.on_destinations is not None and result is not None:
+            self.on_destinations(_committed_destinations(batch, units, rest_ok)
+                                 if result.rejected else batch.destinations)
+        for unit, cb in callbacks:
+            ok = rest_ok if unit is None else result is not None and unit.rejected is None
             try:
-                cb(result)
+                cb(result if ok else None)
             except Exception:
                 log.exception("commit callback failed")
 
     def release(self) -> None:
         self.held = False
         self._schedule()
+
+
+def _committed_destinations(batch: Batch, units: list[WriteUnit],
+                            rest_ok: bool) -> list[DestinationRow]:
+    """The destination rows of a split batch that did commit."""
+    rows = batch.destinations
+    inside = [False] * len(rows)
+    committed = []
+    for u in units:
+        assert u.span is not None
+        d0, d1 = u.span[0], u.span[1]
+        for k in range(d0, d1):
+            inside[k] = True
+            if u.rejected is None:
+                committed.append(rows[k])
+    if rest_ok:
+        committed.extend(r for r, taken in zip(rows, inside, strict=True) if not taken)
+    return committed
 
 
 # ---------------------------------------------------------------------------
@@ -627,17 +878,26 @@ class Session:
         self.keys = itertools.count(1)
         self.transactions: dict[str, Transaction] = {}
         self.pending_commits = 0
+        self.pending_bytes = 0  # Message.size of persistent sends not yet committed
         self.on_idle: list[Callable[[], None]] = []
 
-    def commit_started(self) -> None:
+    def commit_started(self, size: int = 0) -> None:
         self.pending_commits += 1
         if self.pending_commits == MAX_PENDING_COMMITS:
             self.conn.pause_reading("commits")
+        if size:
+            self.pending_bytes += size
+            if self.pending_bytes >= MAX_PENDING_BYTES:
+                self.conn.pause_reading("commit-bytes")
 
-    def commit_finished(self) -> None:
+    def commit_finished(self, size: int = 0) -> None:
         self.pending_commits -= 1
         if self.pending_commits == RESUME_PENDING_COMMITS:
             self.conn.resume_reading("commits")
+        if size:
+            self.pending_bytes -= size
+            if self.pending_bytes <= RESUME_PENDING_BYTES:
+                self.conn.resume_reading("commit-bytes")
         if self.pending_commits == 0 and self.on_idle:
             waiting, self.on_idle = self.on_idle, []
             for cb in waiting:
@@ -670,11 +930,16 @@ class Broker:
         self.loop = loop
         self.epoch = recovery.epoch
         self.writes = WriteBuffer(committer, loop)
+        self.writes.on_destinations = self._destinations_committed
         self.paused = False
         self.ids = itertools.count(recovery.next_message_id)
         self.destination_ids = itertools.count(recovery.next_destination_id)
         self.subscription_ids = itertools.count(recovery.next_subscription_id)
         self.destination_rows: dict[str, int] = {}  # name -> store id
+        #: Destination rows staged and not yet committed by any batch: every
+        #: write that needs one carries it (the store inserts it once), since
+        #: the unit that first staged it may be refused by the store.
+        self.unconfirmed_destinations: dict[str, DestinationRow] = {}
         self.queues: dict[str, Source] = {}
         self.topics: dict[str, list[TopicSubscriptionSource]] = {}
         self.durables: dict[tuple[str, str], DurableSource] = {}
@@ -682,7 +947,18 @@ class Broker:
         self.sessions: dict[Client, Session] = {}
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
-                      "dead_lettered": 0}
+                      "dead_lettered": 0, "dropped": 0}
+        #: Byte budgets (see the module docstring) and their resume levels.
+        self.memory_budget = settings.max_memory
+        self.memory_resume = int(settings.max_memory * RESUME_FRACTION)
+        self.destination_budget = settings.max_destination_memory
+        self.destination_resume = int(settings.max_destination_memory * RESUME_FRACTION)
+        self.waiting_bytes = 0  # Message.size of every message waiting in a source
+        #: Producers paused because the broker-wide budget was reached.
+        self.blocked_producers: set[Client] = set()
+        #: Producers paused for any memory reason -> the sources that paused them
+        #: (None: the broker-wide budget); see Subscription.has_credit.
+        self.blocked_producers_all: dict[Client, set[Source | None]] = {}
         #: Per-destination totals since this node became master, for the management
         #: metrics (one dict increment per message; read only when scraped).
         self.enqueued: defaultdict[str, int] = defaultdict(int)
@@ -718,6 +994,8 @@ class Broker:
         self._abort_all(session)
         for sub in list(session.subscriptions.values()):
             self._close_subscription(session, sub)
+        for source in self.blocked_producers_all.pop(conn, ()):
+            (self if source is None else source).blocked_producers.discard(conn)
 
     # -- frames -----------------------------------------------------------------
     def handle(self, conn: Client, frame: Frame) -> None:
@@ -816,15 +1094,44 @@ class Broker:
         )
 
     def _destination_id(self, name: str, batch: Batch) -> int:
-        """The store id of a destination, staging its row the first time."""
+        """The store id of a destination, staging its row in ``batch`` until a
+        batch that carried it committed (``_destinations_committed``)."""
         did = self.destination_rows.get(name)
         if did is None:
-            did = next(self.destination_ids)
+            row = DestinationRow(next(self.destination_ids), name, self.kind_of(name))
+            did = row.id
             self.destination_rows[name] = did
-            batch.destinations.append(DestinationRow(did, name, self.kind_of(name)))
+            self.unconfirmed_destinations[name] = row
+            batch.destinations.append(row)
             if name in self.queues:
                 self.queues[name].store_id = did
+        elif self.unconfirmed_destinations:
+            row = self.unconfirmed_destinations.get(name)
+            if row is not None:
+                # Each unit carries the row (the one that staged it first may be
+                # refused); outside a unit, carry it anyway. The store inserts it once.
+                unit = self.writes.current
+                if unit is None or row not in batch.destinations[unit.start[0]:]:
+                    batch.destinations.append(row)
         return did
+
+    def _destinations_committed(self, rows: list[DestinationRow]) -> None:
+        for row in rows:
+            if self.unconfirmed_destinations.get(row.name) is row:
+                del self.unconfirmed_destinations[row.name]
+
+    def _reject(self, unit: WriteUnit) -> None:
+        """The store refused the data of one client frame: nothing of it was
+        written. That client gets an ERROR (with its receipt-id) and is closed;
+        everyone else goes on, and the node stays master."""
+        conn = unit.conn
+        log.warning("the store refused a frame's data%s: %s",
+                    f" (client {conn.client_id})" if conn and conn.client_id else "",
+                    unit.rejected)
+        if conn is None or conn.closed:
+            return
+        conn.close_with_error("the store refused this frame's data",
+                              REJECTED_DETAIL, receipt=unit.receipt)
 
     def queue(self, name: str) -> Source:
         q = self.queues.get(name)
@@ -871,7 +1178,6 @@ class Broker:
             enqueued[m.destination] += 1
         to_store: list[tuple[Message, list[DurableSource]]] = []
         identity_only: list[Message] = []
-        batch = self.writes.batch
         for m in messages:
             if not m.persistent:
                 self._route_now(m, session.conn)
@@ -890,6 +1196,12 @@ class Broker:
             if receipt is not None:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
             return
+        # The frame's own data is a unit: if the store refuses it, only this
+        # client is told (see WriteUnit).
+        writes = self.writes
+        batch = writes.batch
+        unit = writes.begin_unit(session.conn)
+        unit.receipt = receipt
         handed: list[tuple[Subscription, Delivery] | None] = []
         for m, durables in to_store:
             row = self._new_row(m, batch, durables)
@@ -897,15 +1209,22 @@ class Broker:
             handed.append(None if durables else self._hand_over(m, row))
         for m in identity_only:
             batch.identities.append(self._new_row(m, batch))
-        session.commit_started()
+        writes.end_unit(unit)
+        pending_bytes = sum(m.size for m, _ in to_store)
+        session.commit_started(pending_bytes)
 
         def committed(result: BatchResult | None) -> None:
-            session.commit_finished()
+            session.commit_finished(pending_bytes)
             for (m, durables), hand in zip(to_store, handed, strict=True):
                 if hand is None and not durables:
                     self.queue(m.destination).pending_inserts -= 1
             if result is None:
-                return  # the store failed: no receipt; the node is demoting
+                if unit.rejected is not None:  # nothing was stored
+                    for hand in handed:
+                        if hand is not None:  # nobody gets what was never stored
+                            self._handed_over(*hand, duplicate=True)
+                    self._reject(unit)
+                return  # else the store failed: no receipt; the node is demoting
             for (m, durables), hand in zip(to_store, handed, strict=True):
                 duplicate = m.id in result.duplicate_ids
                 if duplicate:
@@ -930,7 +1249,7 @@ class Broker:
             if receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
-        self.writes.stage_result(committed)
+        self.writes.stage_unit(unit, committed)
 
     def _hand_over(self, m: Message, row: NewMessage) -> tuple[Subscription, Delivery] | None:
         """Give a queue message to a waiting consumer in the commit that stores
@@ -942,6 +1261,7 @@ class Broker:
             return None
         delivery = Delivery(m, (None, m.id), pending=True)
         sub.inflight[m.message_id] = delivery
+        sub.inflight_bytes += m.size
         m.delivery_count = row.delivery_count = 1
         return sub, delivery
 
@@ -962,6 +1282,7 @@ class Broker:
         elif sub.inflight.get(m.message_id) is delivery:
             # already stored: the copy we hold is not, so nobody gets it
             del sub.inflight[m.message_id]
+            sub.inflight_bytes -= m.size
             sub.source.dispatch()
 
     def _new_row(self, m: Message, batch: Batch,
@@ -987,8 +1308,17 @@ class Broker:
             if m.persistent and m.dedup_key is not None:
                 identities.append(m)
         if identities:
-            batch = self.writes.stage()
+            batch = self.writes.batch
+            unit = self.writes.begin_unit(session.conn)
+            unit.claimable = True  # an ABORT's RECEIPT waits for it
             batch.identities.extend(self._new_row(m, batch) for m in identities)
+            self.writes.end_unit(unit)
+
+            def stored(result: BatchResult | None) -> None:
+                if result is None and unit.rejected is not None:
+                    self._reject(unit)
+
+            self.writes.stage_unit(unit, stored)
 
     def _route_now(self, m: Message, producer: Client | None = None) -> None:
         if self.kind_of(m.destination) == "queue":
@@ -1071,13 +1401,28 @@ class Broker:
             self._remove_durable(durable)
             durable = None
         if durable is None:
-            batch = self.writes.stage()
+            # The client's data (its client-id, the name, the topic): a unit.
+            batch = self.writes.batch
+            unit = self.writes.begin_unit(self.clients_by_id.get(client_id))
+            unit.claimable = True  # the SUBSCRIBE's RECEIPT waits for it
             did = self._destination_id(topic, batch)
             sid = next(self.subscription_ids)
             batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did))
+            self.writes.end_unit(unit)
             durable = DurableSource(self, topic, sid, client_id, name, topic)
             durable.store_has_more = False
             self._add_durable(durable)
+            new = durable
+
+            def created(result: BatchResult | None) -> None:
+                if result is None and unit.rejected is not None:
+                    # Never stored: forget it, and remove what messages staged
+                    # meanwhile stored for it (pending rows of no subscription).
+                    if self.durables.get((client_id, name)) is new:
+                        self._remove_durable(new)
+                    self._reject(unit)
+
+            self.writes.stage_unit(unit, created)
         return durable
 
     def _add_durable(self, durable: DurableSource) -> None:
@@ -1091,6 +1436,7 @@ class Broker:
             peers.remove(durable)
         if durable.store_id is not None:
             self.writes.stage().removed_subscriptions.append(durable.store_id)
+        durable.discard()
 
     def _unsubscribe(self, session: Session, frame: Frame) -> None:
         h = frame.headers
@@ -1117,6 +1463,7 @@ class Broker:
             peers = self.topics.get(sub.destination, [])
             if source in peers:
                 peers.remove(source)
+            source.discard()
             return
         if sub.inflight:
             returned = []
@@ -1131,6 +1478,7 @@ class Broker:
             for delivery in returned:
                 source.push(delivery.message)
             sub.inflight.clear()
+            sub.inflight_bytes = 0
             source.dispatch()
 
     # -- ACK / NACK -----------------------------------------------------------------
@@ -1159,14 +1507,11 @@ class Broker:
     def _ack(self, session: Session, command: str, frame: Frame, receipt: str | None) -> None:
         sub, message_id = self._find_delivery(session, frame)
         if sub.ack_mode == "client":  # cumulative: everything written up to this one
-            done: list[Delivery] = []
-            for mid, d in list(sub.inflight.items()):
-                if d.written:
-                    done.append(sub.inflight.pop(mid))
-                if mid == message_id:
-                    break
+            done = [sub.inflight.pop(mid) for mid in sub.cumulative(message_id)]
         else:
             done = [sub.inflight.pop(message_id)]
+        for d in done:
+            sub.inflight_bytes -= d.message.size
         batch = self.writes.batch
         if command == "ACK":
             self.stats["acked"] += len(done)
@@ -1187,7 +1532,12 @@ class Broker:
             if ok and receipt is not None and not session.conn.closed:
                 session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
 
-        self.writes.stage(done)
+        unit = self.writes.claim(session.conn)
+        if unit is None:
+            self.writes.stage(done)
+        else:  # the frame's own data is in a unit: the RECEIPT waits for it
+            unit.receipt = receipt
+            self.writes.stage_unit(unit, lambda result: done(result is not None))
 
     def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch) -> None:
         m = d.message
@@ -1244,11 +1594,7 @@ class Broker:
                 raise BrokerError(f"message {message_id!r} is acknowledged twice in "
                                   "the transaction")
             if sub.ack_mode == "client":
-                for mid, d in sub.inflight.items():
-                    if d.written:
-                        settled.add((id(sub), mid))
-                    if mid == message_id:
-                        break
+                settled.update((id(sub), mid) for mid in sub.cumulative(message_id))
             else:
                 settled.add((id(sub), message_id))
         for frame in tx.sends:
@@ -1269,14 +1615,14 @@ class Broker:
         if message.persistent and source.stored:
             self.writes.stage().acks.append(source.ref(message))
 
-    def load_page(self, source: Source) -> None:
+    def load_page(self, source: Source, limit: int) -> None:
         assert self.committer is not None and source.store_id is not None
         if isinstance(source, DurableSource):
             fn = self.committer.store.load_subscription_page
         else:
             fn = self.committer.store.load_page
         future = asyncio.ensure_future(self.committer.call(fn, source.store_id, source.cursor,
-                                                           PAGE_SIZE))
+                                                           limit))
 
         def loaded(f: asyncio.Future) -> None:
             if f.cancelled() or f.exception() is not None:
@@ -1284,7 +1630,7 @@ class Broker:
                 log.error("paging %s failed: %s", source.name,
                           None if f.cancelled() else f.exception())
                 return
-            source.page_loaded(f.result())
+            source.page_loaded(f.result(), limit)
 
         future.add_done_callback(loaded)
 
@@ -1294,6 +1640,43 @@ class Broker:
             row.expires_at, True, row.delivery_count, row.enqueued_at, row.producer_id,
             row.producer_seq,
         )
+
+    # -- memory flow control ----------------------------------------------------------
+    def block_producer(self, producer: Client, source: Source) -> None:
+        """Stop reading from a producer whose message put ``source`` or the broker
+        at its byte budget (ActiveMQ's producer flow control, RabbitMQ's memory
+        alarm); ``Source.pop`` resumes it below the resume level."""
+        if producer.closed:
+            return
+        reasons = self.blocked_producers_all.setdefault(producer, set())
+        if (source.bytes >= self.destination_budget
+                or source.nonpersistent >= MAX_NONPERSISTENT_BACKLOG) \
+                and producer not in source.blocked_producers:
+            source.blocked_producers.add(producer)
+            reasons.add(source)
+            producer.pause_reading(f"flow:{source.name}")
+        if self.waiting_bytes >= self.memory_budget and producer not in self.blocked_producers:
+            self.blocked_producers.add(producer)
+            reasons.add(None)
+            log.info("memory budget reached (%d bytes waiting): pausing producers",
+                     self.waiting_bytes)
+            producer.pause_reading("memory")
+        if not reasons:
+            del self.blocked_producers_all[producer]
+
+    def resume_producers(self) -> None:
+        """The broker is below its resume level: read from its producers again."""
+        blocked, self.blocked_producers = self.blocked_producers, set()
+        for producer in blocked:
+            self._unblocked(producer, None)
+            producer.resume_reading("memory")
+
+    def _unblocked(self, producer: Client, source: Source | None) -> None:
+        reasons = self.blocked_producers_all.get(producer)
+        if reasons is not None:
+            reasons.discard(source)
+            if not reasons:
+                del self.blocked_producers_all[producer]
 
     # -- flow of the whole broker --------------------------------------------------------
     def pause(self) -> None:

@@ -31,7 +31,7 @@ from amqlite.registry import (
 from amqlite.server import StompServer
 from amqlite.settings import Settings
 from lockers import LockerError, LockLost, LockState, open_locker
-from store import GroupCommitter, StoreError, open_store
+from store import GroupCommitter, StoreError, StoreRejected, open_store
 
 log = logging.getLogger("amqlite.node")
 
@@ -85,9 +85,10 @@ class Node:
         store = open_store(s.store, s.group)
         locker = open_locker(
             s.locker, s.group, session_timeout=s.zk_session_timeout,
-            keepalive_interval=s.lock_keepalive, node=s.name,
+            keepalive_interval=s.lock_keepalive, node=s.name, lease=s.lock_lease,
         )
         locker.add_listener(self._lock_state)
+        locker.freeze = self._freeze
         log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
                  store.description, locker.description)
         try:
@@ -180,6 +181,14 @@ class Node:
         elif state is LockState.HELD and broker is not None and broker.paused:
             log.info("node %s: lock confirmed again; resuming", self.settings.name)
             broker.resume()
+
+    def _freeze(self) -> None:
+        """From a locker thread: the lock may be gone (a paused master woke up).
+        Only flags: nothing is dispatched or committed until LOST demotes us."""
+        broker = self.broker
+        if broker is not None:
+            broker.paused = True
+            broker.writes.held = True
 
     def _demote(self, reason: str) -> None:
         if not self.lost.is_set() and self.role == "master":
@@ -282,6 +291,11 @@ class Node:
         return not self.lost.is_set()
 
     def _store_failed(self, exc: BaseException) -> None:
+        """Demote: the store is gone or we are fenced. A refused write is
+        neither (the committer never reports one here; this is the guard)."""
+        if isinstance(exc, StoreRejected):
+            log.warning("node %s: the store refused a write: %s", self.settings.name, exc)
+            return
         if not self.lost.is_set():  # one failure reaches us from several callers
             self.store_errors += 1
             log.error("node %s: store write failed: %s", self.settings.name, exc)
@@ -360,6 +374,8 @@ class Node:
                 await committer.call(store.reap_expired, epoch, now, REAP_BATCH)
                 await committer.call(store.prune_dedup, epoch, now - int(s.dedup_window * 1000),
                                      PRUNE_BATCH)
+            except StoreRejected as exc:  # not a lost store: try again next time
+                log.warning("housekeeping: the store refused it: %s", exc)
             except StoreError as exc:
                 self._store_failed(exc)
                 return

@@ -31,16 +31,23 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from amqlite.settings import Settings
+from lockers.blocking import run_blocking
+from lockers.zk_connect import (
+    ZkTarget,
+    ZkUrlError,
+    is_zk_url,
+    new_zk_client,
+    parse_zk_url,
+    stop_zk_client,
+)
 
 log = logging.getLogger("amqlite.registry")
 
@@ -74,16 +81,8 @@ ZK_MASTER_REANNOUNCE_GRACE = 1.0
 #: Retry delay after a command failed because our session expired (s): kazoo
 #: is making a new session, which takes one round trip.
 ZK_SESSION_RETRY = 0.1
-#: Root of our tree when a zk:// URL names none (same as the locker's).
-ZK_DEFAULT_ROOT = "/amqlite"
-#: ZooKeeper's client port when a zk:// host names none.
-ZK_DEFAULT_PORT = 2181
 #: How long a registry write or a reader waits for a first ZooKeeper connection (s).
 ZK_CONNECT_TIMEOUT = 5.0
-#: Attempts and cap on backoff for one ZooKeeper command (s): a few quick
-#: retries, then the worker's next period tries again.
-ZK_COMMAND_TRIES = 3
-ZK_RETRY_MAX_DELAY = 1.0
 #: How long ``withdraw()`` waits for the entry to be removed on a graceful stop
 #: (s). Bounded so that a dead registry cannot hold up a stopping broker; the
 #: entry then expires on its own (max age or session timeout).
@@ -93,8 +92,6 @@ CLOSE_TIMEOUT = 3.0
 
 #: Service URIs with these schemes are a node's management API, not a client URI.
 HTTP_SCHEMES = ("http://", "https://")
-
-_ZK_ROOT = re.compile(r"(/[A-Za-z0-9._-]+)+")
 
 
 class RegistryError(Exception):
@@ -200,54 +197,17 @@ def group_views(members: Iterable[Member]) -> list[GroupView]:
 # --------------------------------------------------------------------------- URLs
 
 
-def is_zk_url(url: str) -> bool:
-    return url.lower().startswith("zk://")
-
-
-def parse_zk_url(url: str) -> tuple[str, str]:
-    """``zk://h1:p1,h2:p2/root`` -> (kazoo hosts string, root path)."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() != "zk" or not parts.netloc:
-        raise RegistryError(f"not a ZooKeeper URL (zk://host:port/root): {url!r}")
-    hosts = []
-    for part in parts.netloc.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep:
-            host, port = part.strip(), str(ZK_DEFAULT_PORT)
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise RegistryError(f"zk:// URL: bad host:port {part!r}")
-        hosts.append(f"{host}:{int(port)}")
-    root = parts.path.rstrip("/") or ZK_DEFAULT_ROOT
-    if not _ZK_ROOT.fullmatch(root):
-        raise RegistryError(f"zk:// URL: bad root path {root!r}")
-    return ",".join(hosts), root
+def zk_target(url: str) -> ZkTarget:
+    """Hosts and root of a zk:// registry URL; raises ``RegistryError``."""
+    try:
+        return parse_zk_url(url)
+    except ZkUrlError as e:
+        raise RegistryError(f"zk:// URL: {e}") from None
 
 
 def registry_url(settings: Settings) -> str:
     """Where a node with these settings registers: its zk:// locker, else its store."""
     return settings.locker if is_zk_url(settings.locker) else settings.store
-
-
-def _zk_client(hosts: str, session_timeout: float, ignore_expire: bool = True) -> Any:
-    """``ignore_expire=False``: a command does not silently retry in a new
-    session (the registry must know its session changed)."""
-    from kazoo.client import KazooClient
-    from kazoo.retry import KazooRetry
-
-    return KazooClient(
-        hosts=hosts,
-        timeout=session_timeout,
-        connection_retry=KazooRetry(max_tries=-1, max_delay=ZK_RETRY_MAX_DELAY),
-        command_retry=KazooRetry(max_tries=ZK_COMMAND_TRIES, max_delay=ZK_RETRY_MAX_DELAY,
-                                 ignore_expire=ignore_expire),
-    )
-
-
-def _stop_zk(client: Any) -> None:
-    try:
-        client.stop()
-    finally:
-        client.close()
 
 
 # --------------------------------------------------------------------------- writers
@@ -460,8 +420,6 @@ class ZooKeeperRegistry(_BackgroundRegistry):
         self._pending: tuple[int, float] | None = None  # (new session, since when)
 
     async def _apply(self, wanted: Member | None) -> None:
-        from lockers.base import run_blocking
-
         if (
             wanted is not None
             and wanted.role == ROLE_MASTER
@@ -478,12 +436,12 @@ class ZooKeeperRegistry(_BackgroundRegistry):
                 return self._client
             if self._closed:
                 raise RegistryError("closed")
-            client = _zk_client(self.hosts, self.session_timeout, ignore_expire=False)
+            client = new_zk_client(self.hosts, self.session_timeout, ignore_expire=False)
             client.add_listener(self._on_state)
             try:
                 client.start(timeout=ZK_CONNECT_TIMEOUT)
             except Exception as e:
-                _stop_zk(client)
+                stop_zk_client(client)
                 raise RegistryError(f"cannot connect to ZooKeeper {self.hosts}: {e}") from None
             self._client = client
             return client
@@ -559,14 +517,12 @@ class ZooKeeperRegistry(_BackgroundRegistry):
             self._master_session, self._pending = session, None
 
     async def _close_backend(self) -> None:
-        from lockers.base import run_blocking
-
         with self._client_lock:
             client, self._client = self._client, None
         if client is not None:
             # Closing the session removes the ephemeral node at once.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(run_blocking(lambda: _stop_zk(client)), CLOSE_TIMEOUT)
+                await asyncio.wait_for(run_blocking(lambda: stop_zk_client(client)), CLOSE_TIMEOUT)
 
 
 def open_registry(settings: Settings, store: Any | None = None) -> Registry:
@@ -575,8 +531,8 @@ def open_registry(settings: Settings, store: Any | None = None) -> Registry:
     Never raises: a registry that cannot be set up is logged and skipped."""
     try:
         if is_zk_url(settings.locker):
-            hosts, root = parse_zk_url(settings.locker)
-            return ZooKeeperRegistry(settings, hosts, root)
+            target = zk_target(settings.locker)
+            return ZooKeeperRegistry(settings, target.hosts, target.root)
         return StoreRegistry(settings, store)
     except Exception as e:
         log.error("no registry for node %s: %s", settings.name, _one_line(e))
@@ -589,12 +545,13 @@ def open_registry(settings: Settings, store: Any | None = None) -> Registry:
 def _read_zk(url: str, group: str | None) -> list[Member]:
     from kazoo.exceptions import KazooException, NoNodeError
 
-    hosts, root = parse_zk_url(url)
-    client = _zk_client(hosts, ZK_CONNECT_TIMEOUT * 2)
+    target = zk_target(url)
+    hosts, root = target.hosts, target.root
+    client = new_zk_client(hosts, ZK_CONNECT_TIMEOUT * 2)
     try:
         client.start(timeout=ZK_CONNECT_TIMEOUT)
     except Exception as e:
-        _stop_zk(client)
+        stop_zk_client(client)
         raise RegistryError(f"cannot connect to ZooKeeper {hosts}: {e}") from None
     members: list[Member] = []
     try:
@@ -622,7 +579,7 @@ def _read_zk(url: str, group: str | None) -> list[Member]:
     except KazooException as e:
         raise RegistryError(f"reading the registry in ZooKeeper {hosts} failed: {e!r}") from None
     finally:
-        _stop_zk(client)
+        stop_zk_client(client)
     return members
 
 

@@ -195,6 +195,9 @@ class ClientConnection(asyncio.Protocol):
         #: a commit releases a RECEIPT or a dozen MESSAGEs per connection at once,
         #: and one syscall (and one TCP segment) each would cost more than the frames.
         self._out: list[bytes] = []
+        #: Bytes in self._out: counted like the transport's buffer, so one
+        #: dispatch cannot encode a whole backlog before the transport pushes back.
+        self._out_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -259,6 +262,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self._forget_handshake()
         self._out.clear()
+        self._out_bytes = 0
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -279,7 +283,9 @@ class ClientConnection(asyncio.Protocol):
     def write_frame(self, frame: Frame) -> None:
         if self.closed or self.transport is None:
             return
-        self._out.append(self.proto.send(frame))
+        data = self.proto.send(frame)
+        self._out.append(data)
+        self._out_bytes += len(data)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
 
@@ -292,12 +298,16 @@ class ClientConnection(asyncio.Protocol):
         if not self._out:
             return
         out, self._out = self._out, []
+        held_back = self._out_bytes >= WRITE_BUFFER_HIGH
+        self._out_bytes = 0
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
             self.last_tx = self.loop.time()
+            if held_back and self.writable and not self.closed:
+                self.broker.connection_writable(self)  # can_write() said no until now
 
     def can_write(self) -> bool:
-        return self.writable
+        return self.writable and self._out_bytes < WRITE_BUFFER_HIGH
 
     def close_with_error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
         if self.closed or self.transport is None:
@@ -340,6 +350,7 @@ class ClientConnection(asyncio.Protocol):
             if self.partial_since is not None:
                 self.partial_since = self.loop.time()  # the pause was ours, not the client's
             self.transport.resume_reading()
+            self.last_rx = self.loop.time()  # its silence while paused was ours
 
     # -- frames ------------------------------------------------------------------------
     def _protocol_failed(self, exc: ProtocolError) -> None:
@@ -465,7 +476,8 @@ class ClientConnection(asyncio.Protocol):
             return
         expect = self.proto.heartbeat.expect_ms / 1000
         silent = self.loop.time() - self.last_rx
-        if silent > expect * HEARTBEAT_GRACE:
+        # While we do not read (flow control) its heart-beats wait in our socket.
+        if silent > expect * HEARTBEAT_GRACE and not self.pause_reasons:
             log.info("closing %s: no heart-beat for %.1fs", self.peer, silent)
             self.close_with_error("heart-beat timeout", f"nothing received for {silent:.1f}s")
             return

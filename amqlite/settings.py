@@ -60,6 +60,17 @@ DEFAULT_HEARTBEAT = (10_000, 10_000)
 #: for a client that was partitioned for a while (Artemis keeps 20 000 ids per
 #: address instead; a time window does not depend on the traffic rate).
 DEFAULT_DEDUP_WINDOW = 600.0
+#: Bytes of messages the broker keeps waiting in memory before it pauses
+#: producers of non-persistent messages and leaves persistent ones in the
+#: store. A small VM (1 GiB) runs the broker beside its OS and more: RabbitMQ's
+#: vm_memory_high_watermark (0.4 of RAM) would give ~400 MB, ActiveMQ's
+#: memoryUsage on small configs is 64 MB; 256 MiB sits between and leaves a
+#: 1 GiB VM room for Python itself (~60 MB) and in-flight deliveries.
+DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
+#: The same, per destination (queue, durable subscription, or slow non-durable
+#: topic subscriber): one stalled destination may take a quarter of the budget,
+#: so it cannot starve the others (ActiveMQ's per-destination memoryLimit).
+DEFAULT_MAX_DESTINATION_MEMORY = 64 * 1024 * 1024
 #: How often a master checkpoints housekeeping (reap expired, prune dedup).
 DEFAULT_HOUSEKEEPING_INTERVAL = 5.0
 #: The management HTTP listener: ActiveMQ's web console port, on loopback.
@@ -95,7 +106,12 @@ class Settings:
     rejoin: bool = False
     lock_poll_interval: float = 0.5  # DESIGN.md; Artemis backup retries every 500 ms
     lock_keepalive: float = 1.0
-    zk_session_timeout: float = 10.0
+    #: A crashed or paused master's takeover with ZooKeeper (lockers/zookeeper.py).
+    zk_session_timeout: float = 4.0
+    #: PostgreSQL locker: seconds a paused (SIGSTOP, frozen VM) master keeps the
+    #: lock before a slave ends its session; renewed every third of it from a
+    #: thread. 0 turns it off. lockers/pg_lease.py says where 3 s comes from.
+    lock_lease: float = 3.0
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     #: 0: a quarter of max_connections (UNAUTHENTICATED_SHARE)
     max_unauthenticated: int = 0
@@ -109,6 +125,8 @@ class Settings:
     max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
     dead_letter_queue: str = DEFAULT_DLQ
     default_prefetch: int = DEFAULT_PREFETCH
+    max_memory: int = DEFAULT_MAX_MEMORY  # bytes
+    max_destination_memory: int = DEFAULT_MAX_DESTINATION_MEMORY  # bytes
     dedup_window: float = DEFAULT_DEDUP_WINDOW
     housekeeping_interval: float = DEFAULT_HOUSEKEEPING_INTERVAL
     users_file: str = ""  # TOML users file with hashed passwords; empty = no auth
@@ -151,7 +169,8 @@ class Settings:
             s.advertise = f"tcp://{host}:{port}"
         for name in ("max_connections", "max_frame_size", "max_header_count",
                      "max_header_length", "default_prefetch", "max_handshake_bytes",
-                     "connect_timeout", "frame_timeout"):
+                     "connect_timeout", "frame_timeout", "max_memory",
+                     "max_destination_memory"):
             if getattr(s, name) <= 0:
                 raise SettingsError(f"{name}: must be a positive number")
         if s.max_unauthenticated == 0:
@@ -180,6 +199,8 @@ class Settings:
             raise SettingsError("max_redeliveries: must be >= 0")
         if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
             raise SettingsError("lock_poll_interval/lock_keepalive: must be > 0")
+        if not s.lock_lease >= 0 or s.lock_lease == float("inf"):
+            raise SettingsError("lock_lease: must be >= 0 seconds (0: no lease)")
         return s
 
 

@@ -42,11 +42,7 @@ __all__ = [
 #: room in ZooKeeper paths and is far beyond any sensible name.
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
-#: ZooKeeper's default client port, used when a zk:// host names none.
-ZK_DEFAULT_PORT = 2181
-
 _PG_SCHEMES = ("postgresql", "postgres")
-_ZK_ROOT = re.compile(r"(/[A-Za-z0-9._-]+)+")
 
 
 def _positive(name: str, value: float | None) -> float | None:
@@ -59,20 +55,6 @@ def _positive(name: str, value: float | None) -> float | None:
     return float(value)
 
 
-def _zk_hosts(netloc: str) -> str:
-    if "@" in netloc:
-        raise LockerError("zk:// locker URL: user info is not supported")
-    hosts = []
-    for part in netloc.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep:
-            host, port = part.strip(), str(ZK_DEFAULT_PORT)
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise LockerError(f"zk:// locker URL: bad host:port {part!r}")
-        hosts.append(f"{host}:{int(port)}")
-    return ",".join(hosts)
-
-
 def open_locker(
     url: str,
     group: str,
@@ -80,6 +62,7 @@ def open_locker(
     session_timeout: float | None = None,
     keepalive_interval: float | None = None,
     node: str | None = None,
+    lease: float | None = None,
 ) -> Locker:
     """The locker for ``url``; raises ``LockerError`` (one line) on a bad URL.
 
@@ -87,7 +70,9 @@ def open_locker(
     lockers have no session to time out and ignore it (PostgreSQL's TCP
     timeouts are ``lockers.postgres.PG_DEAD_PEER_TIMEOUT``). ``node`` names this
     broker in the lock (file note, znode data, ``application_name``); default
-    ``host:pid``.
+    ``host:pid``. ``lease``: PostgreSQL's lease in seconds (``lockers.pg_lease``;
+    None: its default, 0: none), so a paused master loses the lock; the others
+    ignore it (ZooKeeper's session timeout plays that part).
     Nothing connects until the first ``try_acquire``/``acquire``.
     """
     if not isinstance(group, str) or not GROUP_NAME.fullmatch(group):
@@ -120,23 +105,29 @@ def open_locker(
         return locker
 
     if scheme in _PG_SCHEMES or scheme.startswith("postgresql+"):
+        from lockers.pg_lease import PG_LEASE, PG_MIN_LEASE
         from lockers.postgres import PostgresLocker
 
-        return PostgresLocker(url, group, node=node, keepalive_interval=interval)
+        if lease is not None and not (lease == 0 or PG_MIN_LEASE <= lease < math.inf):
+            raise LockerError(f"lease: must be 0 (none) or at least {PG_MIN_LEASE:g}s,"
+                              f" got {lease!r}")
+        return PostgresLocker(
+            url, group, node=node, keepalive_interval=interval,
+            lease=PG_LEASE if lease is None else lease,
+        )
 
     if scheme == "zk":
-        parts = urlsplit(url)
-        if parts.query or parts.fragment:
-            raise LockerError("zk:// locker URL: no query or fragment allowed")
-        hosts = _zk_hosts(parts.netloc)
-        from lockers.zookeeper import ZK_DEFAULT_ROOT, ZK_SESSION_TIMEOUT, ZooKeeperLocker
+        from lockers.zk_connect import ZkUrlError, parse_zk_url
 
-        root = parts.path.rstrip("/") or ZK_DEFAULT_ROOT
-        if not _ZK_ROOT.fullmatch(root):
-            raise LockerError(f"zk:// locker URL: bad root path {root!r}")
+        try:
+            target = parse_zk_url(url)
+        except ZkUrlError as e:
+            raise LockerError(f"zk:// locker URL: {e}") from None
+        from lockers.zookeeper import ZK_SESSION_TIMEOUT, ZooKeeperLocker
+
         return ZooKeeperLocker(
-            hosts,
-            root,
+            target.hosts,
+            target.root,
             group,
             node=node,
             session_timeout=session_timeout or ZK_SESSION_TIMEOUT,

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import enum
 import logging
-import threading
 from collections.abc import Callable
-from typing import TypeVar
+
+# Re-exported (the ``as`` form): lockers/postgres.py still imports it from here.
+from lockers.blocking import run_blocking as run_blocking
 
 log = logging.getLogger(__name__)
 
@@ -55,42 +55,6 @@ class LockLost(Exception):  # not "...Error": the name says what happened
 
 StateListener = Callable[[LockState], None]
 
-T = TypeVar("T")
-
-
-def run_blocking(fn: Callable[[], T], *, name: str = "amqlite-locker") -> asyncio.Future[T]:
-    """Run ``fn`` in a fresh daemon thread and return a future on the running loop.
-
-    Not ``asyncio.to_thread``: a call wedged on a dead network would sit in the
-    default executor, whose shutdown ``asyncio.run`` waits for, so the process
-    could not exit. Cancelling the returned future does not stop ``fn``;
-    callers that need that (a server-side lock wait) cancel it their own way.
-    """
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, exc: BaseException | None) -> None:
-        if fut.done():
-            return
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)  # type: ignore[arg-type]
-
-    def runner() -> None:
-        try:
-            result: T | None = fn()
-            exc: BaseException | None = None
-        except BaseException as e:  # handed to the loop, never lost in the thread
-            result, exc = None, e
-        # RuntimeError: the loop is closed, nobody is waiting any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(settle, result, exc)
-
-    threading.Thread(target=runner, name=name, daemon=True).start()
-    return fut
-
-
 class Locker(abc.ABC):
     """An exclusive, per-group lock with liveness checks and a loss signal.
 
@@ -107,6 +71,21 @@ class Locker(abc.ABC):
 
     def __init__(self) -> None:
         self._listeners: list[StateListener] = []
+        #: Called from a locker *thread* the instant the lock may no longer be
+        #: ours (a lease that ran out while the process was paused), before the
+        #: LOST notification reaches the event loop: the loop may serve a few
+        #: frames first. It must only set flags (``Broker.paused``).
+        self.freeze: Callable[[], None] | None = None
+
+    def freeze_now(self) -> None:
+        """Run ``freeze`` (from any thread); a failing hook must not break the locker."""
+        freeze = self.freeze
+        if freeze is None:
+            return
+        try:
+            freeze()
+        except Exception:
+            log.exception("lock freeze hook failed")
 
     # -- election -------------------------------------------------------
     @abc.abstractmethod

@@ -22,8 +22,8 @@ from lockers.base import (
     LockerError,
     LockLost,
     LockState,
-    run_blocking,
 )
+from lockers.blocking import run_blocking
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,10 @@ or break it:
 A slave does not poll: it waits inside ``pg_advisory_lock`` (in slices bounded
 by ``lock_timeout``, which does apply to advisory-lock waits), so it is granted
 the lock the instant the master's session ends.
+
+A *paused* master's session does not end (its kernel still answers TCP), so
+the holder also renews a lease and a waiting slave ends the session of a
+holder whose lease ran out: ``lockers/pg_lease.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from lockers.base import (
     LockState,
     run_blocking,
 )
+from lockers.pg_lease import LEASE_APPLICATION_PREFIX, PG_LEASE, LeaseKeeper, LeaseWatcher
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +186,7 @@ class _Session:
         self.detached = False  # nobody may use it again; the last user closes it
         self.abort = False  # a pending call must not start
         self.mode: str | None = None  # which timeouts are SET on the session
+        self.pid: int = conn.info.backend_pid  # our backend, as pg_locks shows it
 
     def close_soon(self) -> None:
         with self.guard:
@@ -209,6 +215,7 @@ class PostgresLocker(Locker):
         dead_peer_timeout: float = PG_DEAD_PEER_TIMEOUT,
         keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL,
         wait_slice: float = PG_WAIT_SLICE,
+        lease: float = PG_LEASE,
     ) -> None:
         super().__init__()
         try:
@@ -221,6 +228,10 @@ class PostgresLocker(Locker):
             :MAX_APPLICATION_NAME
         ]
         self._conninfo = make_conninfo("", **params)
+        params["application_name"] = f"{LEASE_APPLICATION_PREFIX}:{group}:{node}"[
+            :MAX_APPLICATION_NAME
+        ]
+        self._lease_conninfo = make_conninfo("", **params)
         # The server gets the same numbers as libpq, so both ends give up together.
         try:
             self._server_tcp = {
@@ -237,6 +248,8 @@ class PostgresLocker(Locker):
         self.dead_peer_timeout = dead_peer_timeout
         self.keepalive_interval = keepalive_interval
         self.wait_slice = wait_slice
+        #: Seconds a paused holder keeps the lock (lockers.pg_lease); 0: no lease.
+        self.lease = lease
         self.key = advisory_key(group)
         self._classid, self._objid = key_parts(self.key)
         where = "{user}@{host}:{port}/{dbname}".format(
@@ -248,9 +261,58 @@ class PostgresLocker(Locker):
         self.description = f"postgres advisory lock {group!r} on {where}"
         self._session: _Session | None = None
         self._io = asyncio.Lock()  # one call at a time on the connection
-        self._held = False
+        self._held_flag = False
+        self._keeper: LeaseKeeper | None = None  # renews our lease while we hold the lock
         self._closed = False
         self._waiting: tuple[asyncio.Future[Any], _Session] | None = None  # a slave's wait
+
+    # -- the lease (lockers.pg_lease) -------------------------------------------
+    @property
+    def _held(self) -> bool:
+        return self._held_flag
+
+    @_held.setter
+    def _held(self, held: bool) -> None:
+        """Holding the lock and renewing its lease go together (set on the loop only)."""
+        self._held_flag = held
+        keeper = self._keeper
+        if not held and keeper is not None:
+            self._keeper = None
+            keeper.stop()
+        elif held and keeper is None and self.lease > 0 and self._session is not None:
+            loop = asyncio.get_running_loop()
+            keeper = LeaseKeeper(
+                pid=self._session.pid, holder=self.node,
+                lost=lambda reason: self._lease_lost_threadsafe(loop, keeper, reason),
+                **self._lease_args(),
+            )
+            self._keeper = keeper
+            keeper.start()
+
+    def _lease_args(self) -> dict[str, Any]:
+        return {"conninfo": self._lease_conninfo, "key": self.key, "classid": self._classid,
+                "objid": self._objid, "lease": self.lease, "description": self.description}
+
+    def _lease_lost_threadsafe(
+        self, loop: asyncio.AbstractEventLoop, keeper: LeaseKeeper | None, reason: str
+    ) -> None:
+        """From the keeper thread: stop the broker now, tell the loop to demote."""
+        if keeper is not self._keeper:
+            return  # the lock was given up and this keeper stopped meanwhile
+        self.freeze_now()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+            loop.call_soon_threadsafe(self._lease_lost, keeper, reason)
+
+    def _lease_lost(self, keeper: LeaseKeeper | None, reason: str) -> None:
+        if keeper is None or keeper is not self._keeper or not self._held:
+            return  # an old keeper, or the lock is already given up
+        log.error("%s: %s: giving the lock up", self.description, reason)
+        s = self._session
+        if s is not None:
+            self._detach(s)  # ends the lock session, so a slave is granted at once
+        else:
+            self._held = False
+            self._notify(LockState.LOST)
 
     # -- blocking parts (one thread at a time per session) -------------------
     def _connect_blocking(self) -> _Session:
@@ -506,6 +568,22 @@ class PostgresLocker(Locker):
         Connection errors do not end the wait: reconnect with backoff and wait
         again, so a slave survives a database restart.
         """
+        watcher = None
+        if self.lease > 0 and not self._held:
+            watcher = LeaseWatcher(own_pid=self._own_pid, **self._lease_args())
+            watcher.start()
+        try:
+            await self._wait_for_lock()
+        finally:
+            if watcher is not None:
+                watcher.stop()
+
+    def _own_pid(self) -> int:
+        """Backend pid of our lock session, 0 when none (read from the watcher thread)."""
+        s = self._session
+        return s.pid if s is not None else 0
+
+    async def _wait_for_lock(self) -> None:
         delay = PG_RECONNECT_INITIAL
         failing = False
         while not self._held:

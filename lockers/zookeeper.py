@@ -22,16 +22,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import CancelledError as KazooCancelledError
-from kazoo.exceptions import ConnectionLoss, KazooException, NoNodeError, SessionExpiredError
+from kazoo.exceptions import (
+    ConnectionLoss,
+    KazooException,
+    LockTimeout,
+    NoNodeError,
+    SessionExpiredError,
+)
 from kazoo.protocol.states import KazooState, ZnodeStat
 from kazoo.recipe.lock import Lock
-from kazoo.retry import KazooRetry
+from kazoo.retry import ForceRetryError, KazooRetry
+from kazoo.retry import InterruptedError as KazooInterruptedError
 
 from lockers.base import (
     DEFAULT_KEEPALIVE_INTERVAL,
@@ -40,35 +46,42 @@ from lockers.base import (
     LockerError,
     LockLost,
     LockState,
-    run_blocking,
 )
+from lockers.blocking import run_blocking
+from lockers.zk_connect import (
+    ZK_DEFAULT_ROOT,
+    ZK_RETRY_MAX_DELAY,
+    new_zk_client,
+    stop_zk_client,
+)
+
+__all__ = ["ZK_DEFAULT_ROOT", "ZK_SESSION_TIMEOUT", "ZooKeeperLocker"]
 
 log = logging.getLogger(__name__)
 
-#: Serialises stop+close of kazoo clients (see ``_stop_client``).
-_STOPPING = threading.Lock()
-
-#: Default session timeout, seconds. A crashed master keeps its ephemeral node,
-#: and so the lock, for this long: it is the failover time after a crash (a
-#: graceful stop deletes the node at once). Artemis uses 18 s; 10 s is kazoo's
-#: own default and sits inside what a stock server grants (2x-20x its 2 s
-#: tickTime = 4-40 s), long enough to ride out a GC pause or a leader election.
-ZK_SESSION_TIMEOUT = 10.0
-
-#: Root of our tree when the URL names none.
-ZK_DEFAULT_ROOT = "/amqlite"
+#: Default session timeout, seconds. A crashed or paused (SIGSTOP, frozen VM)
+#: master keeps its ephemeral node, and so the lock, for this long: it is the
+#: failover time after a crash or a pause (a graceful stop deletes the node at
+#: once). Issue 12 wants a paused master taken over within 5 s: 4 s is the least
+#: a stock server grants (2x-20x its 2 s tickTime = 4-40 s), and as long as the
+#: PostgreSQL locker's lease plus its slave's check. kazoo pings every third of
+#: it from its own thread, so a busy event loop cannot expire it. Artemis uses
+#: 18 s, kazoo 10 s: raise it where ZooKeeper leader elections take longer.
+ZK_SESSION_TIMEOUT = 4.0
 
 #: How long ``try_acquire``/``acquire`` wait for a first connection, seconds.
 ZK_CONNECT_TIMEOUT = 10.0
 
-#: Cap on kazoo's reconnect and retry backoff, seconds. kazoo's defaults cap at
-#: 60 s (lock recipe) and 3600 s (connection), so a slave could notice a
-#: restarted ensemble minutes late; 1 s costs one connection attempt a second.
-ZK_RETRY_MAX_DELAY = 1.0
-
-#: Attempts for one plain command (delete on release, cleanup): a few, then we
-#: drop the whole session instead, which removes our nodes just as surely.
-ZK_COMMAND_TRIES = 3
+#: Longest single kazoo ``Lock.acquire`` of a contender, seconds. kazoo's
+#: recipe looks at ``cancel()`` only while connected: during an outage it sits
+#: in its own retry backoff (sleeps of up to 60 s), and a dropped session ends
+#: it only at its next attempt. A slice bounds that; between slices our own
+#: retry (cap ZK_RETRY_MAX_DELAY, interrupted by cancel) takes over. The price:
+#: a slave still queued when its slice ends gives its node up and queues again
+#: at once (kazoo deletes the node on a timeout) -- one delete and one create
+#: per waiting slave every 5 s, nothing for ZooKeeper; which slave is next in
+#: line does not matter. 5 s: a cancelled wait's thread ends within it.
+ZK_WAIT_SLICE = 5.0
 
 #: How long a cancelled acquire waits for kazoo's thread to clean up before it
 #: drops the session (which removes the contender node with it), seconds.
@@ -83,26 +96,63 @@ class _DropSession(Exception):
     """A node of ours may be left on the server: end the session to remove it."""
 
 
-class _CancellableLock(Lock):
-    """kazoo's ``Lock`` whose retry loop also ends on ``cancel()``.
+class _Contention:
+    """One try for the lock, composed of kazoo's public API: its ``Lock``
+    recipe, called in bounded slices (``ZK_WAIT_SLICE``) under a
+    ``KazooRetry`` that ``cancel()`` interrupts.
 
-    The stock recipe retries forever with up to 60 s sleeps while the
-    connection is down, and only looks at ``cancelled`` once it is connected.
+    The stock recipe alone retries forever with up to 60 s sleeps while the
+    connection is down and looks at ``cancel()`` only once connected. kazoo
+    also clears ``Lock.cancelled`` when an attempt fails, so we keep our own flag.
     """
 
     def __init__(self, client: KazooClient, path: str, identifier: str) -> None:
-        super().__init__(client, path, identifier)
+        self.lock = Lock(client, path, identifier)
+        self.cancelled = False
         self._retry = KazooRetry(
-            max_tries=None,
+            max_tries=-1,
             max_delay=ZK_RETRY_MAX_DELAY,
             sleep_func=client.handler.sleep_func,
             interrupt=lambda: self.cancelled,
         )
 
+    def cancel(self) -> None:
+        """Any thread: end the wait (at once while connected, else within a slice)."""
+        self.cancelled = True
+        self.lock.cancel()
+
+    def acquire(self, blocking: bool) -> bool:
+        """kazoo's thread: True once granted; False when someone else holds it
+        (``blocking=False``) or on cancel. Other kazoo errors are raised."""
+        try:
+            while not self.cancelled:
+                if self._retry(self._attempt, blocking):
+                    return True
+                if not blocking:
+                    return False
+        except (KazooCancelledError, KazooInterruptedError):
+            pass
+        return False
+
+    def _attempt(self, blocking: bool) -> bool:
+        """One bounded kazoo acquire: True granted; False held by another (after
+        waiting out a slice when ``blocking``); ``ForceRetryError`` when
+        ZooKeeper did not answer within it, so our retry backs off and retries.
+        ``blocking=False`` is a zero-length wait, so it too is bounded."""
+        if self.cancelled:  # the retry looks at its interrupt only while it sleeps
+            raise KazooCancelledError()
+        try:
+            got = self.lock.acquire(blocking=True, timeout=ZK_WAIT_SLICE if blocking else 0)
+        except LockTimeout:
+            return False
+        if not got:
+            raise ForceRetryError("ZooKeeper did not answer within the slice")
+        return True
+
 
 @dataclass
 class _Grant:
-    lock: _CancellableLock
+    lock: Lock
     path: str
     session_id: int
     czxid: int
@@ -150,12 +200,7 @@ class ZooKeeperLocker(Locker):
 
     # -- the client and its session -------------------------------------------
     def _new_client(self) -> KazooClient:
-        client = KazooClient(
-            hosts=self.hosts,
-            timeout=self.session_timeout,
-            connection_retry=KazooRetry(max_tries=-1, max_delay=ZK_RETRY_MAX_DELAY),
-            command_retry=KazooRetry(max_tries=ZK_COMMAND_TRIES, max_delay=ZK_RETRY_MAX_DELAY),
-        )
+        client = new_zk_client(self.hosts, self.session_timeout)
         loop = asyncio.get_running_loop()
 
         def on_state(state: KazooState) -> None:  # kazoo's thread: hand over, never block
@@ -195,19 +240,7 @@ class ZooKeeperLocker(Locker):
             self._client = None
             self._conn_state = None
 
-        def stop() -> None:
-            # Two paths may end one session at once (close() and a failed wait):
-            # kazoo's close() refuses while another thread's stop() is still running.
-            with _STOPPING:
-                if getattr(client, "_amqlite_closed", False):
-                    return
-                try:
-                    client.stop()
-                finally:
-                    client.close()
-                    client._amqlite_closed = True  # type: ignore[attr-defined]
-
-        fut = run_blocking(stop, name="amqlite-zk-stop")
+        fut = run_blocking(lambda: stop_zk_client(client), name="amqlite-zk-stop")
         self._background.add(fut)
         fut.add_done_callback(self._background.discard)
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
@@ -312,7 +345,7 @@ class ZooKeeperLocker(Locker):
         return fut
 
     # -- contending (kazoo's thread) --------------------------------------------
-    def _remove_contender_blocking(self, client: KazooClient, lock: _CancellableLock) -> None:
+    def _remove_contender_blocking(self, client: KazooClient, lock: Lock) -> None:
         """Delete every node this attempt may have created (kazoo's own clean-up
         swallows errors, and a lost create reply leaves a node we never saw)."""
         try:
@@ -325,14 +358,12 @@ class ZooKeeperLocker(Locker):
                     client.delete(f"{self.lock_path}/{child}")
 
     def _contend_blocking(
-        self, client: KazooClient, lock: _CancellableLock, blocking: bool
+        self, client: KazooClient, contention: _Contention, blocking: bool
     ) -> _Grant | None:
+        lock = contention.lock
         try:
-            try:
-                got = lock.acquire(blocking=blocking)
-            except KazooCancelledError:
-                got = False
-            if got and not lock.cancelled:
+            got = contention.acquire(blocking)
+            if got and not contention.cancelled:
                 path = f"{self.lock_path}/{lock.node}"
                 stat: ZnodeStat | None = client.exists(path)
                 cid = client.client_id
@@ -349,14 +380,14 @@ class ZooKeeperLocker(Locker):
             raise
 
     async def _contend(self, client: KazooClient, blocking: bool) -> _Grant | None:
-        lock = _CancellableLock(client, self.lock_path, self.node)
+        contention = _Contention(client, self.lock_path, self.node)
         fut = run_blocking(
-            lambda: self._contend_blocking(client, lock, blocking), name="amqlite-zk-lock"
+            lambda: self._contend_blocking(client, contention, blocking), name="amqlite-zk-lock"
         )
         try:
             grant = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            lock.cancel()
+            contention.cancel()
             cleanup = asyncio.ensure_future(self._after_cancel(client, fut))
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(cleanup)
@@ -383,6 +414,9 @@ class ZooKeeperLocker(Locker):
         return grant
 
     async def _after_cancel(self, client: KazooClient, fut: asyncio.Future[Any]) -> None:
+        # The thread may fail after we stopped waiting (its session dropped):
+        # retrieve that, so no "exception was never retrieved" traceback is logged.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         done, _ = await asyncio.wait({fut}, timeout=ZK_CANCEL_GRACE)
         if done and fut.exception() is None and fut.result() is None:
             return  # kazoo's thread removed our contender node

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from store.api import (
+    OUTSIDE_UNITS,
     Batch,
     BatchResult,
     DestinationRow,
@@ -17,7 +18,9 @@ from store.api import (
     Store,
     StoredMessage,
     StoreError,
+    StoreRejected,
     SubscriptionRow,
+    UnitSpan,
 )
 from store.group_commit import GroupCommitter
 from store.schema import SCHEMA_VERSION
@@ -38,6 +41,7 @@ def open_store(url: str, group: str, **opts: Any) -> Store:
 
 
 __all__ = [
+    "OUTSIDE_UNITS",
     "REGISTRY_MAX_AGE_MS",
     "SCHEMA_VERSION",
     "Batch",
@@ -52,8 +56,10 @@ __all__ = [
     "SqlStore",
     "Store",
     "StoreError",
+    "StoreRejected",
     "StoredMessage",
     "SubscriptionRow",
+    "UnitSpan",
     "open_store",
     "parse_store_url",
     "read_registry",

@@ -16,6 +16,15 @@ class StoreError(Exception):
     """The store could not be reached or failed; the master must demote."""
 
 
+class StoreRejected(StoreError):
+    """The store refused this batch's data (a value too long, out of range, not
+    encodable, a constraint): the transaction was rolled back and the store is
+    still usable. Not a reason to demote; the group committer splits a merged
+    commit so that only the batch refused on its own fails. A subclass of
+    ``StoreError`` so that code which does not know the difference stays safe
+    (it treats it as a failure)."""
+
+
 class Fenced(StoreError):  # not FencedError: the name says what happened
     """The group's epoch is no longer ours: another master took over."""
 
@@ -81,6 +90,13 @@ class SubscriptionRow:
 
 #: A reference to one stored delivery: (subscription id or None for a queue, message id).
 Ref = tuple[int | None, int]
+
+#: One client frame's part of a batch, which the store may refuse on its own:
+#: [start, end) of ``destinations``, ``subscriptions``, ``inserts`` and
+#: ``identities``, in that order (see ``GroupCommitter.submit``).
+UnitSpan = tuple[int, int, int, int, int, int, int, int]
+#: ``BatchResult.rejected`` key of the part of a batch outside every unit.
+OUTSIDE_UNITS = -1
 
 
 @dataclass(slots=True)
@@ -148,6 +164,27 @@ class Batch:
         self.acks += other.acks
         self.removed_subscriptions += other.removed_subscriptions
 
+    def carve(self, spans: list[UnitSpan]) -> tuple[Batch, list[Batch]]:
+        """Split into the part outside every span and one batch per span
+        (disjoint spans; only when the store refused the whole)."""
+        inside: list[set[int]] = [set(), set(), set(), set()]
+        units = []
+        for span in spans:
+            unit = Batch()
+            for k, (name, taken) in enumerate(zip(_UNIT_FIELDS, inside, strict=True)):
+                start, end = span[2 * k], span[2 * k + 1]
+                getattr(unit, name).extend(getattr(self, name)[start:end])
+                taken.update(range(start, end))
+            units.append(unit)
+        rest = Batch(
+            undeliveries=list(self.undeliveries), deliveries=list(self.deliveries),
+            releases=list(self.releases), moves=list(self.moves), acks=list(self.acks),
+            removed_subscriptions=list(self.removed_subscriptions),
+        )
+        for name, taken in zip(_UNIT_FIELDS, inside, strict=True):
+            setattr(rest, name, [x for i, x in enumerate(getattr(self, name)) if i not in taken])
+        return rest, units
+
     def merge_safe(self, later: Batch) -> bool:
         """True when applying ``self.extend(later)`` in the fixed order gives the
         same rows as committing ``self`` and then ``later``.
@@ -166,6 +203,10 @@ class Batch:
         return undone.isdisjoint(later.deliveries)
 
 
+#: The lists of a ``Batch`` a ``UnitSpan`` indexes, in its order.
+_UNIT_FIELDS = ("destinations", "subscriptions", "inserts", "identities")
+
+
 @dataclass(slots=True)
 class BatchResult:
     #: dedup keys of inserts that were dropped as already stored.
@@ -173,6 +214,9 @@ class BatchResult:
     #: ids of the ``NewMessage``s dropped as duplicates (unambiguous when the
     #: group committer merged several callers' batches into one commit).
     duplicate_ids: set[int] = field(default_factory=set)
+    #: Units of the batch the store refused (nothing of them was written), by
+    #: index into the spans given to ``submit``; ``OUTSIDE_UNITS``: the rest.
+    rejected: dict[int, StoreRejected] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -245,7 +289,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:
         """Apply ``batch`` in one transaction that first proves ``epoch`` is the
-        group's current one. Raises ``Fenced`` (nothing written) or ``StoreError``."""
+        group's current one. Raises ``Fenced`` (nothing written), ``StoreRejected``
+        (the data, not the store, is at fault: nothing written, the store is
+        usable) or ``StoreError``."""
 
     @abc.abstractmethod
     def load_page(

@@ -17,6 +17,16 @@ Fail-stop: the first ``StoreError`` (``Fenced`` included) fails that commit's
 futures, calls ``on_failure`` once on the loop, and from then on every
 submit fails at once. The master demotes; it never retries a write whose
 outcome it does not know.
+
+A refusal is not a failure: when the store refuses a merged commit's data
+(``StoreRejected``: nothing was written and the store is fine), the submitted
+batches are committed again in halves, in submission order, each half its own
+transaction, until every batch the store accepts has committed; only a batch
+refused on its own gets ``StoreRejected`` on its future. A batch submitted with
+unit spans (the broker: one per client frame) is split further the same way,
+into the part outside the units and one batch per unit; its future then
+resolves with the refused units in ``BatchResult.rejected``. One client's bad
+value thus costs a few extra transactions, not the group.
 """
 
 from __future__ import annotations
@@ -30,7 +40,15 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from store.api import Batch, BatchResult, Store, StoreError
+from store.api import (
+    OUTSIDE_UNITS,
+    Batch,
+    BatchResult,
+    Store,
+    StoreError,
+    StoreRejected,
+    UnitSpan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +63,10 @@ MAX_BATCH_OPS = 5000
 DEFAULT_COMMIT_DELAY_MS = 0
 
 # Queue items are tuples, the cheapest thing to build on the hot path:
-#   (future, batch)        a write
-#   (future, fn, args)     a read / any call on the store thread
-#   (future, None, None)   a barrier (drain): resolved even after a failure
-#   _STOP                  stop
+#   (future, batch, spans)       a write (spans: list[UnitSpan] or None)
+#   (future, fn, args, None)     a read / any call on the store thread
+#   (future, None, None, None)   a barrier (drain): resolved even after a failure
+#   _STOP                        stop
 _STOP: tuple[Any, ...] = (None,)
 
 
@@ -79,6 +97,9 @@ class GroupCommitter:
         #: Transactions committed, and the batches they carried (for tests and metrics).
         self.commits = 0
         self.batches = 0
+        #: Batches the store refused on their own, and merged commits it refused.
+        self.rejected = 0
+        self.splits = 0
         self._thread = threading.Thread(
             target=self._run, name=f"amqlite-store-{store.group}", daemon=True
         )
@@ -90,15 +111,20 @@ class GroupCommitter:
         """The error that stopped the committer, if any."""
         return self._failure
 
-    def submit(self, batch: Batch) -> asyncio.Future[BatchResult]:
-        """Queue ``batch`` (atomic: never split) and return the commit's future."""
+    def submit(
+        self, batch: Batch, units: list[UnitSpan] | None = None
+    ) -> asyncio.Future[BatchResult]:
+        """Queue ``batch`` and return the commit's future. Without ``units`` it
+        is atomic: committed whole, or refused whole (``StoreRejected``). With
+        them, a refusal splits it (see the module docstring), and the units the
+        store refused on their own are in the result's ``rejected``."""
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
         if self._failure is not None:
             fut.set_exception(self._failure)
         elif self._closed:
             fut.set_exception(StoreError("the group committer is closed"))
         else:
-            self._queue.put((fut, batch))
+            self._queue.put((fut, batch, units))
         return fut
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
@@ -109,7 +135,7 @@ class GroupCommitter:
         elif self._closed:
             fut.set_exception(StoreError("the group committer is closed"))
         else:
-            self._queue.put((fut, fn, args))
+            self._queue.put((fut, fn, args, None))
         return fut
 
     async def drain(self) -> None:
@@ -117,7 +143,7 @@ class GroupCommitter:
         if self._closed and self._stopped.done():
             return
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._queue.put((fut, None, None))
+        self._queue.put((fut, None, None, None))
         await fut
 
     def close(self) -> None:
@@ -150,7 +176,7 @@ class GroupCommitter:
             if item is _STOP:
                 break
             try:
-                if len(item) == 3:
+                if len(item) == 4:
                     self._run_call(item)
                 else:
                     held = self._run_writes(item)
@@ -178,7 +204,7 @@ class GroupCommitter:
                     nxt = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if len(nxt) != 2:  # a call, barrier or stop: it must see this commit first
+            if len(nxt) != 3:  # a call, barrier or stop: it must see this commit first
                 held = nxt
                 break
             later: Batch = nxt[1]
@@ -202,6 +228,9 @@ class GroupCommitter:
             return
         try:
             result = self.store.commit_batch(self.epoch, batch)
+        except StoreRejected as exc:
+            self._rejected(exc, items)
+            return
         except StoreError as exc:
             self._fail(exc, items)
             return
@@ -217,8 +246,89 @@ class GroupCommitter:
         else:
             self._post(_resolve_all, items, result)
 
+    def _rejected(self, exc: StoreRejected, items: list[tuple[Any, ...]]) -> None:
+        """The store refused this commit's data. One batch: it is refused (the
+        committer goes on), or split into its units. Several: bisect, left half
+        first, so that the batches still commit in submission order and all the
+        good ones do."""
+        if len(items) == 1:
+            fut, batch, units = items[0]
+            if units:
+                self._split_units(fut, batch, units)
+                return
+            self.rejected += 1
+            log.warning("%s: a batch was refused: %s", self.store.description, exc)
+            self._post(_set_exception, fut, exc)
+            return
+        self.splits += 1
+        mid = len(items) // 2
+        for half in (items[:mid], items[mid:]):
+            if len(half) == 1:
+                batch = half[0][1]
+            else:
+                batch = Batch()
+                for item in half:
+                    batch.extend(item[1])
+            self._commit(batch, half)  # fails at once if the other half failed
+
+    def _split_units(self, fut: asyncio.Future[BatchResult], batch: Batch,
+                     units: list[UnitSpan]) -> None:
+        """Commit a refused batch as its part outside the units and its units,
+        in that order, bisecting; resolve ``fut`` with what was refused."""
+        rest, parts = batch.carve(units)
+        pieces = [(i, b) for i, b in enumerate(parts) if len(b)]
+        # The part outside the units may remove a durable subscription that a
+        # unit re-creates (same client-id and name): it goes first. A unit
+        # creating one it removes (SUBSCRIBE then UNSUBSCRIBE) goes before it.
+        gone = set(rest.removed_subscriptions)
+        early = [p for p in pieces if gone and any(r.id in gone for r in p[1].subscriptions)]
+        late = [p for p in pieces if p not in early]
+        ordered = [*early, *([(OUTSIDE_UNITS, rest)] if len(rest) else []), *late]
+        result = BatchResult()
+        if self._commit_pieces(ordered, result):
+            self.batches += 1
+            self._post(_set_result, fut, result)
+        else:
+            self._post(_fail_all, [(fut,)], self._failure)
+
+    def _commit_pieces(self, pieces: list[tuple[int, Batch]], result: BatchResult) -> bool:
+        """Commit ``pieces`` merged; when refused, in halves, down to single
+        pieces that go into ``result.rejected``. False if the store failed."""
+        if self._failure is not None:
+            return False
+        if len(pieces) == 1:
+            batch = pieces[0][1]
+        else:
+            batch = Batch()
+            for _, piece in pieces:
+                batch.extend(piece)
+        try:
+            done = self.store.commit_batch(self.epoch, batch)
+        except StoreRejected as exc:
+            if len(pieces) == 1:
+                self.rejected += 1
+                log.warning("%s: a client's write was refused: %s", self.store.description, exc)
+                result.rejected[pieces[0][0]] = exc
+                return True
+            self.splits += 1
+            mid = len(pieces) // 2
+            return (self._commit_pieces(pieces[:mid], result)
+                    and self._commit_pieces(pieces[mid:], result))
+        except StoreError as exc:
+            self._fail(exc, [])
+            return False
+        except Exception as exc:
+            err = StoreError(f"{self.store.description}: commit failed: {exc!r}")
+            err.__cause__ = exc
+            self._fail(err, [])
+            return False
+        self.commits += 1
+        result.duplicates |= done.duplicates
+        result.duplicate_ids |= done.duplicate_ids
+        return True
+
     def _run_call(self, item: tuple[Any, ...]) -> None:
-        fut, fn, args = item
+        fut, fn, args, _ = item
         if fn is None:  # barrier
             self._post(_set_result, fut, None)
             return
@@ -227,6 +337,8 @@ class GroupCommitter:
             return
         try:
             value = fn(*args)
+        except StoreRejected as exc:  # refused, not gone: only this call fails
+            self._post(_set_exception, fut, exc)
         except StoreError as exc:  # the store is unusable: same as a failed commit
             self._fail(exc, [item])
         except Exception as exc:
@@ -265,11 +377,11 @@ class GroupCommitter:
 
 
 def _split_result(result: BatchResult, items: list[tuple[Any, ...]]) -> list[BatchResult]:
-    """Each caller learns only about its own dropped inserts."""
+    """Each caller learns only about its own dropped inserts and identities."""
     out = []
-    for _, batch in items:
+    for _, batch, _ in items:
         mine = BatchResult()
-        for x in batch.inserts:
+        for x in (*batch.inserts, *batch.identities):
             if x.id in result.duplicate_ids:
                 mine.duplicate_ids.add(x.id)
                 if x.dedup_key is not None:
@@ -298,7 +410,7 @@ def _fail_all(items: list[tuple[Any, ...]], exc: BaseException) -> None:
         fut = item[0]
         if fut.done():
             continue
-        if len(item) == 3 and item[1] is None:  # a barrier: drain is over
+        if len(item) == 4 and item[1] is None:  # a barrier: drain is over
             fut.set_result(None)
         else:
             fut.set_exception(exc)

@@ -60,7 +60,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
 from sqlalchemy.pool import QueuePool
 
 from store import pg_batch, schema
@@ -76,6 +76,7 @@ from store.api import (
     Store,
     StoredMessage,
     StoreError,
+    StoreRejected,
     SubscriptionRow,
 )
 from store.url import StoreURL, parse_store_url
@@ -179,6 +180,45 @@ def _one_line(exc: BaseException) -> str:
 #: Headers as compact JSON; one encoder, not one per call as json.dumps with
 #: arguments would build.
 _encode_headers = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+#: SQLSTATE classes that blame the data, not the server: 22 data exception
+#: (string too long, numeric out of range, untranslatable character, ...) and
+#: 23 integrity constraint violation.
+REJECTED_SQLSTATE_CLASSES = ("22", "23")
+
+
+def _is_rejection(exc: BaseException) -> bool:
+    """True when ``exc`` says the store refused the data, not that it is gone.
+
+    A driver refuses some values before they leave Python: sqlite3 raises
+    OverflowError for an int past 2**63, psycopg a DataError without SQLSTATE
+    for a NUL in text, both UnicodeEncodeError for a lone surrogate (a
+    ValueError). Errors SQLAlchemy raised for a DBAPI error (DBAPIError) or
+    for a bound value (StatementError) are judged by what they wrap."""
+    if isinstance(exc, DBAPIError):
+        orig = exc.orig
+        return orig is not None and _is_rejection(orig)
+    if isinstance(exc, StatementError):
+        return exc.orig is not None and _is_rejection(exc.orig)
+    if isinstance(exc, (OverflowError, ValueError)):
+        return True
+    if isinstance(exc, (sqlite3.DataError, sqlite3.IntegrityError)):
+        return True
+    if isinstance(exc, psycopg.Error):
+        state = exc.sqlstate
+        if state is None:  # refused in psycopg itself, before the server saw it
+            return isinstance(exc, psycopg.DataError)
+        return state[:2] in REJECTED_SQLSTATE_CLASSES and state != pg_batch.FENCED_SQLSTATE
+    return False
+
+
+def _store_error(description: str, what: str, exc: BaseException) -> StoreError:
+    """``StoreRejected`` or ``StoreError`` for a failed ``what``, caused by ``exc``."""
+    cls = StoreRejected if _is_rejection(exc) else StoreError
+    err = cls(f"{description}: {what} failed: {_one_line(exc)}")
+    err.__cause__ = exc
+    return err
 
 
 def _greatest(col: Any, value: Any) -> Any:
@@ -542,8 +582,9 @@ class SqlStore(Store):
                     conn.execution_options(amq_write=True)
                 with conn.begin():
                     yield conn
-        except SQLAlchemyError as e:
-            raise StoreError(f"{self.description}: {what} failed: {_one_line(e)}") from e
+        except (SQLAlchemyError, OverflowError, ValueError) as e:
+            # The transaction was rolled back by conn.begin(); the store is usable.
+            raise _store_error(self.description, what, e) from e
 
     def _ensure_schema_retrying(self) -> None:
         """SQLite answers "database is locked" without waiting when brokers open a
@@ -821,7 +862,7 @@ class SqlStore(Store):
             if getattr(e, "sqlstate", None) == pg_batch.FENCED_SQLSTATE:
                 raise Fenced(f"{self.description}: group {self.group!r} is no longer at "
                              f"epoch {epoch}") from None
-            raise StoreError(f"{self.description}: commit failed: {_one_line(e)}") from e
+            raise _store_error(self.description, "commit", e) from e
         self.pipelined_commits += 1
         return result
 
@@ -890,12 +931,16 @@ class SqlStore(Store):
     def _create_destinations(
         self, conn: Connection, rows: Sequence[DestinationRow], now: int
     ) -> None:
+        """Idempotent: the broker stages a destination's row with every write
+        that needs it until one of them committed (another one may be refused
+        by the store), so a row may come twice in a batch or be there already."""
+        unique = {r.id: r for r in rows}
         conn.execute(
-            insert(schema.destinations),
+            self._dinsert(schema.destinations).on_conflict_do_nothing(),
             [
                 {"grp": self.group, "id": r.id, "name": r.name, "kind": r.kind,
                  "created_at": now, "depth": 0}
-                for r in rows
+                for r in unique.values()
             ],
         )
 

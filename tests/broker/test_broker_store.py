@@ -31,6 +31,7 @@ class FrameSink:
         self.closed = False
         self.frames: list[Frame] = []
         self.errors: list[str] = []
+        self.error_receipts: list[str | None] = []  # the receipt-id of each ERROR
         self.paused: set[str] = set()
 
     def write_frame(self, frame: Frame) -> None:
@@ -39,8 +40,10 @@ class FrameSink:
     def can_write(self) -> bool:
         return True
 
-    def close_with_error(self, message: str, detail: str = "") -> None:
+    def close_with_error(self, message: str, detail: str = "",
+                         receipt: str | None = None) -> None:
         self.errors.append(message)
+        self.error_receipts.append(receipt)
         self.closed = True
 
     def close(self) -> None:

@@ -135,3 +135,29 @@ def test_transaction_limits(store: Store, settings: Settings,
                 send(broker, client, QUEUE, "y" * 1001, transaction="t1")
 
     run(scenario)
+
+
+def test_cumulative_ack_follows_the_order_messages_were_written(store: Store,
+                                                                settings: Settings) -> None:
+    """Found by the fuzzer: a persistent message waits for its delivery to commit while a
+    non-persistent one sent after it goes out at once. An ``ack:client`` ACK of the first
+    MESSAGE the client saw settles only that one, not the persistent message written after
+    it, whose own ACK then succeeds."""
+    async def scenario() -> None:
+        async with Master(store, settings, "a") as broker:
+            consumer = connect(broker)
+            broker.handle(consumer, Frame("SUBSCRIBE", {"destination": QUEUE, "id": "s",
+                                                        "ack": "client"}))
+            producer = connect(broker)
+            send(broker, producer, QUEUE, "persistent", receipt="r")
+            send(broker, producer, QUEUE, "memory", persistent="false")
+            await until(lambda: len(consumer.of("MESSAGE")) == 2)
+            first, second = consumer.of("MESSAGE")
+            assert (first.body, second.body) == (b"memory", b"persistent")
+            broker.handle(consumer, Frame("ACK", {"id": first.headers["ack"]}))
+            assert broker.stats["acked"] == 1
+            broker.handle(consumer, Frame("ACK", {"id": second.headers["ack"]}))
+            assert broker.stats["acked"] == 2
+            assert not consumer.closed
+
+    run(scenario)

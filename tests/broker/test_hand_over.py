@@ -162,7 +162,8 @@ class Scene:
         for _ in range(20):
             writes.flush()
             await self.committer.drain()
-            if not len(writes.batch) and not writes.callbacks and not writes.inflight_batches:
+            if not (len(writes.batch) or writes.units or writes.callbacks
+                    or writes.inflight_batches):
                 return
         raise AssertionError("the broker keeps staging writes")
 

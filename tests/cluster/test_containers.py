@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from amqlite.containers import broker_runs as _runs
 from amqlite.settings import load_settings
-from cli.cluster_cmds import _runs
 from tests.cluster.helpers import (
     Producer,
     amqlite,

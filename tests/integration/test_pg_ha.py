@@ -170,9 +170,11 @@ def test_lock_session_terminated(ha: PgGroup) -> None:
 
 @pytest.mark.timeout(120)
 def test_paused_master_keeps_lock_and_resumes(ha: PgGroup) -> None:
-    """With the PostgreSQL locker a SIGSTOPped master keeps its lock session (its kernel still
-    answers TCP), so nobody takes over and there is no split brain; on SIGCONT it carries on
-    at the same epoch, and the producers' re-sends are deduplicated."""
+    """With the PostgreSQL locker a master SIGSTOPped for less than its lease keeps its lock
+    session (its kernel still answers TCP), so nobody takes over and there is no split brain;
+    on SIGCONT it carries on at the same epoch, and the producers' re-sends are deduplicated.
+    (A pause past the lease: tests/integration/test_pg_lease.py.)"""
+    ha.env["AMQLITE_LOCK_LEASE"] = "15"  # well past the 4 s pause and the renewal after it
     master = ha.start()
     queue = f"/queue/{unique('pause')}"
     producers = start_producers(ha, queue)
@@ -211,6 +213,9 @@ def test_paused_master_deposed_commits_nothing(ha: PgGroup, mode: str) -> None:
     if late:
         ha.keepalive = "30"
         ha.env["AMQLITE_HOUSEKEEPING_INTERVAL"] = "3600"  # no fenced housekeeping mid-pause
+        # No lease either: its keeper would notice the pause on waking and hold the writes
+        # back before the fence is ever tried (tests/integration/test_pg_lease.py).
+        ha.env["AMQLITE_LOCK_LEASE"] = "0"
     old = ha.start()
     queue = f"/queue/{unique('split')}"
     producers = start_producers(ha, queue)

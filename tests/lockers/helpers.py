@@ -99,6 +99,18 @@ class Holder:
             self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
 
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    async def said(self, timeout: float) -> bytes:
+        """The holder's next line (ACQUIRED is read by start()), b"" at its exit."""
+        assert self.proc.stdout is not None
+        return (await asyncio.wait_for(self.proc.stdout.readline(), timeout)).strip()
+
 
 async def cancel_wait_around_release(
     holder: Locker, waiter: Locker, rng: random.Random, spread: float

@@ -1,0 +1,48 @@
+"""``run_blocking``: a blocking call on a thread of its own, awaited on the loop.
+
+Used by every locker backend and by the ZooKeeper registry (``amqlite.registry``),
+so it sits in a public module of its own on the lowest floor that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def run_blocking(fn: Callable[[], T], *, name: str = "amqlite-locker") -> asyncio.Future[T]:
+    """Run ``fn`` in a fresh daemon thread and return a future on the running loop.
+
+    Not ``asyncio.to_thread``: a call wedged on a dead network would sit in the
+    default executor, whose shutdown ``asyncio.run`` waits for, so the process
+    could not exit. Cancelling the returned future does not stop ``fn``;
+    callers that need that (a server-side lock wait) cancel it their own way.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    def runner() -> None:
+        try:
+            result: T | None = fn()
+            exc: BaseException | None = None
+        except BaseException as e:  # handed to the loop, never lost in the thread
+            result, exc = None, e
+        # RuntimeError: the loop is closed, nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=runner, name=name, daemon=True).start()
+    return fut
