@@ -290,14 +290,20 @@ class Source:
         if not self._heap:
             return None
         message = heapq.heappop(self._heap)[2]
-        size = message.size
-        self.bytes -= size
-        broker = self.broker
-        broker.waiting_bytes -= size
         if message.persistent:
-            self.in_memory_stored -= 1
+            self._released(message.size, 1, 0)
         else:
-            self.nonpersistent -= 1
+            self._released(message.size, 0, 1)
+        return message
+
+    def _released(self, size: int, stored: int, nonpersistent: int) -> None:
+        """Messages left memory: give their bytes back and let producers that were
+        held back for this destination (or the whole broker) read again."""
+        broker = self.broker
+        self.bytes -= size
+        broker.waiting_bytes -= size
+        self.in_memory_stored -= stored
+        self.nonpersistent -= nonpersistent
         if (self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG
                 and self.bytes <= broker.destination_resume):
             for producer in self.blocked_producers:
@@ -306,7 +312,6 @@ class Source:
             self.blocked_producers.clear()
         if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
             broker.resume_producers()
-        return message
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -428,21 +433,8 @@ class Source:
         heapq.heapify(kept)
         self._heap = kept
         messages = [e[2] for e in dropped]
-        size = sum(m.size for m in messages)
         stored = sum(1 for m in messages if m.persistent)
-        broker = self.broker
-        self.bytes -= size
-        broker.waiting_bytes -= size
-        self.in_memory_stored -= stored
-        self.nonpersistent -= len(messages) - stored
-        if (self.blocked_producers and self.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG
-                and self.bytes <= broker.destination_resume):
-            for producer in self.blocked_producers:
-                broker._unblocked(producer, self)
-                producer.resume_reading(f"flow:{self.name}")
-            self.blocked_producers.clear()
-        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
-            broker.resume_producers()
+        self._released(sum(m.size for m in messages), stored, len(messages) - stored)
         return messages
 
     def inflight_ids(self) -> set[int]:
