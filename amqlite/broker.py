@@ -49,6 +49,13 @@ from amqlite.validation import (
     parse_ack_key,
     parse_send,
 )
+from amqlite.wire import (
+    ACK_AUTO,
+    ACK_MODES,
+    DELIVERY_COUNT_HEADER,
+    STOMP_1_1,
+    STOMP_1_2,
+)
 from store.api import (
     Batch,
     BatchResult,
@@ -119,14 +126,10 @@ RESUME_PENDING_BYTES = MAX_PENDING_BYTES // 2
 NON_USER_HEADERS = frozenset(
     {
         "destination", "receipt", "transaction", "content-length", "message-id",
-        "subscription", "ack", "redelivered", "amqlite.deliveryCount",
+        "subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER,
     }
 )
-PRODUCER_ID_HEADER = "amqlite.producerId"
-PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
-DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 DEFAULT_PRIORITY = 4  # JMS default priority
-ACK_MODES = ("auto", "client", "client-individual")
 #: The ERROR body when the store refused a frame's data (its own words stay in
 #: the broker's log: they name tables and columns).
 REJECTED_DETAIL = ("A value in this frame cannot be stored (too long, out of range or not "
@@ -351,7 +354,7 @@ class Source:
             return None
         turn = self._rr
         sub = self._next_consumer()
-        if sub is None or sub.ack_mode == "auto":
+        if sub is None or sub.ack_mode == ACK_AUTO:
             self._rr = turn
             return None
         return sub
@@ -480,7 +483,7 @@ class Subscription:
     def has_credit(self) -> bool:
         if self.closed or self.conn.closed or not self.conn.can_write():
             return False
-        if self.ack_mode == "auto":
+        if self.ack_mode == ACK_AUTO:
             return True
         if len(self.inflight) < self.prefetch and self.inflight_bytes < MAX_INFLIGHT_BYTES:
             return True
@@ -495,7 +498,7 @@ class Subscription:
         broker = self.source.broker
         stored = message.persistent and self.source.stored
         ref = self.source.ref(message) if stored else None
-        if self.ack_mode == "auto":
+        if self.ack_mode == ACK_AUTO:
             if not self._write(message, message.delivery_count):
                 self.source.push(message)  # not sent: another consumer takes it
                 return
@@ -553,7 +556,7 @@ class Subscription:
             "destination": message.destination,
         }
         headers.update(message.headers)
-        if self.ack_mode != "auto":
+        if self.ack_mode != ACK_AUTO:
             headers["ack"] = f"{self.key}:{message.message_id}"
         if previous_deliveries:
             headers["redelivered"] = "true"
@@ -874,8 +877,7 @@ class Broker:
         h = frame.headers
         destination = h["destination"]
         check_destination(destination)
-        persistent, priority, expires, producer_id, producer_seq = parse_send(
-            h, DEFAULT_PRIORITY, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER)
+        persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
         headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
         check_user_headers(headers)
         mid = next(self.ids)
@@ -891,7 +893,7 @@ class Broker:
         transaction's messages get theirs at COMMIT: ids follow commit order)."""
         h = frame.headers
         check_destination(h["destination"])
-        parse_send(h, DEFAULT_PRIORITY, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER)
+        parse_send(h, DEFAULT_PRIORITY)
         check_user_headers({k: v for k, v in h.items() if k not in NON_USER_HEADERS})
 
     def _send(self, session: Session, frames: list[Frame], receipt: str | None) -> None:
@@ -1094,7 +1096,7 @@ class Broker:
         sub_id = h.get("id") or destination  # STOMP 1.0 may omit id
         if sub_id in session.subscriptions:
             raise BrokerError(f"subscription id {sub_id!r} already in use")
-        ack_mode = h.get("ack", "auto")
+        ack_mode = h.get("ack", ACK_AUTO)
         if ack_mode not in ACK_MODES:
             raise BrokerError(f"ack mode {ack_mode!r}: use one of {', '.join(ACK_MODES)}")
         durable_name = h.get("activemq.subscriptionName") or h.get("durable-subscription-name")
@@ -1208,7 +1210,7 @@ class Broker:
     def _find_delivery(self, session: Session, frame: Frame) -> tuple[Subscription, str]:
         h = frame.headers
         version = session.conn.version
-        if version == "1.2":
+        if version == STOMP_1_2:
             ack_id = h.get("id", "")
             key, _, message_id = ack_id.partition(":")
             parsed = parse_ack_key(key)
@@ -1217,7 +1219,7 @@ class Broker:
                 raise BrokerError(f"no message awaiting acknowledgement with id {ack_id!r}")
             return sub, message_id
         message_id = h.get("message-id", "")
-        if version == "1.1":
+        if version == STOMP_1_1:
             sub = session.subscriptions.get(h.get("subscription", ""))
             if sub is not None and _awaits_ack(sub, message_id):
                 return sub, message_id

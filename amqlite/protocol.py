@@ -17,7 +17,6 @@ from typing import Literal
 
 from amqlite.codec import (
     HEARTBEAT,
-    SUPPORTED_VERSIONS,
     Frame,
     FrameParser,
     Limits,
@@ -25,6 +24,7 @@ from amqlite.codec import (
     encode_frame,
     parse_uint,
 )
+from amqlite.wire import ACK_AUTO, ACK_MODES, STOMP_1_0, STOMP_1_1, STOMP_1_2, SUPPORTED_VERSIONS
 
 __all__ = [
     "CLIENT_COMMANDS",
@@ -62,9 +62,8 @@ MAX_HEARTBEAT_MS = 2**31 - 1
 
 # Spec "Body": only these frames may carry a body.
 _BODY_COMMANDS = frozenset({"SEND", "MESSAGE", "ERROR"})
-# Spec "SUBSCRIBE ack Header"; client-individual is 1.1+, but ActiveMQ accepts it from 1.0
-# clients too, so we do as well.
-_ACK_MODES = frozenset({"auto", "client", "client-individual"})
+# Spec "SUBSCRIBE ack Header" (amqlite.wire.ACK_MODES), as a set for the lookup.
+_ACK_MODES = frozenset(ACK_MODES)
 
 # Required headers per version and command: each requirement is a tuple of alternatives of
 # which one must be present (1.0 UNSUBSCRIBE takes ``id`` or ``destination``).
@@ -92,9 +91,9 @@ _REQUIRED_11 = {
 }
 _REQUIRED_12 = {**_REQUIRED_11, "ACK": (("id",),), "NACK": (("id",),)}
 REQUIRED_HEADERS: dict[str, dict[str, tuple[_Requirement, ...]]] = {
-    "1.0": _REQUIRED_10,
-    "1.1": _REQUIRED_11,
-    "1.2": _REQUIRED_12,
+    STOMP_1_0: _REQUIRED_10,
+    STOMP_1_1: _REQUIRED_11,
+    STOMP_1_2: _REQUIRED_12,
 }
 
 _HEARTBEAT_VALUE = re.compile(r"([0-9]{1,10}),([0-9]{1,10})")
@@ -194,7 +193,7 @@ def negotiate_version(accept_version: str | None, supported: Iterable[str]) -> s
     """Highest version both sides speak; a missing ``accept-version`` means a 1.0 client."""
     supported = tuple(supported)
     offered = (
-        {"1.0"} if accept_version is None
+        {STOMP_1_0} if accept_version is None
         else {v.strip() for v in accept_version.split(",")}
     )
     common = offered.intersection(supported)
@@ -266,7 +265,7 @@ def _validate_frame(frame: Frame, version: str, fault: Literal["remote", "local"
             receipt_id=receipt,
         )
     if command == "SUBSCRIBE":
-        ack = headers.get("ack", "auto")
+        ack = headers.get("ack", ACK_AUTO)
         if ack not in _ACK_MODES:
             raise ProtocolError(
                 "invalid ack mode",
@@ -299,7 +298,7 @@ class StompProtocol:
         self.role: Role = role
         self.limits = limits if limits is not None else Limits()
         self.supported_versions = _check_versions(supported_versions)
-        self.version = "1.0"
+        self.version = STOMP_1_0
         self.heartbeat = NO_HEARTBEAT
         self._state = _IDLE
         self._parser = FrameParser(self.limits)
@@ -419,16 +418,16 @@ class StompProtocol:
         if command == "CONNECTED":
             if state != _CONNECTING:
                 raise ProtocolError("unexpected frame", "second CONNECTED frame")
-            version = frame.headers.get("version", "1.0")
+            version = frame.headers.get("version", STOMP_1_0)
             if version not in self._offered_versions:
                 raise ProtocolError(
                     "unsupported STOMP version",
                     f"server chose {version!r}, we offered {','.join(self._offered_versions)}",
                 )
             server_heartbeat = (
-                parse_heartbeat(frame.headers.get("heart-beat")) if version != "1.0" else (0, 0)
+                parse_heartbeat(frame.headers.get("heart-beat")) if version != STOMP_1_0 else (0, 0)
             )
-            client_heartbeat = self._offered_heartbeat if version != "1.0" else (0, 0)
+            client_heartbeat = self._offered_heartbeat if version != STOMP_1_0 else (0, 0)
             self.heartbeat = negotiate_heartbeat(client_heartbeat, server_heartbeat, role="client")
             self.version = version
             self._parser.version = version
@@ -493,7 +492,7 @@ class StompProtocol:
                 fault="local",
             )
         headers = {"version": version}
-        if version == "1.0":
+        if version == STOMP_1_0:
             self.heartbeat = NO_HEARTBEAT  # 1.0 has no heart-beating
         else:
             client_heartbeat = parse_heartbeat(frame.headers.get("heart-beat"))
@@ -538,7 +537,7 @@ class StompProtocol:
             headers["passcode"] = passcode
         headers.update(extra or {})
         # CONNECT rather than STOMP: 1.0 servers only know CONNECT.
-        data = encode_frame(Frame("CONNECT", headers), "1.0")
+        data = encode_frame(Frame("CONNECT", headers), STOMP_1_0)
         self._offered_versions = versions
         self._offered_heartbeat = heartbeat
         self._state = _CONNECTING

@@ -22,6 +22,7 @@ from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
 from amqlite.settings import UNAUTHENTICATED_SHARE
 from amqlite.validation import check_connect
+from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER, REBALANCE_HEADER
 
 if TYPE_CHECKING:
     from amqlite.auth import Authenticator
@@ -37,10 +38,6 @@ SWEEP_INTERVAL_MIN = 0.05
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 WRITE_BUFFER_LOW = 1 * 1024 * 1024
-#: Headers our client (amqlite.client) reads to learn the group's URIs.
-CLUSTER_URIS_HEADER = "amqlite.clusterURIs"
-REBALANCE_HEADER = "amqlite.rebalance"
-CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
 
 
 class StompServer:

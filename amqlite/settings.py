@@ -21,11 +21,10 @@ from amqlite.codec import (
     DEFAULT_MAX_HEADER_COUNT,
     DEFAULT_MAX_HEADER_LENGTH,
 )
+from amqlite.wire import DEFAULT_STOMP_PORT
 
-#: STOMP's IANA port, and what ActiveMQ's stomp connector uses.
-DEFAULT_PORT = 61613
 #: Listen on loopback unless told otherwise: security by default.
-DEFAULT_BIND = f"127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_BIND = f"127.0.0.1:{DEFAULT_STOMP_PORT}"
 #: A bound on sockets so a connection flood cannot exhaust file descriptors.
 #: ActiveMQ's transport default maximumConnections is 1000.
 DEFAULT_MAX_CONNECTIONS = 1000
@@ -179,7 +178,7 @@ class Settings:
 def parse_bind(bind: str) -> tuple[str, int]:
     host, sep, port = bind.rpartition(":")
     if not sep:
-        host, port = bind, str(DEFAULT_PORT)
+        host, port = bind, str(DEFAULT_STOMP_PORT)
     host = host.strip("[]") or "127.0.0.1"
     try:
         p = int(port)

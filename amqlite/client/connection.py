@@ -13,6 +13,7 @@ from amqlite.client.errors import ConnectRefusedError
 from amqlite.client.uri import TcpURI
 from amqlite.codec import Frame, ProtocolError
 from amqlite.protocol import FrameReceived, StompProtocol, receive_deadline_ms
+from amqlite.wire import STOMP_1_1, STOMP_1_2
 
 __all__ = ["OFFERED_VERSIONS", "READ_CHUNK", "Connection", "describe"]
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 #: Bytes asked from the socket per read; a few frames per syscall.
 READ_CHUNK = 64 * 1024
 #: Versions offered in CONNECT. 1.0 cannot ack by subscription and has no heart-beats.
-OFFERED_VERSIONS = ("1.1", "1.2")
+OFFERED_VERSIONS = (STOMP_1_1, STOMP_1_2)
 
 
 class Connection:
