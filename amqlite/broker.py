@@ -154,8 +154,10 @@ class Client(Protocol):
     """What the broker needs from a client connection (see ``amqlite.server``)."""
 
     client_id: str | None
-    version: str
     closed: bool
+
+    @property
+    def version(self) -> str: ...
 
     def write_frame(self, frame: Frame) -> None: ...
 

@@ -7,6 +7,7 @@ bytes, acts on the events, and writes the bytes it returns.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 import uuid
@@ -37,6 +38,7 @@ __all__ = [
     "Heartbeat",
     "HeartbeatReceived",
     "Role",
+    "State",
     "StompProtocol",
     "negotiate_heartbeat",
     "negotiate_version",
@@ -98,11 +100,27 @@ REQUIRED_HEADERS: dict[str, dict[str, tuple[_Requirement, ...]]] = {
 
 _HEARTBEAT_VALUE = re.compile(r"([0-9]{1,10}),([0-9]{1,10})")
 
-# Connection states.
-_IDLE = "idle"  # nothing exchanged yet
-_CONNECTING = "connecting"  # server: CONNECT received; client: CONNECT sent
-_CONNECTED = "connected"
-_DISCONNECTING = "disconnecting"  # DISCONNECT seen; only replies flow now
+
+
+class State(enum.StrEnum):
+    """A connection's state, as in websockets' ``State``. String-valued so that logs and
+    error messages read as before (``state=idle``)."""
+
+    IDLE = "idle"  # nothing exchanged yet
+    CONNECTING = "connecting"  # server: CONNECT received; client: CONNECT sent
+    CONNECTED = "connected"
+    DISCONNECTING = "disconnecting"  # DISCONNECT seen; only replies flow now
+    CLOSED = "closed"  # an ERROR frame went out (server): nothing more may be sent
+
+
+# Module-level names for the per-frame checks: an enum attribute lookup (State.IDLE)
+# costs ~80 ns in CPython 3.11, a module global ~10 ns.
+_IDLE = State.IDLE
+_CONNECTING = State.CONNECTING
+_CONNECTED = State.CONNECTED
+_DISCONNECTING = State.DISCONNECTING
+#: CONNECTED was sent (server) or received (client), whatever came after.
+_ANSWERED = frozenset({State.CONNECTED, State.DISCONNECTING})
 
 
 def _server_name() -> str:
@@ -300,7 +318,7 @@ class StompProtocol:
         self.supported_versions = _check_versions(supported_versions)
         self.version = STOMP_1_0
         self.heartbeat = NO_HEARTBEAT
-        self._state = _IDLE
+        self._state: State = _IDLE
         self._parser = FrameParser(self.limits)
         # Stop right after the handshake frame so the rest of the chunk is decoded with
         # the version that frame negotiates.
@@ -318,13 +336,19 @@ class StompProtocol:
         self._offered_heartbeat: tuple[int, int] = (0, 0)
 
     @property
-    def state(self) -> str:
-        """``idle``, ``connecting``, ``connected``, ``disconnecting`` or ``closed``."""
-        return "closed" if self._send_closed else self._state
+    def state(self) -> State:
+        """Where the connection is; ``CLOSED`` once nothing may be sent any more."""
+        return State.CLOSED if self._send_closed else self._state
 
     @property
     def connected(self) -> bool:
         return self._state == _CONNECTED and not self._send_closed
+
+    @property
+    def handshake_done(self) -> bool:
+        """CONNECTED went out (server) or came in (client), whatever happened since
+        (DISCONNECT, ERROR): the connection is past its handshake for good."""
+        return self._state in _ANSWERED
 
     # -- receiving ---------------------------------------------------------------------
 

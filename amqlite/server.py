@@ -172,9 +172,10 @@ class ClientConnection(asyncio.Protocol):
         self.proto = StompProtocol("server", server.limits, hold_handshake=True)
         self.transport: asyncio.Transport | None = None
         self.client_id: str | None = None
-        self.version = "1.0"
+        #: The socket is done with (refused, lost or closed by us): the transport's
+        #: state, which the protocol does not know. Version and handshake are the
+        #: protocol's (see the properties below).
         self.closed = False
-        self.connected = False
         self.check: PendingCheck | None = None  # the login being checked
         #: loop time when the frame now arriving started; None between frames
         self.partial_since: float | None = None
@@ -192,6 +193,17 @@ class ClientConnection(asyncio.Protocol):
         #: dispatch cannot encode a whole backlog before the transport pushes back.
         self._out_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
+
+    @property
+    def version(self) -> str:
+        """The negotiated STOMP version ("1.0" until CONNECTED)."""
+        return self.proto.version
+
+    @property
+    def connected(self) -> bool:
+        """CONNECTED was sent; stays true after DISCONNECT or an ERROR (``closed`` says
+        whether the socket is still in use)."""
+        return self.proto.handshake_done
 
     # -- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -412,9 +424,7 @@ class ClientConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self._protocol_failed(exc)
             return
-        self.version = self.proto.version
         self.client_id = frame.headers.get("client-id") or None
-        self.connected = True
         self._forget_handshake()
         for t in self.timers:
             t.cancel()
