@@ -1,8 +1,9 @@
 """Destinations, subscriptions, dispatch, acknowledgements and transactions.
 
 The broker is single-threaded (the asyncio loop) and never touches the
-database itself: every write is staged in a ``WriteBuffer`` that the group
-committer (a thread) commits in one fenced transaction per batch. The rules
+database itself: every write is staged in a ``WriteBuffer``
+(``store.write_buffer``) that the group committer (a thread) commits in one
+fenced transaction per batch. The rules
 that keep the promise (a RECEIPTed message is never lost nor stored twice):
 
 * A persistent message becomes visible to consumers only after its insert
@@ -49,18 +50,23 @@ from amqlite.validation import (
     parse_ack_key,
     parse_send,
 )
+from amqlite.wire import (
+    ACK_AUTO,
+    ACK_MODES,
+    DELIVERY_COUNT_HEADER,
+    STOMP_1_1,
+    STOMP_1_2,
+)
 from store.api import (
-    OUTSIDE_UNITS,
     Batch,
     BatchResult,
     DestinationRow,
     NewMessage,
     Ref,
     StoredMessage,
-    StoreRejected,
     SubscriptionRow,
-    UnitSpan,
 )
+from store.write_buffer import WriteBuffer, WriteUnit
 
 if TYPE_CHECKING:
     from amqlite.settings import Settings
@@ -121,14 +127,10 @@ RESUME_PENDING_BYTES = MAX_PENDING_BYTES // 2
 NON_USER_HEADERS = frozenset(
     {
         "destination", "receipt", "transaction", "content-length", "message-id",
-        "subscription", "ack", "redelivered", "amqlite.deliveryCount",
+        "subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER,
     }
 )
-PRODUCER_ID_HEADER = "amqlite.producerId"
-PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
-DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 DEFAULT_PRIORITY = 4  # JMS default priority
-ACK_MODES = ("auto", "client", "client-individual")
 #: The ERROR body when the store refused a frame's data (its own words stay in
 #: the broker's log: they name tables and columns).
 REJECTED_DETAIL = ("A value in this frame cannot be stored (too long, out of range or not "
@@ -153,8 +155,10 @@ class Client(Protocol):
     """What the broker needs from a client connection (see ``amqlite.server``)."""
 
     client_id: str | None
-    version: str
     closed: bool
+
+    @property
+    def version(self) -> str: ...
 
     def write_frame(self, frame: Frame) -> None: ...
 
@@ -358,7 +362,7 @@ class Source:
             return None
         turn = self._rr
         sub = self._next_consumer()
-        if sub is None or sub.ack_mode == "auto":
+        if sub is None or sub.ack_mode == ACK_AUTO:
             self._rr = turn
             return None
         return sub
@@ -514,7 +518,7 @@ class Subscription:
     def has_credit(self) -> bool:
         if self.closed or self.conn.closed or not self.conn.can_write():
             return False
-        if self.ack_mode == "auto":
+        if self.ack_mode == ACK_AUTO:
             return True
         if len(self.inflight) < self.prefetch and self.inflight_bytes < MAX_INFLIGHT_BYTES:
             return True
@@ -529,7 +533,7 @@ class Subscription:
         broker = self.source.broker
         stored = message.persistent and self.source.stored
         ref = self.source.ref(message) if stored else None
-        if self.ack_mode == "auto":
+        if self.ack_mode == ACK_AUTO:
             if not self._write(message, message.delivery_count):
                 self.source.push(message)  # not sent: another consumer takes it
                 return
@@ -596,7 +600,7 @@ class Subscription:
             "destination": message.destination,
         }
         headers.update(message.headers)
-        if self.ack_mode != "auto":
+        if self.ack_mode != ACK_AUTO:
             headers["ack"] = f"{self.key}:{message.message_id}"
         if previous_deliveries:
             headers["redelivered"] = "true"
@@ -617,224 +621,6 @@ def _dispatch_logged(source: Source) -> None:
 def _awaits_ack(sub: Subscription, message_id: str) -> bool:
     delivery = sub.inflight.get(message_id)
     return delivery is not None and delivery.written
-
-
-# ---------------------------------------------------------------------------
-# the write buffer in front of the group committer
-
-StagedCallback = Callable[[bool], None]
-ResultCallback = Callable[[BatchResult | None], None]
-
-
-class WriteUnit:
-    """The data one client frame brings (a SEND's or COMMIT's inserts and
-    identities, a durable SUBSCRIBE's row, the destination rows they need): a
-    span of the flush's batch. The batch commits whole as long as the store
-    takes it; when the store refuses it, the group committer splits it along
-    the spans, and only a unit the store refuses on its own fails
-    (``rejected``), so only that frame's client gets an ERROR."""
-
-    __slots__ = ("claimable", "conn", "index", "receipt", "rejected", "span", "start")
-
-    def __init__(self, conn: Client | None, index: int, batch: Batch) -> None:
-        #: The client to blame when the store refuses the unit, and the
-        #: receipt its frame asked for (the ERROR carries it).
-        self.conn = conn
-        self.receipt: str | None = None
-        self.index = index  # in the flush's spans
-        self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
-                      len(batch.identities))
-        self.span: UnitSpan | None = None
-        #: The frame's commit point (``Broker._finish_write``) is still to come
-        #: and belongs with this unit (see ``WriteBuffer.claim``).
-        self.claimable = False
-        #: The store refused this unit's data (nothing of it was written).
-        self.rejected: StoreRejected | None = None
-
-    def end(self, batch: Batch) -> UnitSpan:
-        if self.span is None:
-            d, s, i, y = self.start
-            self.span = (d, len(batch.destinations), s, len(batch.subscriptions),
-                         i, len(batch.inserts), y, len(batch.identities))
-        return self.span
-
-
-class WriteBuffer:
-    """Gathers every write of one loop iteration into one Batch for the committer.
-
-    What a client frame brings is staged between ``begin_unit`` and
-    ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
-    order, once the batch committed (``ok=True``) or failed (``ok=False``;
-    for a unit's own callbacks also when the store refused that unit).
-    ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
-    """
-
-    def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
-        self.committer = committer
-        self.loop = loop
-        self.batch = Batch()
-        self.units: list[WriteUnit] = []
-        #: (the unit whose outcome the callback gets, or None: the whole batch's)
-        self.callbacks: list[tuple[WriteUnit | None, ResultCallback]] = []
-        self._flush_scheduled = False
-        self.failed = False
-        self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
-        self.inflight_batches = 0
-        self._released: set[Ref] = set()
-        #: The unit being staged, if any.
-        self.current: WriteUnit | None = None
-        #: Called with the destination rows that committed, so the broker
-        #: stops staging them (see ``Broker._destination_id``).
-        self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
-        #: Management metrics: called once per committed batch with (seconds the commit
-        #: took, seconds since the batch's first write was staged: the longest any
-        #: RECEIPT in it waited). None costs one attribute test per batch.
-        self.observer: Callable[[float, float], None] | None = None
-        self._first_staged = 0.0
-
-    def stage(self, callback: StagedCallback | None = None) -> Batch:
-        if callback is not None:
-            self.callbacks.append((None, lambda result: callback(result is not None)))
-        self._schedule()
-        return self.batch
-
-    def begin_unit(self, conn: Client | None) -> WriteUnit:
-        """Start staging one frame's data, blamed on ``conn`` if refused."""
-        unit = WriteUnit(conn, len(self.units), self.batch)
-        self.units.append(unit)
-        self.current = unit
-        self._schedule()
-        return unit
-
-    def end_unit(self, unit: WriteUnit) -> None:
-        unit.end(self.batch)
-        self.current = None
-
-    def claim(self, conn: Client) -> WriteUnit | None:
-        """The unit ``conn``'s current frame staged and left for its commit
-        point (a durable SUBSCRIBE, an ABORT), if any: its RECEIPT must wait
-        for that unit, and an ERROR for it must carry the receipt-id."""
-        if self.units:
-            unit = self.units[-1]
-            if unit.claimable and unit.conn is conn:
-                unit.claimable = False
-                return unit
-        return None
-
-    def stage_unit(self, unit: WriteUnit, callback: ResultCallback) -> None:
-        """``callback(result)`` once ``unit`` committed, ``callback(None)``
-        when it failed (``unit.rejected`` says whether the store refused it)."""
-        self.callbacks.append((unit, callback))
-
-    def stage_releases(self, refs: list[Ref]) -> None:
-        """Deliverable again. Remembered so a redelivery of the same message is
-        never merged into this batch (the store applies deliveries first)."""
-        self.stage().releases.extend(refs)
-        self._released.update(refs)
-
-    def stage_delivery(self, ref: Ref, callback: StagedCallback) -> None:
-        if ref in self._released:
-            self.flush()  # release first, in its own batch, then the new delivery
-        self.stage(callback).deliveries.append(ref)
-
-    def stage_result(self, callback: ResultCallback) -> Batch:
-        self.callbacks.append((None, callback))
-        self._schedule()
-        return self.batch
-
-    def _schedule(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            if self.observer is not None:
-                self._first_staged = time.monotonic()
-            self.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._flush_scheduled = False
-        if self.held:
-            return
-        batch, callbacks, units = self.batch, self.callbacks, self.units
-        if not len(batch) and not callbacks:
-            self.units = []
-            return
-        if self.current is not None:  # never mid-frame; a frame that raised
-            self.end_unit(self.current)
-        self.batch, self.callbacks, self.units = Batch(), [], []
-        self._released.clear()
-        if self.failed or self.committer is None:
-            for _, cb in callbacks:
-                cb(None)
-            return
-        if not len(batch):
-            empty = BatchResult()
-            for _, cb in callbacks:
-                cb(empty)
-            return
-        self.inflight_batches += 1
-        spans = [u.end(batch) for u in units] if units else None
-        future = self.committer.submit(batch, spans)
-        if self.observer is not None:
-            observer, staged, submitted = self.observer, self._first_staged, time.monotonic()
-
-            def observe(f: asyncio.Future[BatchResult]) -> None:
-                if not f.cancelled() and f.exception() is None:
-                    now = time.monotonic()
-                    observer(now - submitted, now - (staged or submitted))
-
-            future.add_done_callback(observe)
-        future.add_done_callback(lambda f: self._done(f, batch, units, callbacks))
-
-    def _done(self, future: asyncio.Future[BatchResult], batch: Batch,
-              units: list[WriteUnit], callbacks: list) -> None:
-        self.inflight_batches -= 1
-        result: BatchResult | None = None
-        exc = None if future.cancelled() else future.exception()
-        if future.cancelled() or (exc is not None and not isinstance(exc, StoreRejected)):
-            self.failed = True
-        elif exc is not None:  # refused whole, and no unit to pin it on
-            log.error("the store refused a write no client can be told of: %s", exc)
-        else:
-            result = future.result()
-        rest_ok = result is not None
-        if result is not None and result.rejected:
-            for i, refused in result.rejected.items():
-                if i == OUTSIDE_UNITS:
-                    rest_ok = False
-                    log.error("the store refused a write no client can be told of: %s",
-                              refused)
-                else:
-                    units[i].rejected = refused
-        if batch.destinations and self.on_destinations is not None and result is not None:
-            self.on_destinations(_committed_destinations(batch, units, rest_ok)
-                                 if result.rejected else batch.destinations)
-        for unit, cb in callbacks:
-            ok = rest_ok if unit is None else result is not None and unit.rejected is None
-            try:
-                cb(result if ok else None)
-            except Exception:
-                log.exception("commit callback failed")
-
-    def release(self) -> None:
-        self.held = False
-        self._schedule()
-
-
-def _committed_destinations(batch: Batch, units: list[WriteUnit],
-                            rest_ok: bool) -> list[DestinationRow]:
-    """The destination rows of a split batch that did commit."""
-    rows = batch.destinations
-    inside = [False] * len(rows)
-    committed = []
-    for u in units:
-        assert u.span is not None
-        d0, d1 = u.span[0], u.span[1]
-        for k in range(d0, d1):
-            inside[k] = True
-            if u.rejected is None:
-                committed.append(rows[k])
-    if rest_ok:
-        committed.extend(r for r, taken in zip(rows, inside, strict=True) if not taken)
-    return committed
 
 
 # ---------------------------------------------------------------------------
@@ -921,7 +707,7 @@ class Broker:
         self.committer = committer
         self.loop = loop
         self.epoch = recovery.epoch
-        self.writes = WriteBuffer(committer, loop)
+        self.writes: WriteBuffer[Client] = WriteBuffer(committer, loop)
         self.writes.on_destinations = self._destinations_committed
         self.paused = False
         self.ids = itertools.count(recovery.next_message_id)
@@ -1112,7 +898,7 @@ class Broker:
             if self.unconfirmed_destinations.get(row.name) is row:
                 del self.unconfirmed_destinations[row.name]
 
-    def _reject(self, unit: WriteUnit) -> None:
+    def _reject(self, unit: WriteUnit[Client]) -> None:
         """The store refused the data of one client frame: nothing of it was
         written. That client gets an ERROR (with its receipt-id) and is closed;
         everyone else goes on, and the node stays master."""
@@ -1140,8 +926,7 @@ class Broker:
         h = frame.headers
         destination = h["destination"]
         check_destination(destination)
-        persistent, priority, expires, producer_id, producer_seq = parse_send(
-            h, DEFAULT_PRIORITY, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER)
+        persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
         headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
         check_user_headers(headers)
         mid = next(self.ids)
@@ -1157,7 +942,7 @@ class Broker:
         transaction's messages get theirs at COMMIT: ids follow commit order)."""
         h = frame.headers
         check_destination(h["destination"])
-        parse_send(h, DEFAULT_PRIORITY, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER)
+        parse_send(h, DEFAULT_PRIORITY)
         check_user_headers({k: v for k, v in h.items() if k not in NON_USER_HEADERS})
 
     def _send(self, session: Session, frames: list[Frame], receipt: str | None) -> None:
@@ -1363,7 +1148,7 @@ class Broker:
         sub_id = h.get("id") or destination  # STOMP 1.0 may omit id
         if sub_id in session.subscriptions:
             raise BrokerError(f"subscription id {sub_id!r} already in use")
-        ack_mode = h.get("ack", "auto")
+        ack_mode = h.get("ack", ACK_AUTO)
         if ack_mode not in ACK_MODES:
             raise BrokerError(f"ack mode {ack_mode!r}: use one of {', '.join(ACK_MODES)}")
         durable_name = h.get("activemq.subscriptionName") or h.get("durable-subscription-name")
@@ -1477,7 +1262,7 @@ class Broker:
     def _find_delivery(self, session: Session, frame: Frame) -> tuple[Subscription, str]:
         h = frame.headers
         version = session.conn.version
-        if version == "1.2":
+        if version == STOMP_1_2:
             ack_id = h.get("id", "")
             key, _, message_id = ack_id.partition(":")
             parsed = parse_ack_key(key)
@@ -1486,7 +1271,7 @@ class Broker:
                 raise BrokerError(f"no message awaiting acknowledgement with id {ack_id!r}")
             return sub, message_id
         message_id = h.get("message-id", "")
-        if version == "1.1":
+        if version == STOMP_1_1:
             sub = session.subscriptions.get(h.get("subscription", ""))
             if sub is not None and _awaits_ack(sub, message_id):
                 return sub, message_id

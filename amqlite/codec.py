@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from amqlite.wire import STOMP_1_0, STOMP_1_2, SUPPORTED_VERSIONS
+
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_HEADER_COUNT",
@@ -31,8 +33,8 @@ __all__ = [
 
 Fault = Literal["remote", "local"]
 
-# Versions this codec knows how to escape; anything else is a caller bug (local).
-SUPPORTED_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2")
+# SUPPORTED_VERSIONS (amqlite.wire, re-exported): the versions this codec knows how to
+# escape; anything else is a caller bug (local).
 
 # STOMP 1.2 "Value Encoding": CONNECT and CONNECTED frames do not escape or unescape
 # headers, so that 1.0 peers can still read the handshake.
@@ -167,7 +169,7 @@ def _unescape(text: str, version: str) -> str:
     # Only escaped colons (ids like ID\cgroup\c42, the usual case): one C pass.
     if text.count("\\") == text.count("\\c"):
         return text.replace("\\c", ":")
-    table = _UNESCAPE_MAP_12 if version == "1.2" else _UNESCAPE_MAP_11
+    table = _UNESCAPE_MAP_12 if version == STOMP_1_2 else _UNESCAPE_MAP_11
 
     def replace(match: re.Match[str]) -> str:
         char = match.group(1)
@@ -222,7 +224,7 @@ def encode_frame(frame: Frame, version: str) -> bytes:
         # checked way; 1.0 and CONNECT frames carry value colons as they are.
         if ":" in command or any(":" in name for name in headers):
             text = _encode_head_checked(frame, version)
-        elif version != "1.0" and command not in NO_ESCAPE_COMMANDS:
+        elif version != STOMP_1_0 and command not in NO_ESCAPE_COMMANDS:
             text = _escape_value_colons(command, headers, body)
     return b"".join((text.encode("utf-8"), body, b"\x00"))
 
@@ -251,23 +253,23 @@ def _encode_head_checked(frame: Frame, version: str) -> str:
     items = [(k, v) for k, v in frame.headers.items() if k != "content-length"]
     if frame.body:
         items.append(("content-length", str(len(frame.body))))
-    raw = version == "1.0" or command in NO_ESCAPE_COMMANDS
+    raw = version == STOMP_1_0 or command in NO_ESCAPE_COMMANDS
     if not raw and items:
         flat = "".join([name + value for name, value in items])
         if (
             "\x00" not in flat
             and "\x01" not in flat
-            and (version == "1.2" or "\r" not in flat)
+            and (version == STOMP_1_2 or "\r" not in flat)
             and all(name for name, _ in items)
         ):
             # Escape every header in a few C-level passes: join with placeholder separators
             # that cannot occur in the text, escape, then turn the placeholders into ":"/"\n".
             text = "\x00".join([name + "\x01" + value for name, value in items])
             text = text.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
-            if version == "1.2":
+            if version == STOMP_1_2:
                 text = text.replace("\r", "\\r")
             return f"{command}\n{text.replace(chr(1), ':').replace(chr(0), chr(10))}\n\n"
-    table = _ESCAPE_12 if version == "1.2" else _ESCAPE_11
+    table = _ESCAPE_12 if version == STOMP_1_2 else _ESCAPE_11
     lines = [command]
     for name, value in items:
         if raw:
@@ -310,7 +312,7 @@ class FrameParser:
     with the negotiated version.
     """
 
-    def __init__(self, limits: Limits | None = None, version: str = "1.0") -> None:
+    def __init__(self, limits: Limits | None = None, version: str = STOMP_1_0) -> None:
         self.limits = limits if limits is not None else Limits()
         self.version = version
         self.hold_after: frozenset[str] = frozenset()
@@ -537,7 +539,7 @@ class FrameParser:
             return None
         try:
             text = value.decode("utf-8")
-            if self.version != "1.0" and "\\" in text:
+            if self.version != STOMP_1_0 and "\\" in text:
                 text = _unescape(text, self.version)
         except (UnicodeDecodeError, ProtocolError):
             return None
@@ -575,7 +577,7 @@ class FrameParser:
             raise ProtocolError("malformed frame", "empty command line")
         headers: dict[str, str] = {}
         unescape = (
-            "\\" in text and self.version != "1.0" and command not in NO_ESCAPE_COMMANDS
+            "\\" in text and self.version != STOMP_1_0 and command not in NO_ESCAPE_COMMANDS
         )
         for line in lines[1:]:
             name, sep, value = line.partition(":")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amqlite.registry import Member, RegistryError, read_members, registry_url
+from amqlite.registry import Member, RegistryError, Role, read_members, registry_url
 from amqlite.settings import Settings, SettingsError, load_settings
 
 HOME_ENV = "AMQLITE_HOME"
@@ -399,7 +399,7 @@ def container_rows(home: Path) -> tuple[list[dict[str, Any]], list[str]]:
             found = registries[url]
             member = next((m for m in found or () if m.group == s.group and m.name == s.name),
                           None)
-            role = "?" if found is None else (member.role if member else "starting")
+            role = "?" if found is None else (member.role if member else Role.STARTING.value)
             if member is not None and member.services:
                 services = list(member.services)
         rows.append({"name": c.name, "group": s.group, "state": "running" if pid else "stopped",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import re
 import signal
@@ -24,6 +25,7 @@ from amqlite.registry import (
     NullRegistry,
     Registry,
     RegistryError,
+    Role,
     open_registry,
     read_members,
     registry_url,
@@ -53,6 +55,14 @@ REAP_BATCH = 1000
 PRUNE_BATCH = 5000
 
 
+class Outcome(enum.Enum):
+    """How a term as master (``Node._serve_as_master``) ended."""
+
+    RETRY = "retry"  # activation failed; the lock is released, wait for it again
+    STOPPED = "stopped"  # a stop was asked for (or we cannot listen): the node ends
+    LOST = "lost"  # mastership lost: exit (demoted) or, with --rejoin, slave again
+
+
 class Demoted(Exception):
     """Mastership ended (lock lost or store fenced)."""
 
@@ -65,7 +75,7 @@ class Node:
         self.lost_reason = ""
         self.broker: Broker | None = None
         self.server: StompServer | None = None
-        self.role = "starting"
+        self.role: Role = Role.STARTING
         #: This node's registry entry (cluster-list, discovery); never blocks or raises.
         self.registry: Registry = NullRegistry()
         #: Read by the management API and its metrics.
@@ -99,13 +109,13 @@ class Node:
             if not await self._start_management():
                 return EXIT_ERROR
             while not self.stopping.is_set():
-                self.role = "slave"
+                self.role = Role.SLAVE
                 log.info("node %s: slave of group %s, waiting for the lock", s.name, s.group)
-                await self.registry.announce("slave", None)
+                await self.registry.announce(Role.SLAVE, None)
                 if not await self._until_stopped(locker.acquire(s.lock_poll_interval)):
                     break
                 outcome = await self._serve_as_master(store, locker, auth)
-                if outcome == "stopped":
+                if outcome is Outcome.STOPPED:
                     break
                 if not s.rejoin:
                     return EXIT_DEMOTED
@@ -191,12 +201,12 @@ class Node:
             broker.writes.held = True
 
     def _demote(self, reason: str) -> None:
-        if not self.lost.is_set() and self.role == "master":
+        if not self.lost.is_set() and self.role is Role.MASTER:
             self.lost_reason = reason
             self.lost.set()
 
     # -- master -------------------------------------------------------------------------
-    async def _serve_as_master(self, store, locker, auth: Authenticator) -> str:
+    async def _serve_as_master(self, store, locker, auth: Authenticator) -> Outcome:
         s = self.settings
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -209,7 +219,7 @@ class Node:
             await locker.release()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), RETRY_DELAY)
-            return "retry"
+            return Outcome.RETRY
         committer = GroupCommitter(store, epoch, loop, on_failure=self._store_failed)
         broker = Broker(s, committer, recovery, loop)
         server = StompServer(s, broker, auth)
@@ -220,8 +230,8 @@ class Node:
             committer.close()
             await locker.release()
             self.stopping.set()
-            return "stopped"
-        self.broker, self.server, self.role = broker, server, "master"
+            return Outcome.STOPPED
+        self.broker, self.server, self.role = broker, server, Role.MASTER
         self.takeovers += 1
         self.master_since = time.time()
         if self.management is not None:
@@ -232,7 +242,7 @@ class Node:
             s.name, s.group, epoch, *s.bind_address, (time.monotonic() - started) * 1000,
             len(recovery.destinations), len(recovery.subscriptions),
         )
-        await self.registry.announce("master", epoch)
+        await self.registry.announce(Role.MASTER, epoch)
         background = [
             asyncio.ensure_future(self._keepalive(locker)),
             asyncio.ensure_future(self._check_integrity(epoch)),
@@ -251,19 +261,19 @@ class Node:
                 task.cancel()
         self.broker, self.server = None, None
         if self.lost.is_set():
-            self.role = "demoted"
+            self.role = Role.DEMOTED
             log.error("node %s: DEMOTED (%s): closing every client, writing nothing more",
                       s.name, self.lost_reason)
-            await self.registry.announce("slave", None)
+            await self.registry.announce(Role.SLAVE, None)
             server.stop_accepting()
             broker.pause()
             server.close_all("broker lost mastership; fail over")
             committer.close()
             with contextlib.suppress(Exception):
                 await locker.release()
-            return "lost"
+            return Outcome.LOST
         # Graceful stop: finish what is in flight, then let a slave in at once.
-        self.role = "stopping"
+        self.role = Role.STOPPING
         server.stop_accepting()
         server.pause_reading()
         broker.writes.flush()
@@ -277,11 +287,11 @@ class Node:
         await locker.release()
         await server.wait_closed()
         log.info("node %s: released the lock of group %s", s.name, s.group)
-        return "stopped"
+        return Outcome.STOPPED
 
     async def _still_master(self, locker) -> bool:
         """For the registry: may this node (still) call itself master?"""
-        if self.role != "master" or self.lost.is_set():
+        if self.role is not Role.MASTER or self.lost.is_set():
             return False
         try:
             await locker.keepalive()

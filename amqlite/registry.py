@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -51,9 +52,22 @@ from lockers.zk_connect import (
 
 log = logging.getLogger("amqlite.registry")
 
-ROLE_MASTER = "master"
-ROLE_SLAVE = "slave"
-ROLES = (ROLE_MASTER, ROLE_SLAVE)
+
+
+class Role(enum.StrEnum):
+    """A node's role (amqlite.node). A registry entry carries MASTER or SLAVE, stored
+    as the plain strings "master" and "slave" (readers, old and new, compare those);
+    the other roles are the node's own moments between the two."""
+
+    STARTING = "starting"
+    SLAVE = "slave"
+    MASTER = "master"
+    DEMOTED = "demoted"  # lost mastership, closing everything
+    STOPPING = "stopping"  # graceful stop as master
+
+
+#: The roles a registry entry may carry.
+ROLES = (Role.MASTER, Role.SLAVE)
 
 #: Store registry heartbeat period (s). Role changes are written at once (they
 #: do not wait for a heartbeat); the heartbeat only proves liveness. 0.5 s is
@@ -186,8 +200,8 @@ def group_views(members: Iterable[Member]) -> list[GroupView]:
     views = []
     for group in sorted(by_group):
         entries = by_group[group]
-        masters = sorted((m for m in entries if m.role == ROLE_MASTER), key=_master_order)
-        slaves = sorted(m.name for m in entries if m.role != ROLE_MASTER)
+        masters = sorted((m for m in entries if m.role == Role.MASTER), key=_master_order)
+        slaves = sorted(m.name for m in entries if m.role != Role.MASTER)
         services = list(masters[0].services) if masters else []
         views.append(GroupView(group, [m.name for m in masters], slaves, services,
                                sorted(entries, key=lambda m: m.name)))
@@ -226,8 +240,8 @@ class Registry(abc.ABC):
     http: str | None = None
 
     @abc.abstractmethod
-    async def announce(self, role: str, epoch: int | None) -> None:
-        """Say (and keep saying) that this node is ``role`` ("master" or "slave");
+    async def announce(self, role: Role, epoch: int | None) -> None:
+        """Say (and keep saying) that this node is ``role`` (MASTER or SLAVE);
         a master gives the epoch it claimed. Returns at once."""
 
     @abc.abstractmethod
@@ -244,7 +258,7 @@ class NullRegistry(Registry):
 
     description = "no registry"
 
-    async def announce(self, role: str, epoch: int | None) -> None:
+    async def announce(self, role: Role, epoch: int | None) -> None:
         return None
 
     async def withdraw(self) -> None:
@@ -276,14 +290,15 @@ class _BackgroundRegistry(Registry):
         self._failing = False
 
     # -- what the node calls ------------------------------------------------------
-    async def announce(self, role: str, epoch: int | None) -> None:
+    async def announce(self, role: Role, epoch: int | None) -> None:
         if role not in ROLES:
             log.error("%s: unknown role %r not announced", self.description, role)
             return
         if self._closed:
             return
-        self._wanted = Member(self.group, self.name, role, self.services, self.host, self.pid,
-                              epoch if role == ROLE_MASTER else None, self.http)
+        role = Role(role)  # the plain string goes into the entry: .value
+        self._wanted = Member(self.group, self.name, role.value, self.services, self.host,
+                              self.pid, epoch if role is Role.MASTER else None, self.http)
         self._kick()
 
     async def withdraw(self) -> None:
@@ -422,7 +437,7 @@ class ZooKeeperRegistry(_BackgroundRegistry):
     async def _apply(self, wanted: Member | None) -> None:
         if (
             wanted is not None
-            and wanted.role == ROLE_MASTER
+            and wanted.role == Role.MASTER
             and self.confirm_master is not None
             and not await self.confirm_master()
         ):
@@ -484,7 +499,7 @@ class ZooKeeperRegistry(_BackgroundRegistry):
         if session is None:
             raise _Deferred(ZK_SESSION_RETRY)
         ours = stat is not None and stat.ephemeralOwner == session
-        if wanted is None or wanted.role != ROLE_MASTER:
+        if wanted is None or wanted.role != Role.MASTER:
             self._master_session = None
         if wanted is None:
             if ours:
@@ -495,7 +510,7 @@ class ZooKeeperRegistry(_BackgroundRegistry):
         data = json.dumps(wanted.to_json(), sort_keys=True).encode()
         if ours and self._written == (session, data):
             return
-        if wanted.role == ROLE_MASTER:
+        if wanted.role == Role.MASTER:
             self._may_write_master(session)
         if stat is not None and not ours:
             # An older incarnation of this name (a crash: its session has not
@@ -513,7 +528,7 @@ class ZooKeeperRegistry(_BackgroundRegistry):
         else:
             client.set(self.path, data, version=stat.version)
         self._written = (session, data)
-        if wanted.role == ROLE_MASTER:
+        if wanted.role == Role.MASTER:
             self._master_session, self._pending = session, None
 
     async def _close_backend(self) -> None:

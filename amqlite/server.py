@@ -23,6 +23,7 @@ from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
 from amqlite.settings import UNAUTHENTICATED_SHARE
 from amqlite.validation import check_connect
+from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER, REBALANCE_HEADER
 
 if TYPE_CHECKING:
     from amqlite.auth import Authenticator
@@ -38,10 +39,6 @@ SWEEP_INTERVAL_MIN = 0.05
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 WRITE_BUFFER_LOW = 1 * 1024 * 1024
-#: Headers our client (amqlite.client) reads to learn the group's URIs.
-CLUSTER_URIS_HEADER = "amqlite.clusterURIs"
-REBALANCE_HEADER = "amqlite.rebalance"
-CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
 
 
 class StompServer:
@@ -176,9 +173,10 @@ class ClientConnection(asyncio.Protocol):
         self.proto = StompProtocol("server", server.limits, hold_handshake=True)
         self.transport: asyncio.Transport | None = None
         self.client_id: str | None = None
-        self.version = "1.0"
+        #: The socket is done with (refused, lost or closed by us): the transport's
+        #: state, which the protocol does not know. Version and handshake are the
+        #: protocol's (see the properties below).
         self.closed = False
-        self.connected = False
         self.check: PendingCheck | None = None  # the login being checked
         #: loop time when the frame now arriving started; None between frames
         self.partial_since: float | None = None
@@ -199,6 +197,17 @@ class ClientConnection(asyncio.Protocol):
         #: dispatch cannot encode a whole backlog before the transport pushes back.
         self._out_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
+
+    @property
+    def version(self) -> str:
+        """The negotiated STOMP version ("1.0" until CONNECTED)."""
+        return self.proto.version
+
+    @property
+    def connected(self) -> bool:
+        """CONNECTED was sent; stays true after DISCONNECT or an ERROR (``closed`` says
+        whether the socket is still in use)."""
+        return self.proto.handshake_done
 
     # -- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -419,9 +428,7 @@ class ClientConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self._protocol_failed(exc)
             return
-        self.version = self.proto.version
         self.client_id = frame.headers.get("client-id") or None
-        self.connected = True
         self.login = frame.headers.get("login") or None
         self.connected_at = time.time()
         self._forget_handshake()

@@ -21,11 +21,10 @@ from amqlite.codec import (
     DEFAULT_MAX_HEADER_COUNT,
     DEFAULT_MAX_HEADER_LENGTH,
 )
+from amqlite.wire import DEFAULT_STOMP_PORT
 
-#: STOMP's IANA port, and what ActiveMQ's stomp connector uses.
-DEFAULT_PORT = 61613
 #: Listen on loopback unless told otherwise: security by default.
-DEFAULT_BIND = f"127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_BIND = f"127.0.0.1:{DEFAULT_STOMP_PORT}"
 #: A bound on sockets so a connection flood cannot exhaust file descriptors.
 #: ActiveMQ's transport default maximumConnections is 1000.
 DEFAULT_MAX_CONNECTIONS = 1000
@@ -73,8 +72,6 @@ DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
 DEFAULT_MAX_DESTINATION_MEMORY = 64 * 1024 * 1024
 #: How often a master checkpoints housekeeping (reap expired, prune dedup).
 DEFAULT_HOUSEKEEPING_INTERVAL = 5.0
-#: The management HTTP listener: ActiveMQ's web console port, on loopback.
-DEFAULT_HTTP_PORT = 8161
 #: ``http_bind`` value meaning "no HTTP listener".
 HTTP_OFF = "off"
 
@@ -207,7 +204,7 @@ class Settings:
 def parse_bind(bind: str) -> tuple[str, int]:
     host, sep, port = bind.rpartition(":")
     if not sep:
-        host, port = bind, str(DEFAULT_PORT)
+        host, port = bind, str(DEFAULT_STOMP_PORT)
     host = host.strip("[]") or "127.0.0.1"
     try:
         p = int(port)

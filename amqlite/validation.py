@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from amqlite.codec import ProtocolError, parse_uint
+from amqlite.wire import PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
 from store.schema import (
     BIGINT_MAX,
     CLIENT_ID_LENGTH,
@@ -130,8 +131,9 @@ def _uint_value(name: str, text: str, limit: int) -> int:
 
 
 def parse_send(
-    headers: Mapping[str, str], default_priority: int, producer_id_header: str,
-    producer_seq_header: str,
+    headers: Mapping[str, str], default_priority: int,
+    producer_id_header: str = PRODUCER_ID_HEADER,
+    producer_seq_header: str = PRODUCER_SEQ_HEADER,
 ) -> tuple[bool, int, int, str | None, int | None]:
     """``(persistent, priority, expires, producer_id, producer_seq)`` of a SEND, checked
     against the store's columns; BrokerError names the first bad header."""

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from amqlite.codec import Frame, FrameParser, encode_frame
 from amqlite.protocol import FrameReceived, StompProtocol
+from amqlite.wire import STOMP_1_2
 
 # A typical producer frame: 1 KB body, 6 headers (what stomp.py sends with receipt + persistence).
 BODY_SIZE = 1024
@@ -55,9 +56,9 @@ def _rate(run_once: object, per_call: int) -> float:
 
 
 def main() -> None:
-    wire = encode_frame(FRAME, "1.2")
+    wire = encode_frame(FRAME, STOMP_1_2)
     chunk = wire * FRAMES_PER_CHUNK
-    parser = FrameParser(version="1.2")
+    parser = FrameParser(version=STOMP_1_2)
     assert parser.feed(chunk)[0] == Frame(FRAME.command, {**FRAME.headers,
                                           "content-length": str(BODY_SIZE)}, FRAME.body)
 
@@ -75,7 +76,7 @@ def main() -> None:
         parser.feed(second)
 
     def encode() -> None:
-        encode_frame(FRAME, "1.2")
+        encode_frame(FRAME, STOMP_1_2)
 
     server = StompProtocol("server")
     [connect] = server.receive_data(b"CONNECT\naccept-version:1.2\nhost:b\n\n\x00")

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from amqlite.wire import ACK_CLIENT_INDIVIDUAL, ACK_MODES  # noqa: E402
 from bench.load import (  # noqa: E402
     PRELOAD_CONNECTIONS,
     asyncio_run,
@@ -98,8 +99,7 @@ def main() -> int:
     ap.add_argument("--spawn", choices=SPAWN_KINDS)
     ap.add_argument("--backlog", type=int, default=1_000_000)
     ap.add_argument("--consumers", type=int, default=4)
-    ap.add_argument("--ack", default="client-individual",
-                    choices=["auto", "client", "client-individual"])
+    ap.add_argument("--ack", default=ACK_CLIENT_INDIVIDUAL, choices=ACK_MODES)
     ap.add_argument("--body-size", type=int, default=1024)
     ap.add_argument("--preload-connections", type=int, default=PRELOAD_CONNECTIONS)
     ap.add_argument("--preload-timeout", type=float, default=900.0,

@@ -43,6 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amqlite.codec import Frame  # noqa: E402
+from amqlite.wire import (  # noqa: E402
+    ACK_CLIENT_INDIVIDUAL,
+    PRODUCER_ID_HEADER,
+    PRODUCER_SEQ_HEADER,
+)
 from bench.load import CLOSED, Conn, asyncio_run, preload, subscribe  # noqa: E402
 from bench.peers import (  # noqa: E402
     START_TIMEOUT,
@@ -109,7 +114,7 @@ async def producer(ports: list[int], idx: int, body: bytes, stop: asyncio.Event,
     while not stop.is_set():
         seq += 1
         headers = {"destination": QUEUE, "persistent": "true", "receipt": str(seq),
-                   "amqlite.producerId": f"w3-{idx}", "amqlite.producerSeq": str(seq),
+                   PRODUCER_ID_HEADER: f"w3-{idx}", PRODUCER_SEQ_HEADER: str(seq),
                    "bench_pid": str(idx), "bench_seq": str(seq)}
         while True:
             try:
@@ -150,7 +155,7 @@ async def consumer(ports: list[int], stop: asyncio.Event, stats: Stats, idx: int
             stats.consumer_errors.append(repr(exc))
             continue
         try:
-            await subscribe(conn, QUEUE, "client-individual")
+            await subscribe(conn, QUEUE, ACK_CLIENT_INDIVIDUAL)
         except (OSError, ConnectionError, TimeoutError) as exc:
             stats.consumer_errors.append(repr(exc))
             conn.close()

@@ -39,6 +39,14 @@ sys.path.insert(0, str(ROOT))
 
 from amqlite.codec import Frame  # noqa: E402
 from amqlite.protocol import FrameReceived, StompProtocol  # noqa: E402
+from amqlite.wire import (  # noqa: E402
+    ACK_AUTO,
+    ACK_CLIENT_INDIVIDUAL,
+    ACK_MODES,
+    PRODUCER_ID_HEADER,
+    PRODUCER_SEQ_HEADER,
+    STOMP_1_2,
+)
 from bench.peers import SPAWN_KINDS, PeerSet, tree_cpu_seconds, tree_rss_bytes  # noqa: E402
 
 QUEUE = "/queue/bench"
@@ -69,7 +77,7 @@ class Conn:
     async def open(cls, port: int, timeout: float = 30.0) -> Conn:
         r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
         c = cls(r, w)
-        w.write(c.proto.connect_frame(STOMP_HOST, versions=("1.2",)))
+        w.write(c.proto.connect_frame(STOMP_HOST, versions=(STOMP_1_2,)))
         c.pump = asyncio.ensure_future(c._pump())
         try:
             first = await asyncio.wait_for(c.frames.get(), timeout)
@@ -125,7 +133,7 @@ class _Peer(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.write(self.proto.connect_frame(STOMP_HOST, versions=("1.2",)))  # type: ignore[attr-defined]
+        transport.write(self.proto.connect_frame(STOMP_HOST, versions=(STOMP_1_2,)))  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -176,8 +184,8 @@ class _ReceiptProducer(_Peer):
         h = dict(self.headers)
         h["bench_ts"] = repr(time.time())
         h["receipt"] = n
-        h["amqlite.producerId"] = self.pid
-        h["amqlite.producerSeq"] = n
+        h[PRODUCER_ID_HEADER] = self.pid
+        h[PRODUCER_SEQ_HEADER] = n
         self.t = time.monotonic()
         self.write(Frame("SEND", h, self.body))
 
@@ -265,7 +273,7 @@ class _Consumer(_Peer):
             sent_at = frame.headers.get("bench_ts")
             if sent_at:
                 self.e2e.append(time.time() - float(sent_at))
-            if self.ack != "auto":
+            if self.ack != ACK_AUTO:
                 self.write(Frame("ACK", {"id": frame.headers["ack"]}))
         elif command == "RECEIPT":
             if not self.subscribed.done():
@@ -498,8 +506,7 @@ def main() -> int:
     ap.add_argument("--producers", type=int, default=50)
     ap.add_argument("--consumers", type=int, default=4)
     ap.add_argument("--body-size", type=int, default=1024)
-    ap.add_argument("--ack", default="client-individual",
-                    choices=["auto", "client", "client-individual"])
+    ap.add_argument("--ack", default=ACK_CLIENT_INDIVIDUAL, choices=ACK_MODES)
     ap.add_argument("--non-persistent", action="store_true")
     ap.add_argument("--omit-persistent-header", action="store_true",
                     help="non-persistent SENDs carry no persistent header (the default of "

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from amqlite.codec import HEARTBEAT, Frame, FrameParser, encode_frame  # noqa: E402
+from amqlite.wire import STOMP_1_2  # noqa: E402
 from tests.servers import PostgresServer, free_port  # noqa: E402
 
 #: How often the client retries the nodes while none serves (ActiveMQ's
@@ -49,12 +50,12 @@ class RawClient:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.parser = FrameParser()
         self.frames: list[Frame] = []
-        self.sock.sendall(encode_frame(Frame("CONNECT", {"accept-version": "1.2",
-                                                         "host": "/"}), "1.2"))
+        self.sock.sendall(encode_frame(Frame("CONNECT", {"accept-version": STOMP_1_2,
+                                                         "host": "/"}), STOMP_1_2))
         reply = self.read()
         if reply.command != "CONNECTED":
             raise ConnectionError(f"CONNECT refused: {reply.headers}")
-        self.parser.version = "1.2"
+        self.parser.version = STOMP_1_2
 
     def read(self) -> Frame:
         while not self.frames:
@@ -66,7 +67,7 @@ class RawClient:
 
     def send_with_receipt(self, destination: str, body: bytes, receipt: str) -> None:
         headers = {"destination": destination, "persistent": "true", "receipt": receipt}
-        self.sock.sendall(encode_frame(Frame("SEND", headers, body), "1.2"))
+        self.sock.sendall(encode_frame(Frame("SEND", headers, body), STOMP_1_2))
         while True:
             f = self.read()
             if f.command == "RECEIPT" and f.headers.get("receipt-id") == receipt:
@@ -157,7 +158,7 @@ def preload(port: int, count: int, body: bytes) -> None:
     while sent < count:
         n = min(chunk, count - sent)
         data = b"".join(
-            encode_frame(Frame("SEND", {"destination": "/queue/backlog"}, body), "1.2")
+            encode_frame(Frame("SEND", {"destination": "/queue/backlog"}, body), STOMP_1_2)
             for _ in range(n)
         )
         c.sock.sendall(data)

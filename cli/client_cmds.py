@@ -31,12 +31,13 @@ from amqlite.client import (
     stomp_destination,
 )
 from amqlite.client.uri import URIError
+from amqlite.wire import ACK_AUTO, ACK_MODES, DEFAULT_STOMP_PORT
 
 __all__ = ["consume", "produce", "register"]
 
 #: ActiveMQ's producer/consumer tools default to this broker URL and destination
 #: (with the STOMP port instead of OpenWire's 61616).
-DEFAULT_BROKER_URL = "failover:(tcp://127.0.0.1:61613)"
+DEFAULT_BROKER_URL = f"failover:(tcp://127.0.0.1:{DEFAULT_STOMP_PORT})"
 DEFAULT_DESTINATION = "queue://TEST"
 #: ActiveMQ's tools send/receive 1000 messages unless told otherwise.
 DEFAULT_COUNT = 1000
@@ -244,8 +245,8 @@ def produce(broker_url: str, destination: str, count: int, user: str | None,
 
 @click.command()
 @_with_common
-@click.option("--ack", "ack_mode", default="auto", show_default=True,
-              type=click.Choice(["auto", "client", "client-individual"]),
+@click.option("--ack", "ack_mode", default=ACK_AUTO, show_default=True,
+              type=click.Choice(ACK_MODES),
               help="Acknowledgement mode; client modes ack every message.")
 @click.option("--timeout", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Stop after this many seconds without a message (0: wait forever).")
@@ -283,7 +284,7 @@ def consume(broker_url: str, destination: str, count: int, user: str | None,
                 if message is None:
                     break
                 _record(message)
-                if ack_mode != "auto" and not await client.ack(message):
+                if ack_mode != ACK_AUTO and not await client.ack(message):
                     report.counts["acks_unconfirmed"] += 1
         finally:
             await client.disconnect()

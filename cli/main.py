@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from amqlite import __version__
-from amqlite.settings import SettingsError, load_settings
+from amqlite.settings import DEFAULT_BIND, SettingsError, load_settings
 from cli import cluster_cmds
 
 #: Exit status for a usage or configuration error (click uses 2 for usage too).
@@ -38,7 +38,7 @@ def cli() -> None:
 @click.option("--data-dir", help="Data directory of the embedded store and lock file.")
 @click.option("--store", help="Store URL: sqlite:///path or postgresql://user@host/db.")
 @click.option("--locker", help="Locker URL: file:///path, postgresql://..., zk://host:port/root.")
-@click.option("--bind", help="Address to listen on (default 127.0.0.1:61613).")
+@click.option("--bind", help=f"Address to listen on (default {DEFAULT_BIND}).")
 @click.option("--http", "http_bind",
               help="Management HTTP listener HOST:PORT, or 'off' (default 127.0.0.1:8161, "
                    "or a port derived from --bind's).")

@@ -27,7 +27,8 @@ from typing import Any, NoReturn
 import click
 
 from amqlite.registry import Member, RegistryError, read_members, registry_url
-from amqlite.settings import DEFAULT_HTTP_PORT, SettingsError, load_settings
+from amqlite.settings import SettingsError, load_settings
+from amqlite.wire import DEFAULT_HTTP_PORT
 
 #: What ``--url`` is without one: the first node's default listener.
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_HTTP_PORT}"

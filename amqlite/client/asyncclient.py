@@ -38,6 +38,7 @@ from amqlite.client.messages import (
 from amqlite.client.requests import Control, PendingSend, RequestBook, Transaction
 from amqlite.client.uri import BrokerURL, parse_broker_url
 from amqlite.codec import Frame, ProtocolError, encode_frame
+from amqlite.wire import ACK_AUTO, ACK_MODES, STOMP_1_2
 
 __all__ = ["DISCONNECT_TIMEOUT_S", "AsyncClient"]
 
@@ -187,7 +188,7 @@ class AsyncClient(FailoverSupervisor):
             frame_headers[PRODUCER_ID_HEADER] = self.producer_id
             frame_headers[PRODUCER_SEQ_HEADER] = str(seq)
         try:  # fail now, not at the replay after a reconnect
-            encode_frame(Frame("SEND", frame_headers), "1.2")
+            encode_frame(Frame("SEND", frame_headers), STOMP_1_2)
         except ProtocolError as exc:
             raise ValueError(f"cannot send these headers: {exc}") from None
         if transaction is not None:
@@ -272,7 +273,7 @@ class AsyncClient(FailoverSupervisor):
         self,
         destination: str,
         *,
-        ack: str = "auto",
+        ack: str = ACK_AUTO,
         id: str | None = None,
         durable_name: str | None = None,
         prefetch: int | None = None,
@@ -285,8 +286,9 @@ class AsyncClient(FailoverSupervisor):
         ``callback`` receives every message on the event loop instead of the queue.
         """
         self._check_open()
-        if ack not in ("auto", "client", "client-individual"):
-            raise ValueError(f"ack mode {ack!r}: use auto, client or client-individual")
+        if ack not in ACK_MODES:
+            *first, last = ACK_MODES
+            raise ValueError(f"ack mode {ack!r}: use {', '.join(first)} or {last}")
         dest = stomp_destination(destination)
         sub_id = id or self._next_id("sub")
         if sub_id in self._subs:
@@ -368,7 +370,7 @@ class AsyncClient(FailoverSupervisor):
 
     async def _acknowledge(self, command: str, message: Message, tx_id: str | None) -> bool:
         self._check_open()
-        if message.subscription.ack == "auto":
+        if message.subscription.ack == ACK_AUTO:
             raise ValueError(f"{message.subscription} uses ack=auto: nothing to acknowledge")
         conn = self._conn
         if message.generation != self._generation or conn is None or not self.connected:
@@ -396,7 +398,7 @@ class AsyncClient(FailoverSupervisor):
 
     @staticmethod
     def _ack_headers(conn: Connection, message: Message) -> dict[str, str]:
-        if conn.protocol.version == "1.2":
+        if conn.protocol.version == STOMP_1_2:
             return {"id": message.ack_id}
         return {"message-id": message.message_id, "subscription": message.subscription.id}
 
@@ -593,7 +595,7 @@ class AsyncClient(FailoverSupervisor):
     def _settle_interrupted(self, generation: int, text: str) -> None:
         self._requests.interrupted(text, self._unconfirmed)
         for sub in self._subs.values():
-            if sub.ack != "auto":
+            if sub.ack != ACK_AUTO:
                 sub._drop_undelivered(generation)
 
     def _fail_pending(self, exc: BaseException) -> None:

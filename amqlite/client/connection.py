@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from amqlite.client.errors import ConnectRefusedError
 from amqlite.client.uri import TcpURI
 from amqlite.codec import Frame, ProtocolError
-from amqlite.protocol import FrameReceived, StompProtocol, receive_deadline_ms
+from amqlite.protocol import FrameReceived, State, StompProtocol, receive_deadline_ms
+from amqlite.wire import STOMP_1_1, STOMP_1_2
 
 __all__ = ["OFFERED_VERSIONS", "READ_CHUNK", "Connection", "describe"]
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 #: Bytes asked from the socket per read; a few frames per syscall.
 READ_CHUNK = 64 * 1024
 #: Versions offered in CONNECT. 1.0 cannot ack by subscription and has no heart-beats.
-OFFERED_VERSIONS = ("1.1", "1.2")
+OFFERED_VERSIONS = (STOMP_1_1, STOMP_1_2)
 
 
 class Connection:
@@ -164,7 +165,7 @@ class Connection:
         try:
             data = self.protocol.send(frame)
         except ProtocolError as exc:
-            if exc.fault == "local" and self.protocol.state == "closed":
+            if exc.fault == "local" and self.protocol.state is State.CLOSED:
                 raise ConnectionResetError(str(exc)) from exc
             raise
         self._write_bytes(data)

@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from amqlite.client.errors import ConnectionFailedError
 from amqlite.client.uri import TcpURI, URIError, parse_tcp_uri
-from amqlite.registry import ROLE_MASTER, Member, RegistryError, read_members
+from amqlite.registry import Member, RegistryError, Role, read_members
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ def parse(uri: str) -> tuple[str, str]:
 def order_services(members: list[Member]) -> list[str]:
     """Client URIs, the real master's first (highest epoch), then other
     masters', then slaves'; each URI once."""
-    masters = sorted((m for m in members if m.role == ROLE_MASTER),
+    masters = sorted((m for m in members if m.role == Role.MASTER),
                      key=lambda m: (-(m.epoch if m.epoch is not None else -1), m.name))
-    slaves = sorted((m for m in members if m.role != ROLE_MASTER), key=lambda m: m.name)
+    slaves = sorted((m for m in members if m.role != Role.MASTER), key=lambda m: m.name)
     out: list[str] = []
     for m in (*masters, *slaves):
         for uri in m.services:

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amqlite.codec import Frame
+from amqlite.wire import (  # re-exported: amqlite.client's public names
+    CLUSTER_URIS_HEADER,
+    PRODUCER_ID_HEADER,
+    PRODUCER_SEQ_HEADER,
+    REBALANCE_HEADER,
+)
 
 if TYPE_CHECKING:
     from amqlite.client.asyncclient import AsyncClient
@@ -25,13 +31,6 @@ __all__ = [
     "TransportListener",
     "stomp_destination",
 ]
-
-#: The producer message identity; the broker's dedup window is keyed by it (broker.py).
-PRODUCER_ID_HEADER = "amqlite.producerId"
-PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
-#: Broker -> client cluster update (see the package docstring).
-CLUSTER_URIS_HEADER = "amqlite.clusterURIs"
-REBALANCE_HEADER = "amqlite.rebalance"
 
 
 def stomp_destination(name: str) -> str:

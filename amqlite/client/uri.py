@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+from amqlite.wire import DEFAULT_STOMP_PORT
+
 __all__ = [
     "ACTIVEMQ_FAILOVER_DEFAULTS",
     "DEFAULT_CONNECTION_TIMEOUT_MS",
@@ -74,8 +76,6 @@ DEFAULT_CONNECTION_TIMEOUT_MS = 30_000
 #: ``amqlite.protocol`` notice a dead half-open connection in 20 s, and match the broker's
 #: own default offer.
 DEFAULT_HEARTBEAT_MS = (10_000, 10_000)
-#: STOMP's registered port, the broker's default listener (DESIGN.md).
-DEFAULT_STOMP_PORT = 61613
 
 TCP_SCHEMES = ("tcp", "stomp")
 

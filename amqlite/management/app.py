@@ -52,7 +52,8 @@ from amqlite.management.security import (
     Unauthorized,
 )
 from amqlite.registry import Member, RegistryError, read_members, registry_url
-from amqlite.settings import DEFAULT_HTTP_PORT, DEFAULT_PORT, HTTP_OFF, parse_bind
+from amqlite.settings import HTTP_OFF, parse_bind
+from amqlite.wire import DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ class ManagementServer:
         else:
             host = "127.0.0.1"
             _, stomp_port = s.bind_address
-            offset = stomp_port - DEFAULT_PORT
+            offset = stomp_port - DEFAULT_STOMP_PORT
             first = DEFAULT_HTTP_PORT + (offset if 0 <= offset < AUTO_PORT_RANGE else 0)
             site = await self._listen(host, list(range(first, first + AUTO_PORT_TRIES)))
             if site is None:

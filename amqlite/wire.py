@@ -1,0 +1,64 @@
+"""The wire vocabulary: every name and number both ends of a STOMP connection agree on.
+
+One place for what the codec, protocol, broker, server, client, settings and bench
+would otherwise each spell out: protocol versions, ack modes, amqlite's own headers and
+the default port. It sits on the lowest floor (it imports nothing), so every layer can
+import it. ``spark/audit_job.py`` keeps its own copy of the producer identity headers
+(spark-submit ships that one file); ``tests/unit/test_wire.py`` checks the copy agrees.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACK_AUTO",
+    "ACK_CLIENT",
+    "ACK_CLIENT_INDIVIDUAL",
+    "ACK_MODES",
+    "CLUSTER_UPDATE_RECEIPT",
+    "CLUSTER_URIS_HEADER",
+    "DEFAULT_STOMP_PORT",
+    "DELIVERY_COUNT_HEADER",
+    "PRODUCER_ID_HEADER",
+    "PRODUCER_SEQ_HEADER",
+    "REBALANCE_HEADER",
+    "STOMP_1_0",
+    "STOMP_1_1",
+    "STOMP_1_2",
+    "SUPPORTED_VERSIONS",
+]
+
+# -- protocol versions (the ``accept-version`` / ``version`` values) -------------------
+STOMP_1_0 = "1.0"
+STOMP_1_1 = "1.1"
+STOMP_1_2 = "1.2"
+#: Every version the codec and protocol speak, oldest first.
+SUPPORTED_VERSIONS: tuple[str, ...] = (STOMP_1_0, STOMP_1_1, STOMP_1_2)
+
+# -- ack modes (SUBSCRIBE's ``ack`` header) ---------------------------------------------
+#: The spec's default when SUBSCRIBE has no ``ack`` header.
+ACK_AUTO = "auto"
+ACK_CLIENT = "client"
+#: 1.1+ in the spec; ActiveMQ (and we) accept it from 1.0 clients too.
+ACK_CLIENT_INDIVIDUAL = "client-individual"
+ACK_MODES: tuple[str, ...] = (ACK_AUTO, ACK_CLIENT, ACK_CLIENT_INDIVIDUAL)
+
+# -- amqlite's own headers ---------------------------------------------------------------
+#: The producer message identity (SEND): the broker's dedup window is keyed by it, and
+#: the Spark audit groups by it.
+PRODUCER_ID_HEADER = "amqlite.producerId"
+PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
+#: MESSAGE: how many times this message was delivered, on a redelivery.
+DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
+#: CONNECTED / RECEIPT, broker -> client: the group's URIs, master first (ActiveMQ's
+#: updateClusterClients), and whether clients should reconnect to spread out.
+CLUSTER_URIS_HEADER = "amqlite.clusterURIs"
+REBALANCE_HEADER = "amqlite.rebalance"
+#: The ``receipt-id`` of a RECEIPT no client asked for, carrying a cluster update.
+CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
+
+# -- ports -------------------------------------------------------------------------------
+#: STOMP's IANA-registered port, what ActiveMQ's stomp connector uses: the broker's
+#: default listener and the client's default when a URI names none (DESIGN.md).
+DEFAULT_STOMP_PORT = 61613
+#: The management HTTP listener: ActiveMQ's web console port, on loopback.
+DEFAULT_HTTP_PORT = 8161

@@ -1,0 +1,250 @@
+"""The write buffer in front of the group committer: every write the broker's
+loop produces in one iteration, gathered into one ``Batch``.
+
+It lives next to ``group_commit`` (which it feeds) rather than in the broker:
+it knows batches, unit spans and refusals, nothing about STOMP. The client a
+unit is blamed on is opaque here (``C``: the broker's ``Client``); the store
+package still imports nothing from ``amqlite``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from store.api import (
+    OUTSIDE_UNITS,
+    Batch,
+    BatchResult,
+    DestinationRow,
+    Ref,
+    StoreRejected,
+    UnitSpan,
+)
+
+if TYPE_CHECKING:
+    from store.group_commit import GroupCommitter
+
+__all__ = ["ResultCallback", "StagedCallback", "WriteBuffer", "WriteUnit"]
+
+log = logging.getLogger(__name__)
+
+#: Whoever a unit's data came from (the broker's client connection).
+C = TypeVar("C")
+
+StagedCallback = Callable[[bool], None]
+ResultCallback = Callable[[BatchResult | None], None]
+
+
+class WriteUnit(Generic[C]):
+    """The data one client frame brings (a SEND's or COMMIT's inserts and
+    identities, a durable SUBSCRIBE's row, the destination rows they need): a
+    span of the flush's batch. The batch commits whole as long as the store
+    takes it; when the store refuses it, the group committer splits it along
+    the spans, and only a unit the store refuses on its own fails
+    (``rejected``), so only that frame's client gets an ERROR."""
+
+    __slots__ = ("claimable", "conn", "index", "receipt", "rejected", "span", "start")
+
+    def __init__(self, conn: C | None, index: int, batch: Batch) -> None:
+        #: The client to blame when the store refuses the unit, and the
+        #: receipt its frame asked for (the ERROR carries it).
+        self.conn = conn
+        self.receipt: str | None = None
+        self.index = index  # in the flush's spans
+        self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
+                      len(batch.identities))
+        self.span: UnitSpan | None = None
+        #: The frame's commit point (``Broker._finish_write``) is still to come
+        #: and belongs with this unit (see ``WriteBuffer.claim``).
+        self.claimable = False
+        #: The store refused this unit's data (nothing of it was written).
+        self.rejected: StoreRejected | None = None
+
+    def end(self, batch: Batch) -> UnitSpan:
+        if self.span is None:
+            d, s, i, y = self.start
+            self.span = (d, len(batch.destinations), s, len(batch.subscriptions),
+                         i, len(batch.inserts), y, len(batch.identities))
+        return self.span
+
+
+class WriteBuffer(Generic[C]):
+    """Gathers every write of one loop iteration into one Batch for the committer.
+
+    What a client frame brings is staged between ``begin_unit`` and
+    ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
+    order, once the batch committed (``ok=True``) or failed (``ok=False``;
+    for a unit's own callbacks also when the store refused that unit).
+    ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
+    """
+
+    def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.committer = committer
+        self.loop = loop
+        self.batch = Batch()
+        self.units: list[WriteUnit[C]] = []
+        #: (the unit whose outcome the callback gets, or None: the whole batch's)
+        self.callbacks: list[tuple[WriteUnit[C] | None, ResultCallback]] = []
+        self._flush_scheduled = False
+        self.failed = False
+        self.held = False  # paused: stage but do not commit (ZooKeeper SUSPENDED)
+        self.inflight_batches = 0
+        self._released: set[Ref] = set()
+        #: The unit being staged, if any.
+        self.current: WriteUnit[C] | None = None
+        #: Called with the destination rows that committed, so the broker
+        #: stops staging them (see ``Broker._destination_id``).
+        self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
+        #: Management metrics: called once per committed batch with (seconds the commit
+        #: took, seconds since the batch's first write was staged: the longest any
+        #: RECEIPT in it waited). None costs one attribute test per batch.
+        self.observer: Callable[[float, float], None] | None = None
+        self._first_staged = 0.0
+
+    def stage(self, callback: StagedCallback | None = None) -> Batch:
+        if callback is not None:
+            self.callbacks.append((None, lambda result: callback(result is not None)))
+        self._schedule()
+        return self.batch
+
+    def begin_unit(self, conn: C | None) -> WriteUnit[C]:
+        """Start staging one frame's data, blamed on ``conn`` if refused."""
+        unit: WriteUnit[C] = WriteUnit(conn, len(self.units), self.batch)
+        self.units.append(unit)
+        self.current = unit
+        self._schedule()
+        return unit
+
+    def end_unit(self, unit: WriteUnit[C]) -> None:
+        unit.end(self.batch)
+        self.current = None
+
+    def claim(self, conn: C) -> WriteUnit[C] | None:
+        """The unit ``conn``'s current frame staged and left for its commit
+        point (a durable SUBSCRIBE, an ABORT), if any: its RECEIPT must wait
+        for that unit, and an ERROR for it must carry the receipt-id."""
+        if self.units:
+            unit = self.units[-1]
+            if unit.claimable and unit.conn is conn:
+                unit.claimable = False
+                return unit
+        return None
+
+    def stage_unit(self, unit: WriteUnit[C], callback: ResultCallback) -> None:
+        """``callback(result)`` once ``unit`` committed, ``callback(None)``
+        when it failed (``unit.rejected`` says whether the store refused it)."""
+        self.callbacks.append((unit, callback))
+
+    def stage_releases(self, refs: list[Ref]) -> None:
+        """Deliverable again. Remembered so a redelivery of the same message is
+        never merged into this batch (the store applies deliveries first)."""
+        self.stage().releases.extend(refs)
+        self._released.update(refs)
+
+    def stage_delivery(self, ref: Ref, callback: StagedCallback) -> None:
+        if ref in self._released:
+            self.flush()  # release first, in its own batch, then the new delivery
+        self.stage(callback).deliveries.append(ref)
+
+    def stage_result(self, callback: ResultCallback) -> Batch:
+        self.callbacks.append((None, callback))
+        self._schedule()
+        return self.batch
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            if self.observer is not None:
+                self._first_staged = time.monotonic()
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self.held:
+            return
+        batch, callbacks, units = self.batch, self.callbacks, self.units
+        if not len(batch) and not callbacks:
+            self.units = []
+            return
+        if self.current is not None:  # never mid-frame; a frame that raised
+            self.end_unit(self.current)
+        self.batch, self.callbacks, self.units = Batch(), [], []
+        self._released.clear()
+        if self.failed or self.committer is None:
+            for _, cb in callbacks:
+                cb(None)
+            return
+        if not len(batch):
+            empty = BatchResult()
+            for _, cb in callbacks:
+                cb(empty)
+            return
+        self.inflight_batches += 1
+        spans = [u.end(batch) for u in units] if units else None
+        future = self.committer.submit(batch, spans)
+        future.add_done_callback(lambda f: self._done(f, batch, units, callbacks))
+        if self.observer is not None:
+            observer, staged, submitted = self.observer, self._first_staged, time.monotonic()
+
+            def observe(f: asyncio.Future[BatchResult]) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    now = time.monotonic()
+                    observer(now - submitted, now - (staged or submitted))
+
+            future.add_done_callback(observe)
+
+    def _done(self, future: asyncio.Future[BatchResult], batch: Batch,
+              units: list[WriteUnit[C]], callbacks: list) -> None:
+        self.inflight_batches -= 1
+        result: BatchResult | None = None
+        exc = None if future.cancelled() else future.exception()
+        if future.cancelled() or (exc is not None and not isinstance(exc, StoreRejected)):
+            self.failed = True
+        elif exc is not None:  # refused whole, and no unit to pin it on
+            log.error("the store refused a write no client can be told of: %s", exc)
+        else:
+            result = future.result()
+        rest_ok = result is not None
+        if result is not None and result.rejected:
+            for i, refused in result.rejected.items():
+                if i == OUTSIDE_UNITS:
+                    rest_ok = False
+                    log.error("the store refused a write no client can be told of: %s",
+                              refused)
+                else:
+                    units[i].rejected = refused
+        if batch.destinations and self.on_destinations is not None and result is not None:
+            self.on_destinations(_committed_destinations(batch, units, rest_ok)
+                                 if result.rejected else batch.destinations)
+        for unit, cb in callbacks:
+            ok = rest_ok if unit is None else result is not None and unit.rejected is None
+            try:
+                cb(result if ok else None)
+            except Exception:
+                log.exception("commit callback failed")
+
+    def release(self) -> None:
+        self.held = False
+        self._schedule()
+
+
+def _committed_destinations(batch: Batch, units: list[WriteUnit[C]],
+                            rest_ok: bool) -> list[DestinationRow]:
+    """The destination rows of a split batch that did commit."""
+    rows = batch.destinations
+    inside = [False] * len(rows)
+    committed = []
+    for u in units:
+        assert u.span is not None
+        d0, d1 = u.span[0], u.span[1]
+        for k in range(d0, d1):
+            inside[k] = True
+            if u.rejected is None:
+                committed.append(rows[k])
+    if rest_ok:
+        committed.extend(r for r, taken in zip(rows, inside, strict=True) if not taken)
+    return committed
