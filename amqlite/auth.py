@@ -19,7 +19,7 @@ import tomllib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: scrypt cost: n=2**14, r=8, p=1 is the interactive-login setting from the
 #: scrypt paper and Python's docs; ~20-50 ms of CPU, so verification runs in
@@ -178,7 +178,7 @@ class PendingCheck:
 
     peer: str
     login: str | None
-    passcode: str | None
+    passcode: str | None = field(repr=False)
     done: Callable[[CheckOutcome], None]
     cancelled: bool = False
 
