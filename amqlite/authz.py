@@ -69,8 +69,8 @@ class Entry:
             return False
         parts = destination[len(self.prefix):].split(".")
         for i, seg in enumerate(self.segments):
-            if seg == ">":
-                return True  # '>' is last (checked at load) and matches one or more
+            if seg == ">":  # last (checked at load): one or more segments, so
+                return i < len(parts)  # "/queue/a.>" is a's children, not "/queue/a"
             if i >= len(parts):
                 return False
             if seg != "*" and seg != parts[i]:
