@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,42 @@ def test_empty_password_refused() -> None:
     for pw in ("", "   "):
         with pytest.raises(ValueError):
             auth.check_new_password(pw)
+
+
+#: Names that hold a secret somewhere in the code base: none may reach a log call or an
+#: exception message.
+SECRET_NAMES = {"passcode", "password", "stored", "digest", "users", "ssl_key", "key_file"}
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Names used in an expression, except inside len() (a count is no secret)."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "len"):
+        return set()
+    found = {node.id} if isinstance(node, ast.Name) else (
+        {node.attr} if isinstance(node, ast.Attribute) else set())
+    for child in ast.iter_child_nodes(node):
+        found |= _names(child)
+    return found
+
+
+def test_no_secret_variable_reaches_a_log_call_or_an_error() -> None:
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for path in [*root.glob("amqlite/**/*.py"), *root.glob("cli/*.py")]:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            args: list[ast.AST] = []
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in LOG_METHODS
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id in ("log", "logger", "logging")):
+                args = [*node.args, *(k.value for k in node.keywords)]
+            elif isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                args = list(node.exc.args)
+            for arg in args:
+                leaked = _names(arg) & SECRET_NAMES
+                if leaked:
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}: {leaked}")
+    assert not offenders, offenders
