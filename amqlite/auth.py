@@ -19,7 +19,7 @@ import tomllib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: scrypt cost: n=2**14, r=8, p=1 is the interactive-login setting from the
 #: scrypt paper and Python's docs; ~20-50 ms of CPU, so verification runs in
@@ -40,6 +40,7 @@ class AuthError(ValueError):
 
 
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
+    """``scrypt$N$r$p$salt$digest``: algorithm and parameters travel with the hash."""
     salt = salt if salt is not None else os.urandom(SALT_BYTES)
     digest = hashlib.scrypt(
         password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, dklen=HASH_BYTES
@@ -48,19 +49,69 @@ def hash_password(password: str, *, salt: bytes | None = None) -> str:
     return f"{PREFIX}${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
 
 
-def verify_password(password: str, stored: str) -> bool:
-    try:
-        prefix, n, r, p, salt, digest = stored.split("$")
-        if prefix != PREFIX:
-            return False
-        expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(
-            password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p),
-            dklen=len(expected),
-        )
-    except (ValueError, TypeError):
-        return False
+def _verify_scrypt(password: str, fields: list[str]) -> bool:
+    n, r, p, salt, digest = fields
+    expected = base64.b64decode(digest)
+    actual = hashlib.scrypt(
+        password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p),
+        dklen=len(expected),
+    )
     return hmac.compare_digest(actual, expected)
+
+
+#: Algorithm name (the hash's first ``$`` field) -> (number of fields after it, verifier).
+#: The parameters live in each hash, so raising SCRYPT_N later only changes new hashes;
+#: a new algorithm is a new entry here, and every old hash still verifies.
+VERIFIERS: dict[str, tuple[int, Callable[[str, list[str]], bool]]] = {
+    PREFIX: (5, _verify_scrypt),
+}
+
+
+def check_hash(stored: str) -> str | None:
+    """Why ``stored`` cannot be verified (never quoting it), or None when it can."""
+    algorithm, _, rest = stored.partition("$")
+    known = VERIFIERS.get(algorithm)
+    if known is None:
+        return ("is not in a known format (make one with 'amqlite passwd'; algorithms: "
+                + ", ".join(VERIFIERS) + ")")
+    fields = rest.split("$")
+    if len(fields) != known[0]:
+        return f"is a malformed {algorithm} hash"
+    if algorithm == PREFIX:
+        try:
+            n, r, p = (int(x) for x in fields[:3])
+            base64.b64decode(fields[3], validate=True)
+            base64.b64decode(fields[4], validate=True)
+        except ValueError:
+            return f"is a malformed {algorithm} hash"
+        if n < 2 or n & (n - 1) or r < 1 or p < 1:
+            return f"has invalid {algorithm} parameters"
+    return None
+
+
+def needs_upgrade(stored: str) -> bool:
+    """True when ``stored`` was made with other than today's algorithm or parameters."""
+    return not stored.startswith(f"{PREFIX}${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}$")
+
+
+def verify_password(password: str, stored: str) -> bool:
+    algorithm, _, rest = stored.partition("$")
+    known = VERIFIERS.get(algorithm)
+    if known is None:
+        return False
+    fields = rest.split("$")
+    if len(fields) != known[0]:
+        return False
+    try:
+        return known[1](password, fields)
+    except (ValueError, TypeError, MemoryError):
+        return False
+
+
+def check_new_password(password: str) -> None:
+    """Refuse a password no one should use: empty or only spaces (ValueError)."""
+    if not password or not password.strip():
+        raise ValueError("an empty password is refused")
 
 
 def load_users(path: str) -> dict[str, str]:
@@ -127,7 +178,7 @@ class PendingCheck:
 
     peer: str
     login: str | None
-    passcode: str | None
+    passcode: str | None = field(repr=False)
     done: Callable[[CheckOutcome], None]
     cancelled: bool = False
 

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from amqlite.authz import Permission, Policy
 from amqlite.codec import Frame
 from amqlite.validation import (
     BrokerError,
@@ -155,6 +156,7 @@ class Client(Protocol):
     """What the broker needs from a client connection (see ``amqlite.server``)."""
 
     client_id: str | None
+    login: str | None
     closed: bool
 
     @property
@@ -742,6 +744,12 @@ class Broker:
         self.enqueued: defaultdict[str, int] = defaultdict(int)
         self.dequeued: defaultdict[str, int] = defaultdict(int)
         self.dead_lettered: defaultdict[str, int] = defaultdict(int)
+        #: The users file's [[authorization]] entries; None when there are none (then
+        #: every authenticated login may do everything, and frames pay no check).
+        self.authz: Policy | None = None
+        #: Destinations used since this node became master (topics leave no row unless
+        #: durable): using one of these again is not creating it. Kept only with authz.
+        self.known_destinations: set[str] = set()
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
             if d.kind == "queue":
@@ -752,9 +760,20 @@ class Broker:
             self._add_durable(DurableSource(self, topic, s.id, s.client_id, s.name, topic))
 
     # -- connections ------------------------------------------------------------
+    def check_client_id(self, client_id: str | None, login: str | None) -> None:
+        """Before CONNECTED: a client-id in use may only be taken over by the same login
+        (else anyone could disconnect a client and take its durable subscriptions)."""
+        if not client_id:
+            return
+        old = self.clients_by_id.get(client_id)
+        if old is not None and not old.closed and getattr(old, "login", None) != login:
+            log.warning("client-id %r: takeover by login %r refused (in use by another login)",
+                        client_id, login)
+            raise BrokerError(f"client-id {client_id!r} is in use by another login")
+
     def attach(self, conn: Client) -> None:
         """A client finished its CONNECT. A newer connection with the same
-        client-id wins (link stealing): after a failover the old one is dead."""
+        client-id and login wins (link stealing): after a failover the old one is dead."""
         self.sessions[conn] = Session(conn)
         if conn.client_id:
             old = self.clients_by_id.get(conn.client_id)
@@ -781,6 +800,8 @@ class Broker:
         session = self.sessions[conn]
         command = frame.command
         if command == "SEND":
+            if self.authz is not None:
+                self.authorize(conn, frame.headers.get("destination", ""), Permission.WRITE)
             tx = frame.headers.get("transaction")
             if tx is not None:
                 transaction = self._transaction(session, tx)
@@ -801,6 +822,8 @@ class Broker:
             else:
                 self._ack(session, command, frame, frame.headers.get("receipt"))
         elif command == "SUBSCRIBE":
+            if self.authz is not None:
+                self.authorize(conn, frame.headers.get("destination", ""), Permission.READ)
             self._subscribe(session, frame)
             # a durable subscription is a write: confirm it once it is durable
             self._finish_write(session, frame.headers.get("receipt"))
@@ -834,6 +857,27 @@ class Broker:
             session.when_idle(lambda: self._disconnected(conn, receipt))
         else:
             raise BrokerError(f"unexpected frame {command}")
+
+    def authorize(self, conn: Client, destination: str, permission: Permission) -> None:
+        """BrokerError (nothing done) unless the connection's login may use ``destination``
+        with ``permission``, and create it when the broker does not know it yet."""
+        policy = self.authz
+        if policy is None:
+            return
+        login = getattr(conn, "login", None)
+        if not policy.allowed(login, destination, permission):
+            log.info("denied: login %r may not %s %s", login, permission.value, destination)
+            raise BrokerError(f"permission denied: login {login!r} has no {permission.value} "
+                              f"permission on {destination}")
+        if destination in self.known_destinations:
+            return
+        if (destination not in self.destination_rows and destination not in self.queues
+                and destination not in self.topics
+                and not policy.may_create(login, destination, permission)):
+            log.info("denied: login %r may not create %s", login, destination)
+            raise BrokerError(f"permission denied: login {login!r} has no admin permission on "
+                              f"{destination}, needed to create it")
+        self.known_destinations.add(destination)
 
     def _abort_all(self, session: Session) -> None:
         """A client that goes away aborts what it had not committed."""

@@ -18,7 +18,8 @@ import re
 import signal
 import time
 
-from amqlite.auth import Authenticator, load_users
+from amqlite.auth import Authenticator, AuthError
+from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker
 from amqlite.management import ManagementServer
 from amqlite.registry import (
@@ -83,6 +84,9 @@ class Node:
         self.store_errors = 0
         self.master_since: float | None = None  # wall clock of the last activation
         self.management: ManagementServer | None = None
+        #: The users file as last loaded (None: no users file, no login); SIGHUP reloads it.
+        self.users_file: UsersFile | None = None
+        self.auth = Authenticator(None)
 
     # -- entry point ----------------------------------------------------------------
     async def run(self) -> int:
@@ -91,7 +95,10 @@ class Node:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
-        auth = Authenticator(load_users(s.users_file) if s.users_file else None)
+        with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+            loop.add_signal_handler(signal.SIGHUP, self.reload_users)
+        self.users_file = load_users_file(s.users_file) if s.users_file else None
+        auth = self.auth = Authenticator(self.users_file.users if self.users_file else None)
         store = open_store(s.store, s.group)
         locker = open_locker(
             s.locker, s.group, session_timeout=s.zk_session_timeout,
@@ -146,6 +153,37 @@ class Node:
                       self.settings.http_bind, exc.strerror or exc)
             return False
         return True
+
+    def reload_users(self) -> None:
+        """SIGHUP: re-read the users file. A bad file is refused with one line and the old
+        rules stay; else new logins, groups and rules apply to the next frame, and the
+        connections of logins no longer in the file are closed."""
+        path = self.settings.users_file
+        if not path:
+            log.warning("node %s: SIGHUP: no users file to reload", self.settings.name)
+            return
+        try:
+            new = load_users_file(path)
+        except AuthError as exc:
+            log.error("node %s: users file reload refused, old rules kept: %s",
+                      self.settings.name, exc)
+            return
+        self.users_file = new
+        self.auth.users = new.users
+        if self.broker is not None:
+            self.broker.authz = new.policy if new.policy.enabled else None
+            self.broker.known_destinations.clear()
+        if self.management is not None:
+            self.management.access.apply(new)
+        closed = 0
+        if self.server is not None:
+            for conn in list(self.server.connections):
+                if conn.connected and not conn.closed and conn.login not in new.users:
+                    conn.close_with_error("login removed", "the users file no longer has it")
+                    closed += 1
+        log.info("node %s: users file reloaded: %d logins, %d authorization entries, "
+                 "%d connection(s) of removed logins closed", self.settings.name,
+                 len(new.users), len(new.policy.entries), closed)
 
     def request_stop(self) -> None:
         if not self.stopping.is_set():
@@ -222,6 +260,8 @@ class Node:
             return Outcome.RETRY
         committer = GroupCommitter(store, epoch, loop, on_failure=self._store_failed)
         broker = Broker(s, committer, recovery, loop)
+        if self.users_file is not None and self.users_file.policy.enabled:
+            broker.authz = self.users_file.policy
         server = StompServer(s, broker, auth)
         try:
             await server.start()

@@ -418,6 +418,12 @@ class ClientConnection(asyncio.Protocol):
         assert self.transport is not None
         session = f"{self.server.session_prefix}-{next(self.server.session_ids)}"
         try:
+            self.broker.check_client_id(frame.headers.get("client-id") or None,
+                                        frame.headers.get("login") or None)
+        except BrokerError as exc:
+            self.close_with_error(str(exc), receipt=frame.headers.get("receipt"))
+            return
+        try:
             check_connect(frame.headers)  # a client-id the store cannot hold: ERROR
             reply = self.proto.accept_connect(
                 frame,

@@ -78,8 +78,12 @@ def start(config_file: str | None, **options: Any) -> None:
               help="The password to hash (prompted when omitted).")
 def passwd(password: str) -> None:
     """Print a password hash for the users file ([users] login = "HASH")."""
-    from amqlite.auth import hash_password
+    from amqlite.auth import check_new_password, hash_password
 
+    try:
+        check_new_password(password)
+    except ValueError as exc:
+        fail(str(exc))
     click.echo(hash_password(password))
 
 

@@ -24,7 +24,8 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 
-from amqlite.auth import _DUMMY_HASH, AuthError, load_users, verify_password
+from amqlite.auth import _DUMMY_HASH, AuthError, verify_password
+from amqlite.authz import Permission, Policy, UsersFile, load_users_file
 
 #: The ``[groups]`` entry that lists administrators.
 ADMIN_GROUP = "admins"
@@ -65,12 +66,42 @@ class Access:
     users: dict[str, str] | None
     admins: set[str] = field(default_factory=set)
     _cache: dict[bytes, tuple[str, float]] = field(default_factory=dict)
+    #: The users file's [[authorization]] entries (an empty Policy: none).
+    policy: Policy = field(default_factory=lambda: Policy([], {}))
 
     @classmethod
     def from_file(cls, users_file: str) -> Access:
         if not users_file:
             return cls(None)
-        return cls(load_users(users_file), load_admins(users_file))
+        access = cls(None)
+        access.apply(load_users_file(users_file))
+        return access
+
+    def apply(self, users_file: UsersFile) -> None:
+        """Take a (re)loaded users file; remembered logins are forgotten."""
+        self.users = users_file.users
+        self.admins = users_file.admins
+        self.policy = users_file.policy
+        self._cache.clear()
+
+    @property
+    def per_destination(self) -> bool:
+        """True when [[authorization]] entries decide destination actions (not [groups]
+        admins alone)."""
+        return self.users is not None and self.policy.enabled
+
+    def require(self, login: str | None, destination: str, permission: Permission) -> None:
+        """Forbidden unless ``login`` has ``permission`` on ``destination``; with no
+        [[authorization]] entry, destination actions need an administrator as before."""
+        if self.users is None:
+            return
+        if not self.policy.enabled:
+            if permission is Permission.ADMIN:
+                self.require_admin(login)
+            return
+        if not self.policy.allowed(login, destination, permission):
+            raise Forbidden(f"permission denied: login {login!r} has no {permission.value} "
+                            f"permission on {destination}")
 
     @property
     def enabled(self) -> bool:
