@@ -53,8 +53,12 @@ def test_node_and_group_show_this_node_with_its_http_url(api: Api, broker: Broke
     """The registry publishes each node's management URL next to its STOMP URI."""
     node = api.ok("GET", "/api/v1/node")
     assert node["role"] == "master" and node["ready"] and node["http"] == broker.http
-    group = wait_until(lambda: api.ok("GET", "/api/v1/group")["nodes"], what="registry row")
-    [me] = [n for n in group if n["name"] == "mgmt"]
+    # The node announces itself as slave before it takes the lock, then as master.
+    def master_row() -> dict | None:
+        rows = [n for n in api.ok("GET", "/api/v1/group")["nodes"] if n["name"] == "mgmt"]
+        return rows[0] if rows and rows[0]["role"] == "master" else None
+
+    me = wait_until(master_row, what="registry row as master")
     assert me["http"] == broker.http
     assert me["services"] == [f"tcp://127.0.0.1:{broker.port}"]  # no http:// among them
     assert me["role"] == "master" and me["heartbeat_at"] > 0
