@@ -85,10 +85,12 @@ class StompServer:
             listeners.append((s.ssl_bind, s.ssl_address, s.ssl_context()))
         loop = asyncio.get_running_loop()
         for name, (host, port), context in listeners:
+            # The TLS handshake counts against connect_timeout like the STOMP one.
+            tls = {"ssl": context, "ssl_handshake_timeout": s.connect_timeout} if context else {}
             try:
                 self.servers.append(await loop.create_server(
                     lambda: ClientConnection(self), host, port, reuse_address=True,
-                    backlog=512, ssl=context, ssl_handshake_timeout=s.connect_timeout,
+                    backlog=512, **tls,
                 ))
             except OSError as exc:
                 exc.listener = name  # type: ignore[attr-defined]
