@@ -205,3 +205,58 @@ def test_bad_certificate_refused_at_start(broker_factory: BrokerFactory, pki: Pk
     lines = [ln for ln in broker.log_text().splitlines() if not ln.startswith("=== harness")]
     assert len(lines) == 1, lines
     assert expected in lines[0] and "Traceback" not in lines[0]
+
+
+def test_registry_advertises_ssl_and_discovery_prefers_it(broker_factory: BrokerFactory,
+                                                          pki: Pki) -> None:
+    from tests.cluster.helpers import amqlite, cluster_json, ok, poll_until
+
+    data = broker_factory.data_dir("both")
+    store = f"sqlite:///{data / 'amqlite.db'}"
+    group = unique("tlsgroup")
+    ssl_port = free_port()
+    broker = broker_factory.start(data_dir=data, group=group, extra_args=[
+        "--ssl-bind", f"{HOST}:{ssl_port}", "--ssl-cert", str(pki.server_cert),
+        "--ssl-key", str(pki.server_key), "--http", "off"])
+    wanted = [f"tcp://{HOST}:{broker.port}", f"ssl://{HOST}:{ssl_port}"]
+    poll_until(lambda: cluster_json("--registry", store),
+                          lambda v: any(r["services"] == wanted for r in v), 30,
+                          "both URIs listed")
+    table = ok(amqlite("cluster-list", "--registry", store))
+    assert f"ssl://{HOST}:{ssl_port}" in table
+    # A client with TLS settings takes the ssl:// URI the registry gives, not tcp://.
+    url = f"discovery:({store})?group={group}&maxReconnectAttempts=3"
+    with Client(url, tls=ClientTls(ca_file=str(pki.ca))) as client:
+        assert client.connected_uri is not None and client.connected_uri.tls
+        assert client.connected_uri.port == ssl_port
+        client.send(f"/queue/{unique('disc')}", "found by discovery")
+
+
+def test_produce_and_consume_commands_over_tls(broker_factory: BrokerFactory, pki: Pki) -> None:
+    broker = start_tls(broker_factory, pki, ca=True)
+    queue = f"/queue/{unique('cliq')}"
+    tls = ["--ssl-ca", str(pki.ca), "--ssl-cert", str(pki.client_cert),
+           "--ssl-key", str(pki.client_key)]
+    root = Path(__file__).resolve().parents[2]
+    url = f"ssl://{HOST}:{broker.port}"
+    produced = subprocess.run(
+        [*amqlite_command(), "produce", "--brokerUrl", url, "--destination", queue,
+         "--count", "3", *tls], capture_output=True, text=True, timeout=60, cwd=root)
+    assert produced.returncode == 0, produced.stderr
+    consumed = subprocess.run(
+        [*amqlite_command(), "consume", "--brokerUrl", url, "--destination", queue,
+         "--count", "3", "--timeout", "10", "--json", *tls],
+        capture_output=True, text=True, timeout=60, cwd=root)
+    assert consumed.returncode == 0, consumed.stderr
+    assert json.loads(consumed.stdout)["received"] == 3
+    # Without the client certificate the broker refuses: one line, non-zero exit.
+    refused_run = subprocess.run(
+        [*amqlite_command(), "produce", "--brokerUrl", url, "--destination", queue,
+         "--count", "1", "--ssl-ca", str(pki.ca)],
+        capture_output=True, text=True, timeout=60, cwd=root)
+    assert refused_run.returncode != 0 and "Traceback" not in refused_run.stderr
+    bad_ca = subprocess.run(
+        [*amqlite_command(), "produce", "--brokerUrl", url, "--ssl-ca", "/nonexistent.pem"],
+        capture_output=True, text=True, timeout=60, cwd=root)
+    assert bad_ca.returncode != 0 and "cannot read CA file" in bad_ca.stderr
+    assert len(bad_ca.stderr.strip().splitlines()) == 1
