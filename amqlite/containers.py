@@ -387,7 +387,7 @@ def container_rows(home: Path) -> tuple[list[dict[str, Any]], list[str]]:
             rows.append({"name": c.name, "group": "?", "state": "broken", "pid": pid,
                          "role": "-", "services": []})
             continue
-        role, services = "-", [s.advertise]
+        role, services = "-", s.advertise_uris
         if pid is not None:
             url = registry_url(s)
             if url not in registries:

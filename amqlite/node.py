@@ -266,7 +266,8 @@ class Node:
         try:
             await server.start()
         except OSError as exc:
-            log.error("node %s: cannot listen on %s: %s", s.name, s.bind, exc.strerror)
+            log.error("node %s: cannot listen on %s: %s", s.name,
+                      getattr(exc, "listener", s.bind), exc.strerror)
             committer.close()
             await locker.release()
             self.stopping.set()
@@ -277,9 +278,9 @@ class Node:
         if self.management is not None:
             broker.writes.observer = self.management.observer()
         log.info(
-            "node %s: master of group %s (epoch %d), serving stomp on %s:%d "
+            "node %s: master of group %s (epoch %d), serving stomp on %s "
             "(activated in %.0f ms; %d destinations, %d durable subscriptions)",
-            s.name, s.group, epoch, *s.bind_address, (time.monotonic() - started) * 1000,
+            s.name, s.group, epoch, s.advertise, (time.monotonic() - started) * 1000,
             len(recovery.destinations), len(recovery.subscriptions),
         )
         await self.registry.announce(Role.MASTER, epoch)
@@ -402,7 +403,8 @@ class Node:
                 if m.name != s.name and (name_filter is None or name_filter.search(m.name))
                 for uri in m.services
             ]
-            uris = [s.advertise, *dict.fromkeys(u for u in others if u != s.advertise)]
+            own = s.advertise_uris
+            uris = [*own, *dict.fromkeys(u for u in others if u not in own)]
             if uris != known:
                 added = set(uris) - set(known)
                 removed = set(known) - set(uris)

@@ -279,7 +279,7 @@ class _BackgroundRegistry(Registry):
     def __init__(self, settings: Settings) -> None:
         self.group = settings.group
         self.name = settings.name
-        self.services: tuple[str, ...] = (settings.advertise,) if settings.advertise else ()
+        self.services: tuple[str, ...] = tuple(settings.advertise_uris)
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._wanted: Member | None = None

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import Iterable
@@ -64,22 +65,41 @@ class StompServer:
         #: since a flood would otherwise write a log line per socket.
         self.refused: collections.Counter[str] = collections.Counter()
         self._sweep_handle: asyncio.TimerHandle | None = None
-        self.server: asyncio.base_events.Server | None = None
+        #: One listening server per listener: plain ``bind`` and/or TLS ``ssl_bind``.
+        self.servers: list[asyncio.base_events.Server] = []
         self.session_ids = itertools.count(1)
         self.session_prefix = uuid.uuid4().hex[:8]
-        self.cluster_uris: list[str] = [settings.advertise]
+        self.cluster_uris: list[str] = settings.advertise_uris
 
     async def start(self) -> None:
-        host, port = self.settings.bind_address
+        """Listen on ``bind`` and/or ``ssl_bind``; OSError (with the address in
+        ``listener``) when one cannot be bound, after closing those already open."""
+        s = self.settings
+        listeners: list[tuple[str, tuple[str, int], ssl.SSLContext | None]] = []
+        if s.plain_enabled:
+            listeners.append((s.bind, s.bind_address, None))
+        if s.ssl_address is not None:
+            listeners.append((s.ssl_bind, s.ssl_address, s.ssl_context()))
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: ClientConnection(self), host, port, reuse_address=True, backlog=512
-        )
+        for name, (host, port), context in listeners:
+            # The TLS handshake counts against connect_timeout like the STOMP one.
+            tls = {"ssl": context, "ssl_handshake_timeout": s.connect_timeout} if context else {}
+            try:
+                self.servers.append(await loop.create_server(
+                    lambda: ClientConnection(self), host, port, reuse_address=True,
+                    backlog=512, **tls,
+                ))
+            except OSError as exc:
+                exc.listener = name  # type: ignore[attr-defined]
+                for server in self.servers:
+                    server.close()
+                self.servers.clear()
+                raise
         self._schedule_sweep()
 
     def stop_accepting(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
             self._sweep_handle = None
@@ -158,9 +178,9 @@ class StompServer:
             conn.close_with_error(reason)
 
     async def wait_closed(self) -> None:
-        if self.server is not None:
+        for server in self.servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 5)
+                await asyncio.wait_for(server.wait_closed(), 5)
 
 
 class ClientConnection(asyncio.Protocol):

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import re
 import socket
+import ssl
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,10 @@ DEFAULT_MAX_DESTINATION_MEMORY = 64 * 1024 * 1024
 DEFAULT_HOUSEKEEPING_INTERVAL = 5.0
 #: ``http_bind`` value meaning "no HTTP listener".
 HTTP_OFF = "off"
+#: ``bind`` value meaning "no plain-text STOMP listener" (only ``ssl_bind``).
+BIND_OFF = "off"
+#: STOMP over TLS: ActiveMQ's ``stomp+ssl`` connector port.
+DEFAULT_SSL_PORT = 61612
 
 
 def default_data_dir(group: str) -> Path:
@@ -96,9 +101,19 @@ class Settings:
     data_dir: str = ""  # default: default_data_dir(group)
     store: str = ""  # default: sqlite:///<data_dir>/amqlite.db
     locker: str = ""  # default: file://<data_dir>/amqlite.lock
-    bind: str = DEFAULT_BIND
-    #: URI clients should use to reach this node (registry/cluster-list);
-    #: default: tcp://<bind>.
+    bind: str = DEFAULT_BIND  # HOST:PORT, or "off" (then ssl_bind is the only listener)
+    #: STOMP over TLS, HOST:PORT (empty: none); needs ssl_cert and ssl_key.
+    ssl_bind: str = ""
+    #: PEM certificate (chain) and its private key, for ssl_bind and the HTTP listener.
+    ssl_cert: str = ""
+    ssl_key: str = ""
+    #: PEM CA certificates: when set, TLS clients must present a certificate it signed.
+    ssl_ca: str = ""
+    #: With ssl_cert set, the management API speaks HTTPS with the same certificate
+    #: settings (ssl_ca included); false keeps it plain HTTP.
+    http_ssl: bool = True
+    #: URIs clients should use to reach this node (registry/cluster-list), comma-separated;
+    #: default: tcp://<bind> and ssl://<ssl_bind> for the listeners that are on.
     advertise: str = ""
     rejoin: bool = False
     lock_poll_interval: float = 0.5  # DESIGN.md; Artemis backup retries every 500 ms
@@ -141,8 +156,34 @@ class Settings:
 
     # -- derived ----------------------------------------------------------
     @property
+    def plain_enabled(self) -> bool:
+        return self.bind.strip().lower() != BIND_OFF
+
+    @property
     def bind_address(self) -> tuple[str, int]:
+        """The plain listener's address; with ``bind = off`` the TLS one's, so what
+        derives from "the STOMP port" (the HTTP port, logs) still has one."""
+        if not self.plain_enabled and self.ssl_bind:
+            return parse_bind(self.ssl_bind, DEFAULT_SSL_PORT)
         return parse_bind(self.bind)
+
+    @property
+    def ssl_address(self) -> tuple[str, int] | None:
+        return parse_bind(self.ssl_bind, DEFAULT_SSL_PORT) if self.ssl_bind else None
+
+    @property
+    def advertise_uris(self) -> list[str]:
+        return [u.strip() for u in self.advertise.split(",") if u.strip()]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The listeners' TLS context (ssl_cert, ssl_key, ssl_ca); SettingsError when a
+        file is unreadable, expired or does not match its key."""
+        from amqlite.tls import TlsError, server_context
+
+        try:
+            return server_context(self.ssl_cert, self.ssl_key, self.ssl_ca)
+        except TlsError as e:
+            raise SettingsError(str(e)) from None
 
     @property
     def heartbeat_ms(self) -> tuple[int, int]:
@@ -159,11 +200,27 @@ class Settings:
             s.store = f"sqlite:///{Path(s.data_dir).resolve() / 'amqlite.db'}"
         if not s.locker:
             s.locker = f"file://{Path(s.data_dir).resolve() / 'amqlite.lock'}"
-        host, port = s.bind_address
+        if not s.plain_enabled and not s.ssl_bind:
+            raise SettingsError("bind = off needs ssl_bind: a broker needs one listener")
+        if (s.ssl_bind or s.ssl_ca or s.ssl_cert) and not (s.ssl_cert and s.ssl_key):
+            raise SettingsError("TLS needs both ssl_cert and ssl_key (--ssl-cert, --ssl-key)")
+        if s.ssl_cert:
+            s.ssl_context()  # a bad file stops the start here, in one line
+        listeners = []
+        if s.plain_enabled:
+            listeners.append(("tcp", parse_bind(s.bind)))
+        if s.ssl_bind:
+            try:
+                listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT)))
+            except SettingsError as e:
+                raise SettingsError(str(e).replace("--bind", "--ssl-bind")) from None
         parse_heartbeat(s.heartbeat)
         if not s.advertise:
-            host = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
-            s.advertise = f"tcp://{host}:{port}"
+            uris = []
+            for scheme, (host, port) in listeners:
+                host = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+                uris.append(f"{scheme}://{host}:{port}")
+            s.advertise = ",".join(uris)
         for name in ("max_connections", "max_frame_size", "max_header_count",
                      "max_header_length", "default_prefetch", "max_handshake_bytes",
                      "connect_timeout", "frame_timeout", "max_memory",
@@ -201,10 +258,10 @@ class Settings:
         return s
 
 
-def parse_bind(bind: str) -> tuple[str, int]:
+def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT) -> tuple[str, int]:
     host, sep, port = bind.rpartition(":")
     if not sep:
-        host, port = bind, str(DEFAULT_STOMP_PORT)
+        host, port = bind, str(default_port)
     host = host.strip("[]") or "127.0.0.1"
     try:
         p = int(port)

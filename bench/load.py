@@ -13,7 +13,10 @@ generator costs little; its own CPU time is reported.
     python bench/load.py --spawn rabbitmq --seconds 10        # RabbitMQ + rabbitmq_stomp
 
 W2 (fire-and-forget) is ``--non-persistent --no-receipts --ack auto``; W4
-(embedded) is ``--spawn sqlite``. Prints one JSON line.
+(embedded) is ``--spawn sqlite``. ``--tls`` runs every connection over TLS (a spawned
+amqlite gets a throwaway self-signed certificate and an ``ssl_bind`` listener; a running
+broker's ``--port`` must then be its TLS port, verified with ``--ssl-ca``). Prints one
+JSON line.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import resource
+import ssl
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Coroutine
 from multiprocessing.connection import Connection
@@ -48,6 +55,7 @@ from amqlite.wire import (  # noqa: E402
     STOMP_1_2,
 )
 from bench.peers import SPAWN_KINDS, PeerSet, tree_cpu_seconds, tree_rss_bytes  # noqa: E402
+from tests.servers import free_port  # noqa: E402
 
 QUEUE = "/queue/bench"
 #: CONNECT's host header. RabbitMQ takes it as the virtual host, so "/" (its
@@ -58,6 +66,30 @@ STOMP_HOST = "/"
 PREFETCH = "500"
 #: How long consumers may take to catch up after the producers stop.
 DRAIN_TIMEOUT = 30.0
+#: Set by setup_tls() (--tls): every connection of this process goes over TLS.
+TLS: ssl.SSLContext | None = None
+
+
+def setup_tls(opts: argparse.Namespace) -> None:
+    """In each process that opens connections (producer workers are spawned)."""
+    global TLS
+    if opts.tls:
+        TLS = ssl.create_default_context(cafile=opts.ssl_ca or None)
+
+
+def tls_kwargs() -> dict[str, Any]:
+    return {"ssl": TLS, "server_hostname": "127.0.0.1"} if TLS is not None else {}
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that is its own CA (the openssl command: no Python
+    dependency for the bench). P-256, the curve TLS 1.3 clients offer first."""
+    cert, key = directory / "bench-cert.pem", directory / "bench-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
 
 
 #: Put on a connection's frame queue when the broker closed it (or it broke):
@@ -75,7 +107,8 @@ class Conn:
 
     @classmethod
     async def open(cls, port: int, timeout: float = 30.0) -> Conn:
-        r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+        r, w = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, **tls_kwargs()), timeout)
         c = cls(r, w)
         w.write(c.proto.connect_frame(STOMP_HOST, versions=(STOMP_1_2,)))
         c.pump = asyncio.ensure_future(c._pump())
@@ -213,7 +246,8 @@ async def producer(port: int, body: bytes, stop: float, latencies: list[float],
     if receipts:
         loop = asyncio.get_running_loop()
         _, p = await asyncio.wait_for(loop.create_connection(
-            lambda: _ReceiptProducer(body, stop, latencies, headers, pid), "127.0.0.1", port), 30)
+            lambda: _ReceiptProducer(body, stop, latencies, headers, pid), "127.0.0.1", port,
+            **tls_kwargs()), 30)
         await p.ended
         return p.sent
     c = await Conn.open(port)
@@ -295,7 +329,8 @@ async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
                    destination: str = QUEUE) -> None:
     loop = asyncio.get_running_loop()
     _, c = await asyncio.wait_for(loop.create_connection(
-        lambda: _Consumer(destination, ack, counter, e2e, ready), "127.0.0.1", port), 30)
+        lambda: _Consumer(destination, ack, counter, e2e, ready), "127.0.0.1", port,
+        **tls_kwargs()), 30)
     # Producers start only once every SUBSCRIBE is confirmed (RabbitMQ drops
     # SENDs to a queue nobody declared yet).
     await asyncio.wait_for(c.subscribed, 30)
@@ -358,6 +393,8 @@ def _producer_worker(pipe: Connection, port: int, opts: argparse.Namespace,
                      first: int, count: int) -> None:
     """A producer process of ``--processes``: says ready, waits for the stop time
     (wall clock), sends, and returns its counts, latencies and CPU."""
+    setup_tls(opts)
+
     async def go() -> dict:
         stop_wall = pipe.recv()
         stop = time.monotonic() + (stop_wall - time.time())
@@ -522,13 +559,34 @@ def main() -> int:
                          "for a broker not spawned here); 0: never")
     ap.add_argument("--scrape-url", help="metrics URL to scrape (default: the spawned "
                                          "amqlite's http://.../metrics)")
+    ap.add_argument("--tls", action="store_true",
+                    help="every connection over TLS (W1 over TLS beside W1 in plain text)")
+    ap.add_argument("--ssl-ca", help="with --tls and --port: CA file of the broker's "
+                                     "certificate (default: the system's)")
     opts = ap.parse_args()
     if not opts.port and not opts.spawn:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
+    if opts.tls and opts.spawn and opts.spawn not in ("postgres", "sqlite"):
+        ap.error("--tls with --spawn: amqlite (postgres|sqlite) only")
+    tls_dir = None
+    if opts.tls and opts.spawn:
+        # The spawned broker inherits these (AMQLITE_* settings): a TLS listener beside
+        # its plain one, and the run uses the TLS one.
+        tls_dir = tempfile.TemporaryDirectory(prefix="amqlite-bench-tls-")
+        cert, key = self_signed(Path(tls_dir.name))
+        opts.ssl_ca = str(cert)
+        ssl_port = free_port()
+        os.environ.update({"AMQLITE_SSL_BIND": f"127.0.0.1:{ssl_port}",
+                           "AMQLITE_SSL_CERT": str(cert), "AMQLITE_SSL_KEY": str(key),
+                           "AMQLITE_HTTP_SSL": "false"})
+    setup_tls(opts)
     if opts.spawn == "rabbitmq":
         opts.omit_persistent_header = True
     with PeerSet() as peers:
         port, pid, broker_config = peers.target(opts.spawn, opts.port)
+        if tls_dir is not None:
+            port = ssl_port
+            broker_config = {**broker_config, "tls": True}
         store_pid = peers.pg.postmaster_pid() if peers.pg is not None else None
         scraper = None
         if opts.scrape_interval > 0:

@@ -12,8 +12,10 @@ Register on the CLI group with ``register(cli)``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import ssl
 import sys
 import time
 from collections import Counter
@@ -31,6 +33,7 @@ from amqlite.client import (
     stomp_destination,
 )
 from amqlite.client.uri import URIError
+from amqlite.tls import ClientTls, TlsError
 from amqlite.wire import ACK_AUTO, ACK_MODES, DEFAULT_STOMP_PORT
 
 __all__ = ["consume", "produce", "register"]
@@ -166,7 +169,8 @@ def _run(main: Any, report: _Report, as_json: bool, summary: Any) -> None:
 _common = [
     click.option("--brokerUrl", "--broker-url", "broker_url", default=DEFAULT_BROKER_URL,
                  show_default=True,
-                 help="tcp://host:port, failover:(uri,...)?options or discovery:AGENT."),
+                 help="tcp://host:port, ssl://host:port, failover:(uri,...)?options or "
+                      "discovery:AGENT."),
     click.option("--destination", default=DEFAULT_DESTINATION, show_default=True,
                  help="queue://NAME, topic://NAME, /queue/NAME or /topic/NAME."),
     click.option("--count", default=DEFAULT_COUNT, show_default=True,
@@ -179,10 +183,37 @@ _common = [
 ]
 
 
+_tls_options = [
+    click.option("--ssl-ca", metavar="FILE",
+                 help="PEM CA file to verify ssl:// brokers (default: the system's)."),
+    click.option("--ssl-cert", metavar="FILE", help="Client certificate (PEM) for ssl://."),
+    click.option("--ssl-key", metavar="FILE", help="Private key of --ssl-cert."),
+    click.option("--no-verify-hostname", is_flag=True,
+                 help="Accept a broker certificate that does not name the URI's host."),
+]
+
+
 def _with_common(fn: Any) -> Any:
-    for option in reversed(_common):
-        fn = option(fn)
-    return fn
+    """The shared options; the TLS ones arrive in ``fn`` as one ``tls`` context (None
+    when none was given), built here so a bad file is one line before any connect."""
+
+    @functools.wraps(fn)
+    def wrapper(ssl_ca: str | None, ssl_cert: str | None, ssl_key: str | None,
+                no_verify_hostname: bool, **kwargs: Any) -> Any:
+        tls = None
+        if ssl_ca or ssl_cert or ssl_key or no_verify_hostname:
+            if bool(ssl_cert) != bool(ssl_key):
+                _fail("--ssl-cert and --ssl-key go together")
+            try:
+                tls = ClientTls(ssl_ca or "", ssl_cert or "", ssl_key or "",
+                                not no_verify_hostname).context()
+            except TlsError as exc:
+                _fail(str(exc))
+        return fn(tls=tls, **kwargs)
+
+    for option in reversed(_common + _tls_options):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 @click.command()
@@ -196,7 +227,8 @@ def _with_common(fn: Any) -> Any:
 @click.option("--producer-id", default=None, help="Producer identity (default: a fresh uuid).")
 def produce(broker_url: str, destination: str, count: int, user: str | None,
             password: str | None, client_id: str | None, as_json: bool, sleep: int,
-            persistent: bool, size: int, producer_id: str | None) -> None:
+            persistent: bool, size: int, producer_id: str | None,
+            tls: ssl.SSLContext | None) -> None:
     """Send COUNT messages, one line each once the broker confirmed it."""
     dest = _destination(destination)
     report = _Report("produce", dest, broker_url)
@@ -206,7 +238,7 @@ def produce(broker_url: str, destination: str, count: int, user: str | None,
     async def main() -> bool:
         printer = _EventPrinter()
         client = AsyncClient(broker_url, login=user, passcode=password, client_id=client_id,
-                             producer_id=producer_id, listener=printer)
+                             producer_id=producer_id, listener=printer, tls=tls)
         printer.client = client
         report.extra["producer_id"] = client.producer_id
         report.interruptions = client.interruptions
@@ -256,7 +288,8 @@ def produce(broker_url: str, destination: str, count: int, user: str | None,
               help="activemq.prefetchSize of the subscription.")
 def consume(broker_url: str, destination: str, count: int, user: str | None,
             password: str | None, client_id: str | None, as_json: bool, ack_mode: str,
-            timeout: float, durable: str | None, prefetch: int | None) -> None:
+            timeout: float, durable: str | None, prefetch: int | None,
+            tls: ssl.SSLContext | None) -> None:
     """Receive COUNT messages (0: until --timeout or Ctrl-C), one line each.
 
     A message whose producer identity (or message-id) was already seen is flagged
@@ -272,7 +305,7 @@ def consume(broker_url: str, destination: str, count: int, user: str | None,
     async def main() -> bool:
         printer = _EventPrinter()
         client = AsyncClient(broker_url, login=user, passcode=password, client_id=client_id,
-                             listener=printer)
+                             listener=printer, tls=tls)
         printer.client = client
         report.interruptions = client.interruptions
         await client.connect()

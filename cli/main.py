@@ -38,7 +38,15 @@ def cli() -> None:
 @click.option("--data-dir", help="Data directory of the embedded store and lock file.")
 @click.option("--store", help="Store URL: sqlite:///path or postgresql://user@host/db.")
 @click.option("--locker", help="Locker URL: file:///path, postgresql://..., zk://host:port/root.")
-@click.option("--bind", help=f"Address to listen on (default {DEFAULT_BIND}).")
+@click.option("--bind", help=f"Address to listen on (default {DEFAULT_BIND}), or 'off' "
+                             "(only --ssl-bind).")
+@click.option("--ssl-bind", metavar="HOST:PORT", help="STOMP over TLS listener (ssl:// URIs).")
+@click.option("--ssl-cert", metavar="FILE", help="PEM certificate (chain) for TLS listeners.")
+@click.option("--ssl-key", metavar="FILE", help="PEM private key of --ssl-cert.")
+@click.option("--ssl-ca", metavar="FILE",
+              help="PEM CA file: TLS clients must present a certificate it signed.")
+@click.option("--http-ssl/--no-http-ssl", "http_ssl", default=None,
+              help="With --ssl-cert, serve the management API over HTTPS (default on).")
 @click.option("--http", "http_bind",
               help="Management HTTP listener HOST:PORT, or 'off' (default 127.0.0.1:8161, "
                    "or a port derived from --bind's).")

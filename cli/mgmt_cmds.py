@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import sys
 import time
 import urllib.error
@@ -55,6 +56,8 @@ class Target:
     registry: str | None
     user: str | None
     password: str | None
+    #: For https:// URLs (--ssl-ca, --ssl-cert, --ssl-key); None: the system's CAs.
+    ssl_context: ssl.SSLContext | None = None
 
     def members(self) -> list[Member]:
         try:
@@ -91,7 +94,8 @@ class Target:
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(base + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT,
+                                        context=self.ssl_context) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as e:
             try:
@@ -139,6 +143,25 @@ def _emit(as_json: bool, data: Any, text: Callable[[], str]) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else text())
 
 
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """TLS options go to ctx.meta rather than to every command's signature."""
+    ctx.meta[f"amqlite.{param.name}"] = value
+    return value
+
+
+def _client_tls() -> ssl.SSLContext | None:
+    meta = click.get_current_context().meta
+    ca, cert, key = (meta.get(f"amqlite.ssl_{n}") or "" for n in ("ca", "cert", "key"))
+    if not (ca or cert or key):
+        return None
+    from amqlite.tls import TlsError, client_context
+
+    try:
+        return client_context(ca, cert, key)
+    except TlsError as e:
+        _fail(str(e))
+
+
 def target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--url", envvar="AMQLITE_URL", metavar="http://HOST:PORT",
@@ -150,6 +173,13 @@ def target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "`amqlite start` would use."),
         click.option("--user", envvar="AMQLITE_USER", help="Login (users file)."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table."),
+        click.option("--ssl-ca", envvar="AMQLITE_SSL_CA", metavar="FILE", expose_value=False,
+                     callback=_remember, help="PEM CA file to verify an https:// API."),
+        click.option("--ssl-cert", envvar="AMQLITE_SSL_CERT", metavar="FILE",
+                     expose_value=False, callback=_remember,
+                     help="Client certificate, when the API requires one."),
+        click.option("--ssl-key", envvar="AMQLITE_SSL_KEY", metavar="FILE",
+                     expose_value=False, callback=_remember, help="Private key of --ssl-cert."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -165,7 +195,7 @@ def _target(url: str | None, group: str | None, registry: str | None,
         password = os.environ.get("AMQLITE_PASSWORD")
         if password is None:
             password = click.prompt(f"password for {user}", hide_input=True, err=True)
-    return Target(url, group, registry, user, password)
+    return Target(url, group, registry, user, password, _client_tls())
 
 
 # --------------------------------------------------------------------------- queue

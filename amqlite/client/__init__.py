@@ -105,6 +105,7 @@ from amqlite.client.messages import (
     TransportListener,
     stomp_destination,
 )
+from amqlite.tls import ClientTls
 
 __all__ = [
     "CLUSTER_URIS_HEADER",
@@ -119,6 +120,7 @@ __all__ = [
     "ClientClosedError",
     "ClientError",
     "ClientState",
+    "ClientTls",
     "ConnectRefusedError",
     "ConnectionFailedError",
     "FailoverTimeoutError",

@@ -10,6 +10,7 @@ import inspect
 import itertools
 import logging
 import random
+import ssl
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,6 +39,7 @@ from amqlite.client.messages import (
 from amqlite.client.requests import Control, PendingSend, RequestBook, Transaction
 from amqlite.client.uri import BrokerURL, parse_broker_url
 from amqlite.codec import Frame, ProtocolError, encode_frame
+from amqlite.tls import ClientTls
 from amqlite.wire import ACK_AUTO, ACK_MODES, STOMP_1_2
 
 __all__ = ["DISCONNECT_TIMEOUT_S", "AsyncClient"]
@@ -58,6 +60,9 @@ class AsyncClient(FailoverSupervisor):
     defaults to a fresh uuid; a fixed one must come with a ``first_seq`` above anything it
     sent before, or the broker's dedup window drops the new messages as duplicates.
     ``resolver`` overrides the registered discovery resolver for ``discovery:`` URLs.
+    ``tls`` (``amqlite.tls.ClientTls`` or an ``ssl.SSLContext``) is used for ``ssl://``
+    URIs: CA file, client certificate, hostname check (on by default); without it the
+    system trust store is used.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class AsyncClient(FailoverSupervisor):
         resolver: Resolver | None = None,
         connect_headers: Mapping[str, str] | None = None,
         rng: random.Random | None = None,
+        tls: ClientTls | ssl.SSLContext | None = None,
     ) -> None:
         headers = dict(connect_headers or {})
         if client_id:
@@ -80,7 +86,7 @@ class AsyncClient(FailoverSupervisor):
         super().__init__(
             parse_broker_url(broker_url) if isinstance(broker_url, str) else broker_url,
             login=login, passcode=passcode, connect_headers=headers, resolver=resolver,
-            rng=rng,
+            rng=rng, tls=tls,
         )
         self.client_id = client_id
         self.producer_id = producer_id or uuid.uuid4().hex

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import ssl
 from collections.abc import Callable, Mapping
 
 from amqlite.client.errors import ConnectRefusedError
 from amqlite.client.uri import TcpURI
 from amqlite.codec import Frame, ProtocolError
 from amqlite.protocol import FrameReceived, State, StompProtocol, receive_deadline_ms
+from amqlite.tls import client_context
 from amqlite.wire import STOMP_1_1, STOMP_1_2
 
 __all__ = ["OFFERED_VERSIONS", "READ_CHUNK", "Connection", "describe"]
@@ -25,11 +28,20 @@ READ_CHUNK = 64 * 1024
 OFFERED_VERSIONS = (STOMP_1_1, STOMP_1_2)
 
 
+@functools.cache
+def default_ssl_context() -> ssl.SSLContext:
+    """For ssl:// without client TLS settings: system CAs, hostname checked. Built once:
+    loading the trust store costs milliseconds, too much for every reconnect."""
+    return client_context()
+
+
 class Connection:
     """One TCP connection speaking STOMP through the sans-I/O protocol; no failover."""
 
-    def __init__(self, uri: TcpURI) -> None:
+    def __init__(self, uri: TcpURI, ssl_context: ssl.SSLContext | None = None) -> None:
         self.uri = uri
+        #: Used for ssl:// URIs only; None: the system trust store, hostname checked.
+        self.ssl_context = ssl_context
         self.protocol = StompProtocol("client")
         self.loop = asyncio.get_running_loop()
         self.lost: asyncio.Future[BaseException | None] = self.loop.create_future()
@@ -53,7 +65,11 @@ class Connection:
         options = self.uri.options
         try:
             async with asyncio.timeout(options.connection_timeout_ms / 1000):
-                reader, writer = await asyncio.open_connection(self.uri.host, self.uri.port)
+                tls = (self.ssl_context or default_ssl_context()) if self.uri.tls else None
+                reader, writer = await asyncio.open_connection(
+                    self.uri.host, self.uri.port, ssl=tls,
+                    server_hostname=self.uri.host if tls is not None else None,
+                )
                 self._reader, self._writer = reader, writer
                 writer.write(
                     self.protocol.connect_frame(

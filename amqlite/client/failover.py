@@ -32,6 +32,7 @@ import contextlib
 import enum
 import logging
 import random
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from amqlite.client.uri import (
     parse_uri_list,
 )
 from amqlite.codec import Frame, ProtocolError
+from amqlite.tls import ClientTls
 
 __all__ = [
     "ClientState",
@@ -237,8 +239,13 @@ class FailoverSupervisor:
         connect_headers: dict[str, str],
         resolver: Resolver | None,
         rng: random.Random | None,
+        tls: ClientTls | ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        #: For ssl:// URIs. Given explicitly, the client also refuses to fall back to
+        #: plain tcp:// URIs it learns (discovery, cluster updates) when ssl:// ones exist.
+        self._ssl_context = tls.context() if isinstance(tls, ClientTls) else tls
+        self._prefer_tls = tls is not None
         self.options = url.options
         _check_update_url(self.options.update_uris_url)
         self.login = login
@@ -407,7 +414,7 @@ class FailoverSupervisor:
             for uri in uris:
                 if self.closed:
                     raise ClientClosedError("client is closed")
-                conn = Connection(uri)
+                conn = Connection(uri, self._ssl_context)
                 try:
                     await conn.open(
                         login=self.login, passcode=self.passcode, headers=self.connect_headers
@@ -456,13 +463,20 @@ class FailoverSupervisor:
     async def _connect_list(self, exclude: TcpURI | None = None) -> list[TcpURI]:
         configured = self._configured
         if self.url.kind == "discovery":
-            configured = await self._resolve()
-        updated = self._updated if self.options.update_uris_supported else []
+            configured = self._learned(await self._resolve())
+        updated = self._learned(self._updated) if self.options.update_uris_supported else []
         order = connect_order(
             configured, updated, failed=self._failed_uri,
             randomize=self.options.randomize, rng=self._rng,
         )
         return [u for u in order if u != exclude]
+
+    def _learned(self, uris: list[TcpURI]) -> list[TcpURI]:
+        """URIs the client did not configure: with TLS settings, only the ssl:// ones when
+        there are any, so a registry or broker cannot talk the client into plain text."""
+        if self._prefer_tls and any(u.tls for u in uris):
+            return [u for u in uris if u.tls]
+        return uris
 
     async def _resolve(self) -> list[TcpURI]:
         return await resolve_uris(self.url.discovery or "", self.resolver, self._nested)
@@ -585,7 +599,7 @@ class FailoverSupervisor:
                     candidates = [u for u in candidates if u != standby.uri]
                 made = False
                 for uri in candidates:
-                    conn = Connection(uri)
+                    conn = Connection(uri, self._ssl_context)
                     try:
                         await conn.open(
                             login=self.login, passcode=self.passcode,

@@ -6,6 +6,10 @@ ActiveMQ 5.x), so an operator's existing URLs keep working:
 
 ``tcp://host:port[?inner options]`` (``stomp://`` is an alias)
     one broker, no reconnect (like ActiveMQ's plain tcp transport).
+``ssl://host:port[?inner options]`` (``stomp+ssl://`` is an alias)
+    the same over TLS, anywhere a tcp URI may stand (inside ``failover:``, from
+    ``discovery:``, in cluster updates). Whom to trust and the client certificate are
+    client arguments (``tls=ClientTls(...)``), not URI options.
 ``failover:(uri1,...,uriN)?options``, ``failover://(...)?options``
     reconnect across the listed brokers with the failover options below.
 ``failover:uri1,...,uriN``
@@ -77,7 +81,10 @@ DEFAULT_CONNECTION_TIMEOUT_MS = 30_000
 #: own default offer.
 DEFAULT_HEARTBEAT_MS = (10_000, 10_000)
 
-TCP_SCHEMES = ("tcp", "stomp")
+#: ``ssl://`` (ActiveMQ's name; ``stomp+ssl://`` is an alias) is STOMP over TLS: the server
+#: certificate is verified and, unless the client is told otherwise, its hostname checked.
+TLS_SCHEMES = ("ssl", "stomp+ssl")
+TCP_SCHEMES = ("tcp", "stomp", *TLS_SCHEMES)
 
 
 class URIError(ValueError):
@@ -102,6 +109,10 @@ class TcpURI:
     scheme: str = "tcp"
     options: TcpOptions = field(default_factory=TcpOptions, compare=False)
     query: str = field(default="", compare=False)
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme in TLS_SCHEMES
 
     @property
     def key(self) -> tuple[str, int]:
@@ -341,7 +352,7 @@ def parse_tcp_uri(text: str, nested: Mapping[str, str] | None = None) -> TcpURI:
         raise URIError(f"broker URI {raw!r}: expected tcp://host:port")
     if scheme.lower() not in TCP_SCHEMES:
         raise URIError(
-            f"broker URI {raw!r}: unsupported scheme {scheme!r} (use tcp:// or stomp://)"
+            f"broker URI {raw!r}: unsupported scheme {scheme!r} (use tcp://, stomp:// or ssl://)"
         )
     try:
         parts = urlsplit(raw)
@@ -519,5 +530,6 @@ def parse_broker_url(text: str) -> BrokerURL:
             agent += ("&" if "?" in agent else "?") + agent_query
         return BrokerURL(raw, "discovery", (), _failover_options(query, raw), discovery=agent)
     raise URIError(
-        f"broker URL {raw!r}: unsupported scheme {scheme!r} (use tcp://, failover: or discovery:)"
+        f"broker URL {raw!r}: unsupported scheme {scheme!r} "
+        "(use tcp://, ssl://, failover: or discovery:)"
     )

@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import socket
+import ssl
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,7 @@ class ManagementServer:
         self.metrics = Metrics(self.view)
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
+        self._ssl: ssl.SSLContext | None = None
         self.app = self._make_app()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -204,6 +206,8 @@ class ManagementServer:
         if s.http_bind.lower() == HTTP_OFF:
             log.info("management API off (http_bind = off)")
             return None
+        #: HTTPS with the STOMP listener's certificate settings (issue 16).
+        self._ssl = s.ssl_context() if s.ssl_cert and s.http_ssl else None
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         if s.http_bind:
@@ -223,7 +227,7 @@ class ManagementServer:
         assert site is not None
         port = self._runner.addresses[0][1] if self._runner and self._runner.addresses else 0
         shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
-        self.url = f"http://{shown}:{port}"
+        self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}"
         log.info("management API on %s (%s)", self.url,
                  "login required" if self.access.enabled else "no users file: no login")
         return self.url
@@ -232,7 +236,8 @@ class ManagementServer:
         assert self._runner is not None
         last: OSError | None = None
         for port in ports:
-            site = web.TCPSite(self._runner, host, port, reuse_address=True)
+            site = web.TCPSite(self._runner, host, port, reuse_address=True,
+                               ssl_context=self._ssl)
             try:
                 await site.start()
                 return site

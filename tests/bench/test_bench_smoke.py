@@ -107,3 +107,11 @@ def test_runner_quick_prints_records_ratios_and_table() -> None:
     assert len(w4) == 1 and w4[0]["result"]["end_to_end_msg_s"] > 0
     assert "ratios" in records[-1] and "targets" in records[-1]
     assert "| W4 embedded: end-to-end msg/s |" in out.stdout
+
+
+def test_load_over_tls() -> None:
+    """W1 over TLS: a throwaway certificate, every connection over the ssl listener."""
+    r = bench("bench/load.py", "--spawn", "sqlite", "--tls", "--seconds", "1.5",
+              "--producers", "5", "--consumers", "2", "--processes", "2")
+    assert r["broker"]["tls"] is True and r["config"]["tls"] is True
+    assert r["sent"] > 0 and r["received"] == r["sent"]
