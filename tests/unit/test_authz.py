@@ -94,8 +94,9 @@ def test_empty_password_refused() -> None:
 
 
 #: Names that hold a secret somewhere in the code base: none may reach a log call or an
-#: exception message.
-SECRET_NAMES = {"passcode", "password", "stored", "digest", "users", "ssl_key", "key_file"}
+#: exception message. (``ssl_key``/``key_file`` hold the private key's *path*, which an
+#: error must name so the operator can fix it; the key itself is only read by ssl.)
+SECRET_NAMES = {"passcode", "password", "stored", "digest", "users"}
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 
