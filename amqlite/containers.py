@@ -338,6 +338,16 @@ def last_error_line(path: Path) -> str:
     return errors[-1] if errors else (lines[-1] if lines else "(nothing logged)")
 
 
+def _why(c: Container, registry_error: str) -> str:
+    """Why a node has no role yet: its own last error line (it knows best), else
+    the registry's error, else its last log line."""
+    lines = _run_lines(c.log)
+    errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
+    if errors:
+        return errors[-1]
+    return registry_error or (lines[-1] if lines else "(nothing logged)")
+
+
 Progress = Callable[[str], None]
 
 
@@ -421,7 +431,7 @@ def start_container(home: Path, name: str, *, wait: float = START_WAIT,
                 if others or now - slave_since >= SLAVE_SETTLE:
                     return Started(c, proc.pid, ROLE_SLAVE, others[0] if others else None)
         if now >= deadline:
-            why = registry_error or last_error_line(c.log)
+            why = _why(c, registry_error)
             raise ContainerError(f"container {name} (pid {proc.pid}) has no role after "
                                  f"{wait:g}s; it keeps running and retrying: {why} "
                                  f"(see `amqlite container logs {name}`; stop it with "
@@ -430,7 +440,7 @@ def start_container(home: Path, name: str, *, wait: float = START_WAIT,
             state = ("slave, waiting for the lock" if me is not None
                      else "not in the registry yet")
             progress(f"container {name}: {state} after {now - started:.0f}s: "
-                     f"{registry_error or _last_line(c.log)}")
+                     f"{_why(c, registry_error)}")
             next_progress = now + PROGRESS_INTERVAL
         time.sleep(POLL)
 
