@@ -458,7 +458,8 @@ def _wait_gone(pid: int, marker: str, timeout: float) -> bool:
 class Stopped:
     """A stopped container: its pid, the role it had in the registry ("-": not
     there), and who is master of its group afterwards (None: nobody within
-    ``TAKEOVER_WAIT``, or ``alone``: no other broker of the group was running)."""
+    ``TAKEOVER_WAIT``, or ``alone``: no other broker of the group was running);
+    ``took``: seconds from the signal to the new master's registry entry."""
 
     pid: int
     role: str
@@ -495,6 +496,7 @@ def stop_container(home: Path, name: str, *, kill: bool = False,
         role = ("stale" if settings.name in before.stale
                 else me.role if me is not None else "-")
     marker = str(c.config)
+    signalled = time.monotonic()  # takeover time counts from here, as a client sees it
     with contextlib.suppress(ProcessLookupError):
         if kill:
             os.kill(pid, signal.SIGKILL)
@@ -526,7 +528,7 @@ def stop_container(home: Path, name: str, *, kill: bool = False,
             new = next((m for m in view.members if m.name in view.masters
                         and m.name != settings.name), None)
             if new is not None:
-                return Stopped(pid, role, new.name, new.epoch, now - stopped_at)
+                return Stopped(pid, role, new.name, new.epoch, now - signalled)
         if now - stopped_at >= TAKEOVER_WAIT:
             return Stopped(pid, role)
         if now >= next_progress:
