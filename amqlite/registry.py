@@ -155,11 +155,12 @@ class Member:
 
 
 #: A store registry entry whose heartbeat is older than this is shown as stale, not in
-#: its role (ms): two heartbeat periods, i.e. one heartbeat late. A crashed master then
-#: stops being listed as master within a second, well before its row expires at
-#: ``STORE_MAX_AGE_MS``. (A live broker one heartbeat late on a loaded machine is shown
-#: stale for a moment: an honest "not heard from", not a second master.)
-STALE_AFTER_MS = 2 * int(STORE_HEARTBEAT_INTERVAL * 1000)
+#: its role (ms): three heartbeat periods, i.e. two heartbeats late in a row (one late
+#: heartbeat is common on a loaded machine; a live master must not flicker). A crashed
+#: master nobody took over from is then no longer listed as master after 1.5 s, before
+#: its row expires at ``STORE_MAX_AGE_MS``; one somebody took over from is stale at
+#: once (superseded by a higher epoch).
+STALE_AFTER_MS = 3 * int(STORE_HEARTBEAT_INTERVAL * 1000)
 
 
 @dataclass(frozen=True)

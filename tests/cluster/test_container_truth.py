@@ -80,8 +80,9 @@ def test_start_reports_the_real_role_and_stop_kill_names_the_successor(home: Pat
     out = ok(amqlite("container", "stop", "first", "--kill", env=env))
     assert "killed container first" in out and "was master" in out, out
     assert "second took over as master after" in out, out
-    views = read_cluster(f"sqlite:///{home / '.groups' / 'truth' / 'amqlite.db'}", "truth")
-    assert views[0].masters == ["second"]
+    poll_until(lambda: read_cluster(f"sqlite:///{home / '.groups' / 'truth' / 'amqlite.db'}",
+                                    "truth"),
+               lambda v: bool(v) and v[0].masters == ["second"], SLACK, "second is master")
 
     # logs: the node's own lines; -n the last ones; -f follows what is appended.
     text = ok(amqlite("container", "logs", "second", env=env))
