@@ -121,7 +121,9 @@ def _default_sources(group: str | None, config_file: str | None) -> list[str]:
               help="Settings file whose registry to read (as `amqlite start --config`).")
 def cluster_list(registry: str | None, store: str | None, group: str | None, as_json: bool,
                  config_file: str | None) -> None:
-    """One row per group: its master, slaves and the master's client URIs.
+    """One row per group and registry: its master, slaves and the master's client
+    URIs. Entries whose heartbeat is late, and masters superseded by a higher epoch
+    (crashed, not expired yet), are marked "(stale)", never listed as master.
 
     Without --registry/--store: the registry of the settings `amqlite start`
     would use here (AMQLITE_* environment, --config; zk:// locker, else the
