@@ -6,7 +6,9 @@
 #   docker build --target broker -t amqlite .
 #   docker build --target audit -t amqlite-audit .
 
-FROM python:3.11-slim AS broker
+# The Debian release is pinned: `python:3.11-slim` moved to Debian 13, which has no
+# openjdk-17-jre-headless for the audit target (PySpark 4 wants Java 17).
+FROM python:3.11-slim-bookworm AS broker
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -26,11 +28,14 @@ WORKDIR /var/lib/amqlite
 EXPOSE 61613
 # SIGTERM is a graceful stop: finish the group commit, release the lock at once.
 STOPSIGNAL SIGTERM
-# Healthy while the process serves its management API (master or slave: /healthz);
-# /readyz tells the master apart. The API stays on the container's loopback (8161 is
-# the port derived from STOMP's 61613) unless http_bind and a users file say otherwise.
+# The management API on the container's loopback, at a fixed address so the health
+# check knows where to ask (a users file and http_allow_remote to expose it).
+ENV AMQLITE_HTTP_BIND=127.0.0.1:8161
+# Healthy while the process serves its management API (master or slave: /healthz
+# answers 200 for both; /readyz tells the master apart). urlopen raises, so the
+# check fails, on a refused connection or an HTTP error.
 HEALTHCHECK --interval=5s --timeout=5s --start-period=10s --retries=6 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8161/healthz', timeout=4)"]
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://' + os.environ.get('AMQLITE_HTTP_BIND', '127.0.0.1:8161') + '/healthz', timeout=4)"]
 # Inside a container the broker must listen beyond loopback; publish the port on the
 # host's loopback (see docker-compose.yml) to keep it private.
 CMD ["amqlite", "start", "--bind", "0.0.0.0:61613"]

@@ -21,20 +21,32 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amqlite.registry import Member, RegistryError, Role, read_members, registry_url
+from amqlite.registry import (
+    GroupView,
+    Member,
+    RegistryError,
+    Role,
+    display_url,
+    group_views,
+    read_members,
+    registry_url,
+)
 from amqlite.settings import Settings, SettingsError, load_settings
 
 HOME_ENV = "AMQLITE_HOME"
@@ -48,10 +60,26 @@ GROUPS_DIR = ".groups"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: Settings that ``container create`` writes itself and ``--set`` may not override.
 MANAGED_SETTINGS = ("group", "name", "data_dir", "store", "locker", "bind")
-#: How long ``container start`` waits for the broker to show up in the registry
-#: (s): importing, opening the store and the first registry write take a second
-#: or two on a loaded machine; after this it reports "started" anyway.
+#: How long ``container start`` waits for the broker to take its real role (s):
+#: importing, opening the store and the first registry write take a second or two
+#: on a loaded machine; a node that keeps retrying an unreachable store or
+#: ZooKeeper past this is reported as not started (it keeps running and retrying).
 START_WAIT = 30.0
+#: A new node announces "slave" before it asks for the lock, so "slave" is its real
+#: role only once another node is master or it has stayed slave this long (s):
+#: a free lock is taken within a poll interval (0.5 s default) plus activation.
+SLAVE_SETTLE = 5.0
+#: How often ``container start`` and ``stop`` say what they are waiting for (s).
+PROGRESS_INTERVAL = 2.0
+#: How long ``container stop`` waits for another broker to take over (s): a SIGKILLed
+#: master's ZooKeeper lock outlives it by the session timeout (4 s default, up to
+#: 20 s) and a PostgreSQL lease by ``lock_lease``; this covers both with margin.
+TAKEOVER_WAIT = 30.0
+#: Log lines that say why a node failed: the logger's ERROR/CRITICAL level, the
+#: CLI's one-line ``amqlite: error:``, the last line of a traceback.
+ERROR_LINE_RE = re.compile(r"\b(ERROR|CRITICAL)\b|^amqlite: error:|^\w*(Error|Exception)\b")
+#: The line ``_spawn`` writes before each start; a log's tail starts after the last one.
+START_MARKER = "=== amqlite container start "
 #: How long ``container stop`` waits after SIGTERM (s): the node drains its
 #: group commit for up to 10 s (node.GRACEFUL_DRAIN_TIMEOUT), plus margin.
 STOP_WAIT = 30.0
@@ -280,34 +308,84 @@ def _spawn(c: Container) -> subprocess.Popen[bytes]:
     env["PYTHONUNBUFFERED"] = "1"
     argv = [sys.executable, "-m", "cli", "start", "--config", str(c.config)]
     with open(c.log, "ab") as log:
-        log.write(f"=== amqlite container start {c.name} at {time.strftime('%F %T')}\n".encode())
+        log.write(f"{START_MARKER}{c.name} at {time.strftime('%F %T')}\n".encode())
         log.flush()
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=c.dir,
                                 start_new_session=True)
 
 
-def _last_line(path: Path) -> str:
+def _run_lines(path: Path) -> list[str]:
+    """The non-blank lines the current (last) run of the container wrote to its log."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
-        return ""
-    return lines[-1] if lines else ""
+        return []
+    starts = [i for i, ln in enumerate(lines) if ln.startswith(START_MARKER)]
+    return lines[starts[-1] + 1:] if starts else lines
+
+
+def _last_line(path: Path) -> str:
+    lines = _run_lines(path)
+    return lines[-1] if lines else "(nothing logged)"
+
+
+def last_error_line(path: Path) -> str:
+    """The last line of the current run that says why it failed, else its last line."""
+    lines = _run_lines(path)
+    errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
+    return errors[-1] if errors else (lines[-1] if lines else "(nothing logged)")
+
+
+def _why(c: Container, registry_error: str) -> str:
+    """Why a node has no role yet: its own last error line (it knows best), else
+    the registry's error, else its last log line."""
+    lines = _run_lines(c.log)
+    errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
+    if errors:
+        return errors[-1]
+    return registry_error or (lines[-1] if lines else "(nothing logged)")
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
 
 
 @dataclass(frozen=True)
 class Started:
-    """A started container: its pid and its role in the registry, or None when
-    it did not show up there within ``START_WAIT`` (it may still be starting)."""
+    """A started container: its pid, its role in the registry ("master" or
+    "slave"), and the group's master when it is a slave (None: none registered)."""
 
     container: Container
     pid: int
-    role: str | None
+    role: str
+    master: str | None = None
 
 
-def start_container(home: Path, name: str) -> Started:
-    """Start container ``name`` in the background; returns once it has joined
-    its group's registry (as master or slave), or after ``START_WAIT``."""
+def _port_free(host: str, port: int) -> bool:
+    """Whether a listener could bind ``host:port`` now (SO_REUSEADDR as asyncio's
+    server sets it, so a port in TIME_WAIT counts as free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno != errno.EADDRINUSE
+    return True
+
+
+def start_container(home: Path, name: str, *, wait: float = START_WAIT,
+                    progress: Progress = _quiet) -> Started:
+    """Start container ``name`` in the background and return its real role: master
+    once its own registry entry (by name and pid) says so; slave once another node
+    is master, or after ``SLAVE_SETTLE`` without one. Raises ``ContainerError``
+    when the process dies (with the last error line of its log) or has no role
+    after ``wait`` seconds (it keeps running). ``progress`` gets a line every
+    ``PROGRESS_INTERVAL`` while it waits."""
     c = get_container(home, name)
     pid = c.pid()
     if pid is not None:
@@ -316,23 +394,53 @@ def start_container(home: Path, name: str) -> Started:
         settings = c.settings()
     except SettingsError as e:
         raise ContainerError(f"container {name}: {e}") from None
+    host, port = settings.bind_address
+    if not _port_free(host, port):
+        raise ContainerError(f"container {name}: {host}:{port} is already in use (another "
+                             f"broker?); change `bind` in {c.config}")
     proc = _spawn(c)
     c.pid_file.write_text(f"{proc.pid}\n")
     url = registry_url(settings)
-    deadline = time.monotonic() + START_WAIT
+    started = time.monotonic()
+    deadline = started + wait
+    next_progress = started + PROGRESS_INTERVAL
+    slave_since: float | None = None
+    registry_error = ""
     while True:
         code = proc.poll()
         if code is not None:
             c.pid_file.unlink(missing_ok=True)
-            raise ContainerError(f"container {name} exited at once (status {code}): "
-                                 f"{_last_line(c.log)}")
-        with contextlib.suppress(RegistryError):
-            member = next((m for m in read_members(url, settings.group)
-                           if m.name == settings.name and m.pid == proc.pid), None)
-            if member is not None:
-                return Started(c, proc.pid, member.role)
-        if time.monotonic() >= deadline:
-            return Started(c, proc.pid, None)
+            raise ContainerError(f"container {name} exited (status {code}): "
+                                 f"{last_error_line(c.log)}")
+        try:
+            views = group_views(read_members(url, settings.group))
+            registry_error = ""
+        except RegistryError as e:
+            views, registry_error = [], str(e)
+        view = views[0] if views else None
+        me = next((m for m in view.members if m.name == settings.name and m.pid == proc.pid),
+                  None) if view else None
+        now = time.monotonic()
+        if me is not None and view is not None:
+            if settings.name in view.masters:
+                return Started(c, proc.pid, Role.MASTER)
+            if settings.name in view.slaves:
+                others = [m for m in view.masters if m != settings.name]
+                slave_since = slave_since if slave_since is not None else now
+                if others or now - slave_since >= SLAVE_SETTLE:
+                    return Started(c, proc.pid, Role.SLAVE, others[0] if others else None)
+        if now >= deadline:
+            why = _why(c, registry_error)
+            raise ContainerError(f"container {name} (pid {proc.pid}) has no role after "
+                                 f"{wait:g}s; it keeps running and retrying: {why} "
+                                 f"(see `amqlite container logs {name}`; stop it with "
+                                 f"`amqlite container stop {name}`)")
+        if now >= next_progress:
+            state = ("slave, waiting for the lock" if me is not None
+                     else "not in the registry yet")
+            progress(f"container {name}: {state} after {now - started:.0f}s: "
+                     f"{_why(c, registry_error)}")
+            next_progress = now + PROGRESS_INTERVAL
         time.sleep(POLL)
 
 
@@ -345,15 +453,49 @@ def _wait_gone(pid: int, marker: str, timeout: float) -> bool:
     return True
 
 
-def stop_container(home: Path, name: str, *, kill: bool = False) -> int:
+@dataclass(frozen=True)
+class Stopped:
+    """A stopped container: its pid, the role it had in the registry ("-": not
+    there), and who is master of its group afterwards (None: nobody within
+    ``TAKEOVER_WAIT``, or ``alone``: no other broker of the group was running);
+    ``took``: seconds from the signal to the new master's registry entry."""
+
+    pid: int
+    role: str
+    master: str | None = None
+    epoch: int | None = None
+    took: float | None = None
+    alone: bool = False
+
+
+def _group_view(url: str, group: str) -> GroupView | None:
+    with contextlib.suppress(RegistryError):
+        views = group_views(read_members(url, group))
+        return views[0] if views else None
+    return None
+
+
+def stop_container(home: Path, name: str, *, kill: bool = False,
+                   progress: Progress = _quiet) -> Stopped:
     """Stop container ``name``: SIGTERM and wait (a master hands over at once),
-    or SIGKILL with ``kill``. Returns the pid it stopped."""
+    or SIGKILL with ``kill``; then wait for the group's new master."""
     c = get_container(home, name)
     pid = c.pid()
     if pid is None:
         c.pid_file.unlink(missing_ok=True)
         raise ContainerError(f"container {name} is not running")
+    settings: Settings | None = None
+    with contextlib.suppress(SettingsError):
+        settings = c.settings()
+    url = registry_url(settings) if settings is not None else None
+    before = _group_view(url, settings.group) if settings is not None and url else None
+    role = "-"
+    if before is not None and settings is not None:
+        me = next((m for m in before.members if m.name == settings.name), None)
+        role = ("stale" if settings.name in before.stale
+                else me.role if me is not None else "-")
     marker = str(c.config)
+    signalled = time.monotonic()  # takeover time counts from here, as a client sees it
     with contextlib.suppress(ProcessLookupError):
         if kill:
             os.kill(pid, signal.SIGKILL)
@@ -365,7 +507,34 @@ def stop_container(home: Path, name: str, *, kill: bool = False) -> int:
                              f"{KILL_WAIT if kill else STOP_WAIT:g}s"
                              + ("" if kill else "; try --kill"))
     c.pid_file.unlink(missing_ok=True)
-    return pid
+    if settings is None or url is None or before is None:
+        return Stopped(pid, role)
+    others = [m for m in before.members
+              if m.name != settings.name and m.name not in before.stale]
+    if role != Role.MASTER:
+        master = next((m for m in before.masters if m != settings.name), None)
+        return Stopped(pid, role, master, alone=not others)
+    if not others:
+        return Stopped(pid, role, alone=True)
+    # A master's row may outlive it (a crash): the successor is a live master of
+    # another name, or of a higher epoch.
+    stopped_at = time.monotonic()
+    next_progress = stopped_at + PROGRESS_INTERVAL
+    while True:
+        view = _group_view(url, settings.group)
+        now = time.monotonic()
+        if view is not None:
+            new = next((m for m in view.members if m.name in view.masters
+                        and m.name != settings.name), None)
+            if new is not None:
+                return Stopped(pid, role, new.name, new.epoch, now - signalled)
+        if now - stopped_at >= TAKEOVER_WAIT:
+            return Stopped(pid, role)
+        if now >= next_progress:
+            progress(f"waiting for a broker of group {settings.group} to take over "
+                     f"({now - stopped_at:.0f}s)")
+            next_progress = now + PROGRESS_INTERVAL
+        time.sleep(POLL)
 
 
 # --------------------------------------------------------------------------- list, delete
@@ -407,11 +576,39 @@ def container_rows(home: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, warnings
 
 
-def delete_container(home: Path, name: str) -> None:
+def delete_container(home: Path, name: str) -> str | None:
     """Delete container ``name``'s directory (config, data, log). It must be
-    stopped; a shared store under <home>/.groups is kept for the group's others."""
+    stopped; its group's store is kept. Returns what the user should know when
+    this was the last container on that store: where the group's data stays and
+    how to remove it (None when other containers still use the store)."""
     c = get_container(home, name)
     pid = c.pid()
     if pid is not None:
         raise ContainerError(f"container {name} is running (pid {pid}): stop it first")
+    try:
+        settings: Settings | None = c.settings()
+    except SettingsError:
+        settings = None
     shutil.rmtree(c.dir)
+    if settings is None:
+        return None
+    where = display_url(settings.store)
+    for other in list_containers(home):
+        with contextlib.suppress(SettingsError):
+            if display_url(other.settings().store) == where:
+                return None
+    group_dir = home / GROUPS_DIR / settings.group
+    from store import StoreError, parse_store_url
+
+    try:
+        path = parse_store_url(settings.store).path
+    except StoreError:
+        path = None
+    if path is not None and path.parent == group_dir:
+        return (f"it was the last container of group {settings.group}: the group's store "
+                f"stays in {group_dir} (a container created again with --group "
+                f"{settings.group} finds its messages); remove it with: "
+                f"rm -r {shlex.quote(str(group_dir))}")
+    return (f"it was the last container on store {where}: group {settings.group}'s "
+            f"messages stay there; remove them with the database's own tools (that store "
+            f"may serve other groups)")

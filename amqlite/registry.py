@@ -168,13 +168,27 @@ class Member:
         )
 
 
+#: A store registry entry whose heartbeat is older than this is shown as stale, not in
+#: its role (ms): six heartbeat periods. A heartbeat or two late is common on a loaded
+#: machine (a 2-core CI box running PostgreSQL and several brokers) and a live master
+#: must not flicker; a crashed master nobody took over from is then no longer listed as
+#: master after 3 s, before its row expires at ``STORE_MAX_AGE_MS``; one somebody took
+#: over from is stale at once (superseded by a higher epoch).
+STALE_AFTER_MS = 6 * int(STORE_HEARTBEAT_INTERVAL * 1000)
+
+
 @dataclass(frozen=True)
 class GroupView:
-    """One group as ``cluster-list`` shows it (Fabric's cluster row).
+    """One group of one registry as ``cluster-list`` shows it (Fabric's cluster row).
 
-    ``masters``: names announcing master, the real one (highest epoch) first;
-    more than one only while a deposed master has not left the registry yet.
+    ``masters``: the live master announcing the highest epoch (more than one only
+    when two live masters announce the same epoch, which fencing rules out).
+    ``stale``: entries not to be trusted in their role: a master superseded by a
+    higher epoch (a deposed or crashed master not gone from the registry yet) or a
+    store entry whose heartbeat is late (``STALE_AFTER_MS``).
     ``services``: the client URIs of the real master.
+    ``registry``: where the entries were read (password masked); two groups of
+    one name in two stores are two views.
     """
 
     group: str
@@ -182,30 +196,63 @@ class GroupView:
     slaves: list[str]
     services: list[str]
     members: list[Member] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    registry: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"cluster": self.group, "masters": self.masters, "slaves": self.slaves,
-                "services": self.services, "members": [m.to_json() for m in self.members]}
+        return {"cluster": self.group, "registry": self.registry, "masters": self.masters,
+                "slaves": self.slaves, "stale": self.stale, "services": self.services,
+                "members": [m.to_json() for m in self.members]}
 
 
 def _master_order(m: Member) -> tuple[int, str]:
     return (-(m.epoch if m.epoch is not None else -1), m.name)
 
 
-def group_views(members: Iterable[Member]) -> list[GroupView]:
-    """Fold registry entries into one view per group, sorted by group name."""
+def heartbeat_stale(m: Member, now_ms: int) -> bool:
+    """True if ``m`` has a heartbeat (store registry) older than ``STALE_AFTER_MS``."""
+    return m.heartbeat_at is not None and now_ms - m.heartbeat_at > STALE_AFTER_MS
+
+
+def group_views(members: Iterable[Member], registry: str = "",
+                now_ms: int | None = None) -> list[GroupView]:
+    """Fold the entries of one registry into one view per group, sorted by group
+    name; stale entries (see ``GroupView``) are set apart, never listed as master."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
     by_group: dict[str, list[Member]] = {}
     for m in members:
         by_group.setdefault(m.group, []).append(m)
     views = []
     for group in sorted(by_group):
         entries = by_group[group]
-        masters = sorted((m for m in entries if m.role == Role.MASTER), key=_master_order)
-        slaves = sorted(m.name for m in entries if m.role != Role.MASTER)
+        live = [m for m in entries if not heartbeat_stale(m, now)]
+        stale = {m.name for m in entries if heartbeat_stale(m, now)}
+        masters = sorted((m for m in live if m.role == Role.MASTER), key=_master_order)
+        if masters:
+            top = masters[0].epoch
+            stale |= {m.name for m in masters if m.epoch != top}
+            masters = [m for m in masters if m.epoch == top]
+        slaves = sorted(m.name for m in live if m.role != Role.MASTER and m.name not in stale)
         services = list(masters[0].services) if masters else []
         views.append(GroupView(group, [m.name for m in masters], slaves, services,
-                               sorted(entries, key=lambda m: m.name)))
+                               sorted(entries, key=lambda m: m.name), sorted(stale), registry))
     return views
+
+
+def display_url(url: str) -> str:
+    """A registry URL as the user should see it: a store URL normalised (absolute
+    SQLite path, no driver suffix) with its password masked; a zk:// URL as given.
+    Two spellings of one store give one string."""
+    if is_zk_url(url):
+        return url
+    from store import StoreError, parse_store_url
+    from store.url import describe
+
+    try:
+        parsed = parse_store_url(url)
+    except StoreError:
+        return url
+    return describe(parsed.url.set(drivername=parsed.dialect))
 
 
 # --------------------------------------------------------------------------- URLs
@@ -622,7 +669,7 @@ def read_members(url: str, group: str | None = None) -> list[Member]:
 def read_cluster(url: str, group: str | None = None) -> list[GroupView]:
     """One ``GroupView`` per group registered at ``url``; blocking; raises
     ``RegistryError``."""
-    return group_views(read_members(url, group))
+    return group_views(read_members(url, group), display_url(url))
 
 
 def poll_cluster(predicate: Callable[[list[GroupView]], bool], url: str, group: str | None,

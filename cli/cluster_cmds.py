@@ -8,7 +8,9 @@ This module parses the command line and prints; the containers themselves
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -16,19 +18,23 @@ import click
 
 from amqlite.containers import (
     HOME_ENV,
+    START_WAIT,
+    TAKEOVER_WAIT,
     ContainerError,
     container_home,
     container_registries,
     container_rows,
     create_containers,
     delete_container,
+    get_container,
     start_container,
     stop_container,
 )
 from amqlite.registry import (
     GroupView,
-    Member,
     RegistryError,
+    Role,
+    display_url,
     group_views,
     read_members,
     registry_url,
@@ -39,7 +45,9 @@ from amqlite.settings import SettingsError, load_settings
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-#: Fabric's cluster-list column width.
+#: ``container logs -f``: how often it looks for new lines (s), as ``tail -f`` does.
+FOLLOW_POLL = 0.2
+#: Fabric's cluster-list column width: the minimum; a longer cell widens its column.
 COLUMN_WIDTH = 30
 
 
@@ -50,6 +58,10 @@ def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 def _warn(message: str) -> None:
     click.echo(f"amqlite: warning: {message}", err=True)
+
+
+def _progress(message: str) -> None:
+    click.echo(f"amqlite: {message}", err=True)
 
 
 def _fail_on(e: ContainerError) -> NoReturn:
@@ -63,13 +75,26 @@ def _cell(values: list[str]) -> str:
     return ", ".join(values) if values else "-"
 
 
+def _role_cells(v: GroupView) -> tuple[str, str]:
+    """The masters and slaves cells: live entries first, then stale ones marked as
+    such under the role they announced (a crashed master reads "b1 (stale)")."""
+    masters, slaves = list(v.masters), list(v.slaves)
+    for m in v.members:
+        if m.name in v.stale:
+            (masters if m.role == Role.MASTER else slaves).append(f"{m.name} (stale)")
+    return _cell(masters), _cell(slaves)
+
+
 def format_table(views: list[GroupView]) -> str:
-    """Fabric's layout: 30-character columns, one row per group."""
-    w = COLUMN_WIDTH
-    lines = [f"{'[cluster]':<{w}} {'[masters]':<{w}} {'[slaves]':<{w}} [services]"]
-    for v in views:
-        lines.append(f"{v.group:<{w}} {_cell(v.masters):<{w}} {_cell(v.slaves):<{w}} "
-                     f"{_cell(v.services)}".rstrip())
+    """Fabric's layout, one row per group and registry: columns of at least 30
+    characters, wider when a cell is longer; the registry last."""
+    header = ["[cluster]", "[masters]", "[slaves]", "[services]", "[registry]"]
+    rows = [[v.group, *_role_cells(v), _cell(v.services), v.registry or "-"] for v in views]
+    widths = [max([COLUMN_WIDTH] + [len(r[i]) for r in rows]) for i in range(len(header) - 1)]
+    lines = []
+    for r in [header, *rows]:
+        cells = [f"{c:<{w}}" for c, w in zip(r, widths, strict=False)]
+        lines.append(" ".join([*cells, r[-1]]).rstrip())
     return "\n".join(lines)
 
 
@@ -96,7 +121,9 @@ def _default_sources(group: str | None, config_file: str | None) -> list[str]:
               help="Settings file whose registry to read (as `amqlite start --config`).")
 def cluster_list(registry: str | None, store: str | None, group: str | None, as_json: bool,
                  config_file: str | None) -> None:
-    """One row per group: its master, slaves and the master's client URIs.
+    """One row per group and registry: its master, slaves and the master's client
+    URIs. Entries whose heartbeat is late, and masters superseded by a higher epoch
+    (crashed, not expired yet), are marked "(stale)", never listed as master.
 
     Without --registry/--store: the registry of the settings `amqlite start`
     would use here (AMQLITE_* environment, --config; zk:// locker, else the
@@ -106,23 +133,33 @@ def cluster_list(registry: str | None, store: str | None, group: str | None, as_
         _fail("give --registry or --store, not both", EXIT_USAGE)
     explicit = registry or store
     sources = [explicit] if explicit else _default_sources(group, config_file)
-    members: dict[tuple[str, str], Member] = {}
-    errors: list[str] = []
+    views: dict[tuple[str, str], GroupView] = {}
+    errors: list[str] = []  # each once: one store behind several sources warns once
+    failed = 0
+    read: set[str] = set()
     for url in sources:
+        where = display_url(url)
+        if where in read:  # one store under two spellings: one registry
+            continue
+        read.add(where)
         try:
-            for m in read_members(url, group):
-                members.setdefault((m.group, m.name), m)
+            found = read_members(url, group)
         except RegistryError as e:
-            errors.append(str(e))
-    if errors and (explicit or len(errors) == len(sources)):
+            failed += 1
+            if str(e) not in errors:
+                errors.append(str(e))
+            continue
+        for v in group_views(found, where):
+            views.setdefault((v.group, where), v)
+    if errors and (explicit or failed == len(read)):
         _fail(errors[0])
     for e in errors:
         _warn(e)
-    views = group_views(members.values())
+    ordered = [views[k] for k in sorted(views)]
     if as_json:
-        click.echo(json.dumps([v.to_json() for v in views], indent=2))
+        click.echo(json.dumps([v.to_json() for v in ordered], indent=2))
     else:
-        click.echo(format_table(views))
+        click.echo(format_table(ordered))
 
 
 # --------------------------------------------------------------------------- containers
@@ -169,19 +206,24 @@ def create(home: Path, names: str, group: str, store: str | None, locker: str | 
 
 @container.command("start")
 @click.argument("name")
+@click.option("--wait", type=click.FloatRange(min=0), default=START_WAIT, show_default=True,
+              metavar="SECONDS", help="How long to wait for the broker to take its role.")
 @click.pass_obj
-def start(home: Path, name: str) -> None:
-    """Start container NAME in the background; returns once it has joined its
-    group's registry (as master or slave)."""
+def start(home: Path, name: str, wait: float) -> None:
+    """Start container NAME in the background; returns once it is master, or slave
+    of a master (progress on stderr meanwhile). Exits non-zero with the last error
+    line of its log if it dies, or if it has no role within --wait seconds."""
     try:
-        started = start_container(home, name)
+        started = start_container(home, name, wait=wait, progress=_progress)
     except ContainerError as e:
         _fail_on(e)
-    if started.role is not None:
-        click.echo(f"started container {name} (pid {started.pid}, {started.role})")
+    if started.role == Role.MASTER:
+        role = "master"
+    elif started.master is not None:
+        role = f"slave of {started.master}"
     else:
-        click.echo(f"started container {name} (pid {started.pid}); not in the registry yet: "
-                   f"see {started.container.log}")
+        role = "slave; no master registered in its group yet"
+    click.echo(f"started container {name} (pid {started.pid}, {role})")
 
 
 @container.command("stop")
@@ -190,12 +232,62 @@ def start(home: Path, name: str) -> None:
 @click.pass_obj
 def stop(home: Path, name: str, kill: bool) -> None:
     """Stop container NAME: SIGTERM and wait (a master hands over at once), or
-    SIGKILL with --kill."""
+    SIGKILL with --kill; then show which broker took over."""
     try:
-        pid = stop_container(home, name, kill=kill)
+        stopped = stop_container(home, name, kill=kill, progress=_progress)
     except ContainerError as e:
         _fail_on(e)
-    click.echo(f"{'killed' if kill else 'stopped'} container {name} (pid {pid})")
+    was = "" if stopped.role == "-" else f", was {stopped.role}"
+    click.echo(f"{'killed' if kill else 'stopped'} container {name} (pid {stopped.pid}{was})")
+    if stopped.alone:
+        click.echo("no other broker of its group is running: nobody takes over")
+    elif stopped.role == Role.MASTER and stopped.master is None:
+        _warn(f"no broker took over within {TAKEOVER_WAIT:g}s (see `amqlite cluster-list`)")
+    elif stopped.took is not None:
+        click.echo(f"{stopped.master} took over as master after {stopped.took:.1f}s "
+                   f"(epoch {stopped.epoch})")
+    elif stopped.master is not None:
+        click.echo(f"master of its group: {stopped.master}")
+
+
+@container.command("logs")
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what the broker logs "
+                                                   "(Ctrl-C ends).")
+@click.option("-n", "--lines", type=click.IntRange(min=0), metavar="N",
+              help="Only the last N lines.")
+@click.pass_obj
+def logs(home: Path, name: str, follow: bool, lines: int | None) -> None:
+    """Print container NAME's log (stdout and stderr of every run)."""
+    try:
+        path = get_container(home, name).log
+    except ContainerError as e:
+        _fail_on(e)
+    out = sys.stdout.buffer
+    try:
+        with open(path, "rb") as f:
+            if lines is not None:
+                tail = f.read().splitlines(keepends=True)[-lines:] if lines else []
+                out.write(b"".join(tail))
+            else:
+                shutil.copyfileobj(f, out)
+            out.flush()
+            while follow:
+                chunk = f.read()
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                else:
+                    time.sleep(FOLLOW_POLL)
+    except FileNotFoundError:
+        if not follow:
+            click.echo(f"container {name} has not been started yet: no log", err=True)
+            return
+        _fail(f"container {name} has no log yet: start it first")
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:  # `| head`
+        sys.stderr.close()
 
 
 @container.command("list")
@@ -223,12 +315,12 @@ def list_(home: Path, as_json: bool) -> None:
 @click.pass_obj
 def delete(home: Path, name: str) -> None:
     """Delete container NAME's directory (config, data, log). It must be stopped;
-    a shared store under <home>/.groups is kept for the group's other containers."""
+    the group's store is kept (it says where, when this was its last container)."""
     try:
-        delete_container(home, name)
+        left = delete_container(home, name)
     except ContainerError as e:
         _fail_on(e)
-    click.echo(f"deleted container {name}")
+    click.echo(f"deleted container {name}" + (f"; {left}" if left else ""))
 
 
 def register(cli_group: click.Group) -> None:

@@ -54,11 +54,13 @@ def test_cluster_list_shows_one_master_two_slaves_and_follows_failover(
     # The table, Fabric's layout; --store is the same registry as --registry here.
     table = ok(amqlite("cluster-list", "--store", store)).splitlines()
     w = COLUMN_WIDTH + 1
-    assert table[0].split() == ["[cluster]", "[masters]", "[slaves]", "[services]"]
+    assert table[0].split() == ["[cluster]", "[masters]", "[slaves]", "[services]",
+                                "[registry]"]
     line = next(ln for ln in table if ln.startswith(group))
     assert line[w:2 * w].rstrip() == master.name
     assert line[2 * w:3 * w].rstrip() == ", ".join(slaves)
-    assert line[3 * w:] == f"tcp://127.0.0.1:{master.port}"
+    assert line[3 * w:4 * w].rstrip() == f"tcp://127.0.0.1:{master.port}"
+    assert line[4 * w:] == store
 
     # --group filters; another group in the same store gets its own row. With no option
     # at all, cluster-list reads the registry the AMQLITE_* settings name.
@@ -117,6 +119,6 @@ def test_cluster_list_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_cluster_list_of_an_empty_registry_prints_only_the_header(tmp_path: Path) -> None:
     out = ok(amqlite("cluster-list", "--store", f"sqlite:///{tmp_path / 'none.db'}"))
-    assert out.split() == ["[cluster]", "[masters]", "[slaves]", "[services]"]
+    assert out.split() == ["[cluster]", "[masters]", "[slaves]", "[services]", "[registry]"]
     assert cluster_json("--store", f"sqlite:///{tmp_path / 'none.db'}") == []
     assert not (tmp_path / "none.db").exists(), "cluster-list created a store"

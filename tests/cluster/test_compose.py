@@ -1,7 +1,8 @@
 """docker-compose.yml and the Dockerfile, checked without a Docker engine: the services
-the issue names, health checks and their dependencies, every `amqlite` command line
-against the real click commands, every AMQLITE_* variable against the real settings, the
-brokers forming one group, and the brokers' health check run for real against a broker."""
+the issue names, health checks and their dependencies (the audit starts no broker),
+every `amqlite` command line against the real click commands, every AMQLITE_* variable
+against the real settings, the brokers forming one group, the pinned base image, and the
+compose and image health checks run for real against brokers' management APIs."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from amqlite.settings import Settings, load_settings
 from cli.main import cli
 from tests.cluster.helpers import poll_until
 from tests.integration.broker_proc import REPO_ROOT, BrokerFactory, unique
-from tests.servers import ZooKeeperServer
+from tests.servers import free_port
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
@@ -117,6 +118,14 @@ def test_compose_names_the_issues_services_with_health_checks(compose: dict) -> 
     for name in BROKERS:
         assert {"postgres", "zookeeper"} <= set(services[name]["depends_on"])
     assert "postgres" in services["audit"]["depends_on"]
+    # `docker compose run audit` starts the audit's dependencies: a broker among them
+    # would be started again after the user stopped it.
+    assert not set(services["audit"]["depends_on"]) & set(BROKERS), "audit starts brokers"
+    for name in BROKERS:
+        # Restarted after a crash, not after `docker compose stop`.
+        assert services[name]["restart"] == "unless-stopped"
+        test = " ".join(services[name]["healthcheck"]["test"][1:])
+        assert re.search(r"/(healthz|readyz)\b", test), f"{name}: health check is not the API's"
     for name, svc in services.items():
         for port in svc.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
@@ -129,7 +138,7 @@ def test_every_amqlite_command_line_parses_with_the_real_cli(compose: dict) -> N
             command, _ = parse_amqlite(argv)
             seen.add((name, command.name))
     for name in BROKERS:
-        assert (name, "start") in seen and (name, "cluster-list") in seen
+        assert (name, "start") in seen
     assert ("audit", "audit") in seen
 
 
@@ -168,7 +177,11 @@ def test_environment_names_real_settings_and_the_brokers_form_one_group(
 def test_dockerfile_builds_the_targets_compose_uses(compose: dict) -> None:
     text = DOCKERFILE.read_text()
     stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I)
-    assert stages[0][0] == "python:3.11-slim"
+    # The Debian release is pinned: the audit's openjdk-17-jre-headless is in Debian 12
+    # (bookworm), not in 13, which plain python:3.11-slim moved to.
+    assert stages[0][0] == "python:3.11-slim-bookworm"
+    assert "openjdk-17-jre-headless" in text or "default-jre-headless" in text
+    assert re.search(r"^HEALTHCHECK\s.*\n?.*CMD\s.*/healthz", text, re.M), "no HEALTHCHECK"
     names = {n for _, n in stages if n}
     for name, svc in compose["services"].items():
         build = svc.get("build")
@@ -187,29 +200,45 @@ def test_dockerfile_builds_the_targets_compose_uses(compose: dict) -> None:
     assert not set(ignored) & copied, "the image copies what .dockerignore drops"
 
 
+def dockerfile_healthcheck() -> list[str]:
+    """The image's HEALTHCHECK command (exec form)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    (cmd,) = re.findall(r"^HEALTHCHECK\s.*?\bCMD\s+(\[.*\])\s*$", text, re.M)
+    return json.loads(cmd)
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-def test_broker_health_check_passes_for_a_registered_broker_only(
-        compose: dict, broker_factory: BrokerFactory, zookeeper_server: ZooKeeperServer,
-        tmp_path: Path) -> None:
-    """The brokers' CMD-SHELL health check, run by a real shell against a real broker
-    registered in a real ZooKeeper: healthy as slave or master, unhealthy when absent."""
+def test_health_checks_pass_for_a_live_master_and_slave_only(
+        compose: dict, broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """The brokers' CMD-SHELL health check (run by a real shell) and the image's
+    HEALTHCHECK, against real brokers' management APIs at the address compose and the
+    image give them: healthy as master and as slave, unhealthy where nothing answers."""
     test = compose["services"]["broker1"]["healthcheck"]["test"]
     assert test[0] == "CMD-SHELL"
     script = test[1].replace("$$", "$")
-    zk_url = f"zk://{zookeeper_server.hosts}/{unique('amqcompose')}"
+    image_check = dockerfile_healthcheck()
+    shared = broker_factory.data_dir("shared")
     group = unique("hc")
-    broker = broker_factory.start(name="hc-broker", group=group,
-                                  extra_args=["--locker", zk_url])
+    http = {n: f"127.0.0.1:{free_port()}" for n in ("m", "s")}
+    master = broker_factory.start(data_dir=shared, name="m", group=group,
+                                  extra_args=["--http", http["m"]])
+    broker_factory.start(data_dir=shared, name="s", group=group, wait=False,
+                         extra_args=["--http", http["s"]])
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    assert master.is_serving()
 
-    def check(name: str) -> int:
+    def check(address: str) -> tuple[int, int]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AMQLITE_")}
-        env.update(PATH=path, AMQLITE_LOCKER=zk_url, AMQLITE_GROUP=group, AMQLITE_NAME=name,
-                   AMQLITE_HOME=str(tmp_path / "home"))
-        return subprocess.run(["sh", "-c", script], env=env, capture_output=True,
-                              timeout=HEALTHCHECK_TIMEOUT, check=False).returncode
+        env.update(PATH=path, AMQLITE_HTTP_BIND=address)
+        shell = subprocess.run(["sh", "-c", script], env=env, capture_output=True,
+                               timeout=HEALTHCHECK_TIMEOUT, check=False).returncode
+        image = subprocess.run(image_check, env=env, capture_output=True,
+                               timeout=HEALTHCHECK_TIMEOUT, check=False).returncode
+        return shell, image
 
-    poll_until(lambda: check(broker.name), lambda code: code == 0, HEALTHCHECK_TIMEOUT,
-               "health check passes for the registered broker")
-    assert check("not-a-broker") != 0
+    for name, address in http.items():
+        poll_until(lambda a=address: check(a), lambda codes: codes == (0, 0),
+                   HEALTHCHECK_TIMEOUT, f"health checks pass for {name}")
+    shell, image = check(f"127.0.0.1:{free_port()}")
+    assert shell != 0 and image != 0

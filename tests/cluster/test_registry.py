@@ -15,6 +15,7 @@ from kazoo.client import KazooClient
 
 from amqlite.client.discovery import DiscoveryError, parse, resolve, resolve_agent
 from amqlite.registry import (
+    STALE_AFTER_MS,
     STORE_MAX_AGE_MS,
     ZK_CHECK_INTERVAL,
     ZK_MASTER_REANNOUNCE_GRACE,
@@ -70,9 +71,9 @@ def members_of(views: list[GroupView], group: str) -> dict[str, Member]:
 # --------------------------------------------------------------------------- pure
 
 
-def test_views_put_the_highest_epoch_master_first_and_take_its_services() -> None:
-    """A deposed master that has not left the registry yet is listed after the real one,
-    and services are the real master's."""
+def test_views_list_the_highest_epoch_master_and_take_its_services() -> None:
+    """A deposed master that has not left the registry yet is stale, not a second
+    master, and services are the real master's."""
     views = group_views([
         Member("g", "old", "master", ("tcp://h:1",), epoch=3),
         Member("g", "new", "master", ("tcp://h:2",), epoch=9),
@@ -82,7 +83,7 @@ def test_views_put_the_highest_epoch_master_first_and_take_its_services() -> Non
     ])
     assert [v.group for v in views] == ["g", "other"]
     g = views[0]
-    assert g.masters == ["new", "old"]
+    assert g.masters == ["new"] and g.stale == ["old"]
     assert g.slaves == ["s1", "s2"]
     assert g.services == ["tcp://h:2"]
     assert views[1].masters == [] and views[1].services == []
@@ -90,14 +91,42 @@ def test_views_put_the_highest_epoch_master_first_and_take_its_services() -> Non
 
 def test_table_has_fabric_30_character_columns() -> None:
     table = format_table([GroupView("default", ["broker1"], ["broker2", "broker3"],
-                                    ["tcp://127.0.0.1:61613"])])
+                                    ["tcp://127.0.0.1:61613"], registry="zk://h:2181/amq")])
     header, row = table.splitlines()
     w = COLUMN_WIDTH + 1
     assert header[:w].rstrip() == "[cluster]" and header[w:2 * w].rstrip() == "[masters]"
-    assert header[2 * w:3 * w].rstrip() == "[slaves]" and header[3 * w:] == "[services]"
+    assert header[2 * w:3 * w].rstrip() == "[slaves]"
+    assert header[3 * w:4 * w].rstrip() == "[services]" and header[4 * w:] == "[registry]"
     assert row[:w].rstrip() == "default" and row[w:2 * w].rstrip() == "broker1"
     assert row[2 * w:3 * w].rstrip() == "broker2, broker3"
-    assert row[3 * w:] == "tcp://127.0.0.1:61613"
+    assert row[3 * w:4 * w].rstrip() == "tcp://127.0.0.1:61613"
+    assert row[4 * w:] == "zk://h:2181/amq"
+
+
+def test_table_columns_widen_for_long_cells_and_mark_stale_entries() -> None:
+    name = "g" * 42
+    view = group_views([Member(name, "b1", "master", ("tcp://h:1",), epoch=1,
+                               heartbeat_at=1_000),
+                        Member(name, "b2", "master", ("tcp://h:2",), epoch=2,
+                               heartbeat_at=1_000 + STALE_AFTER_MS)],
+                       "sqlite:////x.db", now_ms=1_000 + STALE_AFTER_MS)
+    header, row = format_table(view).splitlines()
+    assert header.index("[masters]") == len(name) + 1
+    assert row[len(name) + 1:].startswith("b2, b1 (stale)")
+
+
+def test_a_late_heartbeat_is_stale_not_master() -> None:
+    """A master one heartbeat late (a crash not expired yet) is not listed as master."""
+    now = 10_000
+    views = group_views([Member("g", "dead", "master", ("tcp://h:1",), epoch=5,
+                                heartbeat_at=now - STALE_AFTER_MS - 1),
+                         Member("g", "s", "slave", ("tcp://h:2",), heartbeat_at=now)],
+                        now_ms=now)
+    assert views[0].masters == [] and views[0].stale == ["dead"]
+    assert views[0].slaves == ["s"] and views[0].services == []
+    fresh = group_views([Member("g", "m", "master", ("tcp://h:1",), epoch=5,
+                                heartbeat_at=now - STALE_AFTER_MS)], now_ms=now)
+    assert fresh[0].masters == ["m"] and fresh[0].stale == []
 
 
 @pytest.mark.parametrize(("uri", "url", "group"), [

@@ -141,12 +141,12 @@ def test_paused_master_demotes_and_commits_nothing(
     receipts += send_unconfirmed("late")
 
     # Resume the deposed master; while it still runs, the registry must never list it
-    # as master again.
+    # as master again (not even as a stale, superseded one: it must not write it).
     old.resume()
     stale_views = []
     while old.alive:
         views = read_cluster(zk_url, group)
-        if views and old.name in views[0].masters:
+        if views and old.name in views[0].masters + views[0].stale:
             stale_views.append(views[0])
     code = old.wait_exit(WAIT)
     assert code == EXIT_DEMOTED, f"deposed master exited {code}\n{old.log_tail()}"
