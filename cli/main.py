@@ -80,6 +80,8 @@ def passwd(password: str) -> None:
     """Print a password hash for the users file ([users] login = "HASH")."""
     from amqlite.auth import hash_password
 
+    if not password:
+        fail("passwd: the password must not be empty")
     click.echo(hash_password(password))
 
 
