@@ -161,6 +161,9 @@ class Node:
             # In use may be this group's master on this host (it frees the port when
             # it goes): checked again at activation. Anything else never gets better.
             raise SettingsError(f"--bind {s.bind}: cannot listen: {refused.strerror or refused}")
+        if refused is not None:
+            log.warning("node %s: %s is in use now; this node needs it when it becomes master",
+                        s.name, s.bind)
         quiet_kazoo()
         store = open_store(s.store, s.group)
         locker = open_locker(
