@@ -266,16 +266,19 @@ BROKER_TABLE = "broker"
 
 
 def _coerce(name: str, value: Any, source: str | None = None) -> Any:
-    """``value`` as the field's type. From TOML (``source`` names the file) the
-    type must already be right: ``bind = 61613`` is a mistake, not a string."""
+    """``value`` as the field's type. From TOML (``source`` names the file) a number
+    or boolean where text belongs is a mistake (``bind = 61613``), not a string."""
     kind = type(getattr(Settings(), name))
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
     if source is not None:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
-        raise SettingsError(f"{name} in {source}: expected {_TOML_TYPES[kind]}, got "
-                            f"{type(value).__name__} {value!r}")
+        if not isinstance(value, str) or kind is str:
+            raise SettingsError(f"{name} in {source}: expected {_TOML_TYPES[kind]}, got "
+                                f"{type(value).__name__} {value!r}")
+        # A quoted number or boolean ("2.0", "true": what `amqlite container` writes) is
+        # read as the environment's text is, below; one that does not parse is refused.
     text = str(value).strip()
     try:
         if kind is bool:

@@ -86,7 +86,9 @@ def test_unresolvable_bind_host_is_a_config_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("toml, words", [
     ("bind = 61613\n", ("bind", "expected a string")),
-    ("max_connections = \"many\"\n", ("max_connections", "expected an integer")),
+    ("max_connections = \"many\"\n", ("max_connections", "'many'")),
+    ("max_connections = 1.5\n", ("max_connections", "expected an integer")),
+    ("rejoin = 1\n", ("rejoin", "true or false")),
     ("bind = \"127.0.0.1:1\"\n[broker]\nmax_connections = 10\n", ("[broker]", "bind")),
     ("dedup_window = -1\n", ("dedup_window",)),
 ])
