@@ -57,6 +57,8 @@ RETRY_MAX_DELAY = 10.0
 #: down): let one of its records through per this many seconds.
 KAZOO_LOG_INTERVAL = 10.0
 KAZOO_LOGGERS = ("kazoo.client", "kazoo.protocol.connection")
+#: How often a starting node looks whether its locker's server answered yet.
+REACHABLE_POLL = 0.2
 #: How often a master re-reads its group's members to update clients' URIs.
 #: The registry itself notices a change within ~1 s; polling faster buys nothing.
 CLUSTER_POLL_INTERVAL = 1.0
@@ -189,11 +191,16 @@ class Node:
                 pid_info.http = self.registry.http
                 with contextlib.suppress(OSError):
                     pidfile.write(pid_info, s.data_dir)
+            first = True
             while not self.stopping.is_set():
                 self.role = "slave"
                 log.info("node %s: slave of group %s, waiting for the lock", s.name, s.group)
                 await self.registry.announce("slave", None)
-                if not await self._until_stopped(locker.acquire(s.lock_poll_interval)):
+                acquire = locker.acquire(s.lock_poll_interval)
+                if first and s.start_timeout:
+                    acquire = self._bounded(acquire, locker)
+                first = False
+                if not await self._until_stopped(acquire):
                     break
                 outcome = await self._serve_as_master(store, locker, auth)
                 if outcome == "stopped":
@@ -251,6 +258,25 @@ class Node:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         return False
+
+    async def _bounded(self, acquire, locker) -> None:
+        """``acquire``, but a LockerError when the lock's server has not answered within
+        start_timeout (waiting for a master to go is not bounded: that is a slave's job)."""
+        task = asyncio.ensure_future(acquire)
+        deadline = time.monotonic() + self.settings.start_timeout
+        try:
+            while not task.done() and not locker.reachable:
+                if time.monotonic() >= deadline:
+                    raise LockerError(
+                        f"{locker.description}: unreachable after start_timeout = "
+                        f"{self.settings.start_timeout:g} s")
+                await asyncio.wait({task}, timeout=REACHABLE_POLL)
+            await task
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def _open_store(self, store) -> bool:
         """Open the store, waiting while it is unreachable (doubling back-off up to

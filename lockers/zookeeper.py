@@ -520,6 +520,10 @@ class ZooKeeperLocker(Locker):
             await asyncio.wait(set(self._background), timeout=self.session_timeout + 1)
 
     @property
+    def reachable(self) -> bool:
+        return self._client is not None
+
+    @property
     def fencing_token(self) -> int | None:
         grant = self._grant
         return grant.czxid if grant is not None and self._held else None

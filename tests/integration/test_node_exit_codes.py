@@ -286,3 +286,35 @@ def test_fsync_off_accepted_is_warned_in_log_and_readyz(
     ready = json.loads(body)
     assert ready["ready"] is True
     assert any("fsync = off" in w for w in ready["warnings"]), ready
+
+
+def test_unreachable_zookeeper_gives_up_after_start_timeout(tmp_path: Path) -> None:
+    dead_zk = f"zk://127.0.0.1:{free_port()}/amqlite"
+    result = run_cli(*start_args(tmp_path / "d", "--locker", dead_zk),
+                     AMQLITE_START_TIMEOUT="3")
+    assert result.returncode == 1, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "start_timeout" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and "never retrieved" not in result.stderr
+
+
+def test_start_timeout_does_not_bound_a_slave_waiting_for_its_master(
+        broker_factory: BrokerFactory, zookeeper_server) -> None:
+    """A reachable ZooKeeper with the lock held elsewhere: the slave waits, as slaves do."""
+    locker = f"zk://127.0.0.1:{zookeeper_server.port}/{tmp_root()}"
+    env = {"AMQLITE_START_TIMEOUT": "1"}
+    master = broker_factory.new(extra_args=["--locker", locker, "--http", "off"], env=env)
+    master.start().wait_serving()
+    slave = broker_factory.new(data_dir=master.data_dir,
+                               extra_args=["--locker", locker, "--http", "off"], env=env).start()
+    _wait_log(slave, r"waiting for the lock")
+    deadline = time.monotonic() + 3  # three start_timeouts later it still waits
+    while time.monotonic() < deadline:
+        assert slave.alive, slave.log_tail()
+        time.sleep(0.1)
+    assert master.terminate() == 0
+    slave.wait_serving()
+
+
+def tmp_root() -> str:
+    return f"amqlite-{os.getpid()}-{time.monotonic_ns()}"
