@@ -13,11 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import logging
+import os
 import re
 import signal
+import socket
 import time
+from pathlib import Path
 
+from amqlite import pidfile
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker
@@ -32,9 +37,9 @@ from amqlite.registry import (
     registry_url,
 )
 from amqlite.server import StompServer
-from amqlite.settings import Settings
+from amqlite.settings import Settings, SettingsError
 from lockers import LockerError, LockLost, LockState, open_locker
-from store import GroupCommitter, StoreError, StoreRejected, open_store
+from store import GroupCommitter, StoreError, StoreRejected, StoreUnusable, open_store
 
 log = logging.getLogger("amqlite.node")
 
@@ -48,6 +53,15 @@ EXIT_DEMOTED = 3
 GRACEFUL_DRAIN_TIMEOUT = 10.0
 #: Back-off while the store is unreachable at start or after a failed activation.
 RETRY_DELAY = 1.0
+#: Cap of the doubling back-off at start: a store that comes back is noticed within
+#: 10 s, and a node waiting for it logs at most one line per 10 s.
+RETRY_MAX_DELAY = 10.0
+#: kazoo logs each failed connection attempt (several a second while ZooKeeper is
+#: down): let one of its records through per this many seconds.
+KAZOO_LOG_INTERVAL = 10.0
+KAZOO_LOGGERS = ("kazoo.client", "kazoo.protocol.connection")
+#: How often a starting node looks whether its locker's server answered yet.
+REACHABLE_POLL = 0.2
 #: How often a master re-reads its group's members to update clients' URIs.
 #: The registry itself notices a change within ~1 s; polling faster buys nothing.
 CLUSTER_POLL_INTERVAL = 1.0
@@ -62,10 +76,69 @@ class Outcome(enum.Enum):
     RETRY = "retry"  # activation failed; the lock is released, wait for it again
     STOPPED = "stopped"  # a stop was asked for (or we cannot listen): the node ends
     LOST = "lost"  # mastership lost: exit (demoted) or, with --rejoin, slave again
+    CANNOT_SERVE = "cannot serve"  # the listener cannot open: the node ends with an error
 
 
 class Demoted(Exception):
     """Mastership ended (lock lost or store fenced)."""
+
+
+class _RateLimit(logging.Filter):
+    """One record per ``interval`` seconds: kazoo's retry warnings, once per interval."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__()
+        self.interval = interval
+        self.next_at = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if record.levelno >= logging.ERROR or now >= self.next_at:
+            self.next_at = now + self.interval
+            return True
+        return False
+
+
+def quiet_kazoo() -> None:
+    """Rate-limit kazoo's loggers (idempotent): our locker logs the states that matter."""
+    for name in KAZOO_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RateLimit) for f in logger.filters):
+            logger.addFilter(_RateLimit(KAZOO_LOG_INTERVAL))
+
+
+def check_data_dir(data_dir: str) -> None:
+    """The data directory must be a writable directory (created when missing):
+    a SettingsError now, not an error retried for ever later."""
+    path = Path(data_dir)
+    if path.exists() and not path.is_dir():
+        raise SettingsError(f"--data-dir {data_dir}: not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingsError(f"--data-dir {data_dir}: cannot create it: "
+                            f"{exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SettingsError(f"--data-dir {data_dir}: not writable by this user")
+
+
+def probe_listen(host: str, port: int) -> OSError | None:
+    """Bind (and at once close) the STOMP address: the error a listener would get, or None.
+    Blocking (name resolution). Done before an epoch is claimed, so a node that cannot
+    serve never bumps the group's epoch; the real listener binds right after."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return OSError(errno.EADDRNOTAVAIL, f"cannot resolve {host!r}: {exc.strerror}")
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(addr)
+        except OSError as exc:
+            return exc
+    return None
 
 
 class Node:
@@ -87,6 +160,8 @@ class Node:
         #: The users file as last loaded (None: no users file, no login); SIGHUP reloads it.
         self.users_file: UsersFile | None = None
         self.auth = Authenticator(None)
+        #: Risks the settings accepted, shown in the log and in /readyz (fsync = off).
+        self.warnings: list[str] = []
 
     # -- entry point ----------------------------------------------------------------
     async def run(self) -> int:
@@ -99,6 +174,17 @@ class Node:
             loop.add_signal_handler(signal.SIGHUP, self.reload_users)
         self.users_file = load_users_file(s.users_file) if s.users_file else None
         auth = self.auth = Authenticator(self.users_file.users if self.users_file else None)
+        check_data_dir(s.data_dir)
+        host, port = s.bind_address
+        refused = await asyncio.to_thread(probe_listen, host, port)
+        if refused is not None and refused.errno != errno.EADDRINUSE:
+            # In use may be this group's master on this host (it frees the port when
+            # it goes): checked again at activation. Anything else never gets better.
+            raise SettingsError(f"--bind {s.bind}: cannot listen: {refused.strerror or refused}")
+        if refused is not None:
+            log.warning("node %s: %s is in use now; this node needs it when it becomes master",
+                        s.name, s.bind)
+        quiet_kazoo()
         store = open_store(s.store, s.group)
         locker = open_locker(
             s.locker, s.group, session_timeout=s.zk_session_timeout,
@@ -108,22 +194,37 @@ class Node:
         locker.freeze = self._freeze
         log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
                  store.description, locker.description)
+        pid_info = pidfile.PidInfo(pid=os.getpid(), name=s.name, group=s.group,
+                                   stomp=s.advertise)
+        pidfile.write(pid_info, s.data_dir)
         try:
             if not await self._open_store(store):
                 return EXIT_OK
+            await self._check_durability(store)
             self.registry = open_registry(s, store)
             self.registry.confirm_master = lambda: self._still_master(locker)
             if not await self._start_management():
                 return EXIT_ERROR
+            if self.registry.http:
+                pid_info.http = self.registry.http
+                with contextlib.suppress(OSError):
+                    pidfile.write(pid_info, s.data_dir)
+            first = True
             while not self.stopping.is_set():
                 self.role = Role.SLAVE
                 log.info("node %s: slave of group %s, waiting for the lock", s.name, s.group)
                 await self.registry.announce(Role.SLAVE, None)
-                if not await self._until_stopped(locker.acquire(s.lock_poll_interval)):
+                acquire = locker.acquire(s.lock_poll_interval)
+                if first and s.start_timeout:
+                    acquire = self._bounded(acquire, locker)
+                first = False
+                if not await self._until_stopped(acquire):
                     break
                 outcome = await self._serve_as_master(store, locker, auth)
                 if outcome is Outcome.STOPPED:
                     break
+                if outcome is Outcome.CANNOT_SERVE:
+                    return EXIT_ERROR
                 if not s.rejoin:
                     return EXIT_DEMOTED
                 self.lost.clear()
@@ -140,6 +241,7 @@ class Node:
                 await locker.close()
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(store.close)
+            pidfile.remove(s.data_dir, s.name)
             log.info("node %s: stopped", s.name)
 
     async def _start_management(self) -> bool:
@@ -206,16 +308,65 @@ class Node:
             await task
         return False
 
+    async def _bounded(self, acquire, locker) -> None:
+        """``acquire``, but a LockerError when the lock's server has not answered within
+        start_timeout (waiting for a master to go is not bounded: that is a slave's job)."""
+        task = asyncio.ensure_future(acquire)
+        deadline = time.monotonic() + self.settings.start_timeout
+        try:
+            while not task.done() and not locker.reachable:
+                if time.monotonic() >= deadline:
+                    raise LockerError(
+                        f"{locker.description}: unreachable after start_timeout = "
+                        f"{self.settings.start_timeout:g} s")
+                await asyncio.wait({task}, timeout=REACHABLE_POLL)
+            await task
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
     async def _open_store(self, store) -> bool:
+        """Open the store, waiting while it is unreachable (doubling back-off up to
+        RETRY_MAX_DELAY, one line per attempt, at most start_timeout seconds); a store
+        that answers no for good (StoreUnusable) ends the node at once."""
+        timeout = self.settings.start_timeout
+        deadline = time.monotonic() + timeout if timeout else None
+        delay = RETRY_DELAY
         while not self.stopping.is_set():
             try:
                 await asyncio.to_thread(store.open)
                 return True
+            except StoreUnusable:
+                raise
             except StoreError as exc:
-                log.error("store %s unreachable: %s; retrying", store.description, exc)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise StoreError(f"{exc} (still unreachable after start_timeout = "
+                                     f"{timeout:g} s)") from None
+                log.error("store %s unreachable: %s; retrying in %g s", store.description,
+                          exc, delay)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), RETRY_DELAY)
+                    await asyncio.wait_for(self.stopping.wait(),
+                                           delay if left is None else min(delay, left))
+                delay = min(delay * 2, RETRY_MAX_DELAY)
         return False
+
+    async def _check_durability(self, store) -> None:
+        """A RECEIPT promises the message survives a crash; a PostgreSQL server with
+        fsync = off cannot keep that promise, so it is refused unless accepted."""
+        check = getattr(store, "server_fsync", None)
+        if check is None or await asyncio.to_thread(check) is not False:
+            return
+        if not self.settings.allow_fsync_off:
+            raise StoreUnusable(
+                f"{store.description}: the server runs with fsync = off, so a server crash "
+                "can lose RECEIPTed messages; turn fsync on, or set allow_fsync_off = true")
+        warning = ("the store's server runs with fsync = off (allow_fsync_off): a server "
+                   "crash can lose RECEIPTed messages")
+        self.warnings.append(warning)
+        log.warning("node %s: %s", self.settings.name, warning)
 
     # -- lock state -------------------------------------------------------------------
     def _lock_state(self, state: LockState) -> None:
@@ -248,6 +399,13 @@ class Node:
         s = self.settings
         loop = asyncio.get_running_loop()
         started = time.monotonic()
+        refused = await asyncio.to_thread(probe_listen, *s.bind_address)
+        if refused is not None:
+            # Before the claim: a node that cannot serve must not bump the epoch.
+            log.error("node %s: cannot listen on %s: %s; not taking over", s.name, s.bind,
+                      refused.strerror or refused)
+            await locker.release()
+            return Outcome.CANNOT_SERVE
         try:
             epoch = await asyncio.to_thread(
                 store.claim_epoch, s.name, locker.fencing_token, int(s.dedup_window * 1000))
@@ -270,8 +428,7 @@ class Node:
                       getattr(exc, "listener", s.bind), exc.strerror)
             committer.close()
             await locker.release()
-            self.stopping.set()
-            return Outcome.STOPPED
+            return Outcome.CANNOT_SERVE
         self.broker, self.server, self.role = broker, server, Role.MASTER
         self.takeovers += 1
         self.master_since = time.time()

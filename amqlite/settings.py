@@ -73,6 +73,8 @@ DEFAULT_MAX_MEMORY = 256 * 1024 * 1024
 DEFAULT_MAX_DESTINATION_MEMORY = 64 * 1024 * 1024
 #: How often a master checkpoints housekeeping (reap expired, prune dedup).
 DEFAULT_HOUSEKEEPING_INTERVAL = 5.0
+#: No bound on the wait for the store/locker at start (see Settings.start_timeout).
+DEFAULT_START_TIMEOUT = 0.0
 #: ``http_bind`` value meaning "no HTTP listener".
 HTTP_OFF = "off"
 #: ``bind`` value meaning "no plain-text STOMP listener" (only ``ssl_bind``).
@@ -148,6 +150,13 @@ class Settings:
     #: Without a users file the HTTP listener must stay on loopback unless this is set.
     http_allow_remote: bool = False
     log_level: str = "INFO"
+    #: Seconds a starting node waits for its store and locker to become reachable
+    #: before it gives up with a non-zero exit; 0 waits for ever (ActiveMQ's JDBC
+    #: store does), which suits a supervisor that starts nodes before their database.
+    start_timeout: float = DEFAULT_START_TIMEOUT
+    #: Accept a PostgreSQL store whose server runs with fsync = off (a server crash
+    #: can then lose RECEIPTed messages): for throwaway test setups only.
+    allow_fsync_off: bool = False
     # Broker-side cluster client options (ActiveMQ's transportConnector attributes).
     update_cluster_clients: bool = False
     rebalance_cluster_clients: bool = False
@@ -249,6 +258,10 @@ class Settings:
                 raise SettingsError(
                     f"http_bind {s.http_bind}: without a users_file the management API stays "
                     "on loopback; set http_allow_remote = true to expose it anyway")
+        if not 0 <= s.dedup_window < float("inf"):
+            raise SettingsError("dedup_window: must be >= 0 seconds")
+        if not 0 <= s.start_timeout < float("inf"):
+            raise SettingsError("start_timeout: must be >= 0 seconds (0: wait for ever)")
         if s.max_redeliveries < 0:
             raise SettingsError("max_redeliveries: must be >= 0")
         if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
@@ -267,6 +280,10 @@ def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT) -> tuple[str, 
         p = int(port)
     except ValueError:
         raise SettingsError(f"--bind: port must be a number in {bind!r}") from None
+    if host.isdigit():
+        # "61613" alone would be the IPv4 address 0.0.240.173 to the resolver.
+        raise SettingsError(f"--bind: {bind!r} is not HOST:PORT (for a port, write "
+                            f"127.0.0.1:{host} or 0.0.0.0:{host})")
     if not 0 <= p <= 65535:
         raise SettingsError(f"--bind: port out of range in {bind!r}")
     return host, p
@@ -295,12 +312,27 @@ def parse_heartbeat(value: str) -> tuple[int, int]:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+#: How a wrong-type TOML value is explained.
+_TOML_TYPES = {str: "a string (in quotes)", int: "an integer", float: "a number",
+               bool: "true or false"}
+#: The optional table that may hold every setting.
+BROKER_TABLE = "broker"
 
 
-def _coerce(name: str, value: Any) -> Any:
+def _coerce(name: str, value: Any, source: str | None = None) -> Any:
+    """``value`` as the field's type. From TOML (``source`` names the file) a number
+    or boolean where text belongs is a mistake (``bind = 61613``), not a string."""
     kind = type(getattr(Settings(), name))
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
+    if source is not None:
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if not isinstance(value, str) or kind is str:
+            raise SettingsError(f"{name} in {source}: expected {_TOML_TYPES[kind]}, got "
+                                f"{type(value).__name__} {value!r}")
+        # A quoted number or boolean ("2.0", "true": what `amqlite container` writes) is
+        # read as the environment's text is, below; one that does not parse is refused.
     text = str(value).strip()
     try:
         if kind is bool:
@@ -333,12 +365,22 @@ def load_settings(
             raise SettingsError(f"--config: cannot read {config_file}: {e.strerror}") from None
         except tomllib.TOMLDecodeError as e:
             raise SettingsError(f"--config: {config_file} is not valid TOML: {e}") from None
-        data = data.get("broker", data)
+        if BROKER_TABLE in data:
+            outside = sorted(k for k in data if k != BROKER_TABLE)
+            if outside:
+                # Either layout works, a mix is refused: silently ignoring one half
+                # would start a broker that is not the one the file describes.
+                raise SettingsError(
+                    f"--config: {config_file} has a [{BROKER_TABLE}] table and top-level "
+                    f"settings ({', '.join(outside)}): put them all in one place")
+            data = data[BROKER_TABLE]
+            if not isinstance(data, dict):
+                raise SettingsError(f"--config: {BROKER_TABLE} in {config_file} must be a table")
         for key, value in data.items():
             key = key.replace("-", "_")
             if key not in _FIELDS:
                 raise SettingsError(f"--config: unknown setting {key!r} in {config_file}")
-            values[key] = _coerce(key, value)
+            values[key] = _coerce(key, value, config_file)
     env = os.environ if environ is None else environ
     for key in _FIELDS:
         env_name = f"AMQLITE_{key.upper()}"

@@ -5,6 +5,7 @@ Errors are one line on stderr and a non-zero exit; a traceback is a bug.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Any
@@ -17,6 +18,8 @@ from cli import cluster_cmds
 
 #: Exit status for a usage or configuration error (click uses 2 for usage too).
 EXIT_USAGE = 2
+#: Exit status of a command that could not do what it was asked.
+EXIT_FAILED = 1
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -65,7 +68,7 @@ def start(config_file: str | None, **options: Any) -> None:
     from amqlite.auth import AuthError
     from amqlite.node import EXIT_ERROR, run_node
     from lockers import LockerError
-    from store import StoreError
+    from store import StoreError, StoreUnusable
 
     try:
         settings = load_settings(options, config_file)
@@ -74,11 +77,70 @@ def start(config_file: str | None, **options: Any) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     try:
         code = run_node(settings)
-    except (StoreError, LockerError, AuthError, SettingsError) as exc:
+    except (SettingsError, StoreUnusable) as exc:  # the settings must change
+        fail(str(exc), EXIT_USAGE)
+    except (StoreError, LockerError, AuthError) as exc:
         fail(str(exc), EXIT_ERROR)
     except KeyboardInterrupt:
         code = 0
     sys.exit(code)
+
+
+#: How long ``amqlite stop`` waits for a node to finish: a graceful stop drains the
+#: group commit in flight (node.GRACEFUL_DRAIN_TIMEOUT, 10 s) and closes the store.
+STOP_TIMEOUT = 30.0
+#: How often ``amqlite stop`` looks whether the process is gone.
+STOP_POLL = 0.1
+
+
+def node_data_dir(group: str | None, data_dir: str | None) -> str:
+    """The data directory ``amqlite start`` would use with these options (and the
+    AMQLITE_* environment): where its pid files are."""
+    try:
+        return load_settings({"group": group, "data_dir": data_dir}).data_dir
+    except SettingsError as exc:
+        fail(str(exc))
+        raise  # unreachable: fail() exits
+
+
+@cli.command()
+@click.option("--group", help="Stop the nodes of this group (its default data directory).")
+@click.option("--data-dir", help="Stop the nodes whose data directory this is.")
+@click.option("--name", help="Only the node of this name.")
+@click.option("--timeout", type=float, default=STOP_TIMEOUT, show_default=True,
+              help="Seconds to wait for each node to stop.")
+def stop(group: str | None, data_dir: str | None, name: str | None, timeout: float) -> None:
+    """Stop foreground nodes (started with ``amqlite start``) found by their pid files:
+    SIGTERM, a graceful stop, and wait. Exit 1 when no node was running."""
+    import os
+    import signal
+    import time
+
+    from amqlite import pidfile
+
+    directory = node_data_dir(group, data_dir)
+    nodes = [n for n in pidfile.read_all(directory) if name is None or n.name == name]
+    running = [n for n in nodes if n.alive]
+    for n in nodes:
+        if not n.alive:  # a node that was SIGKILLed left its file behind
+            with contextlib.suppress(OSError):
+                os.unlink(n.path)
+    if not running:
+        fail(f"no running node in {directory}", EXIT_FAILED)
+    failed = False
+    for n in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(n.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while n.alive and time.monotonic() < deadline:
+            time.sleep(STOP_POLL)
+        if n.alive:
+            click.echo(f"amqlite: error: node {n.name} (pid {n.pid}) still running after "
+                       f"{timeout:g} s", err=True)
+            failed = True
+        else:
+            click.echo(f"stopped node {n.name} of group {n.group} (pid {n.pid})")
+    sys.exit(EXIT_FAILED if failed else 0)
 
 
 @cli.command()

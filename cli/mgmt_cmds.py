@@ -361,19 +361,37 @@ def connection_close(address: str, url: str | None, group: str | None, registry:
 
 # --------------------------------------------------------------------------- status
 
+def _local_nodes(group: str | None, data_dir: str | None) -> list[Any]:
+    """Running foreground nodes of this host, from the pid files ``amqlite start``
+    writes in its data directory (``amqlite stop`` reads the same)."""
+    from amqlite import pidfile
+
+    try:
+        directory = load_settings({"group": group, "data_dir": data_dir}).data_dir
+    except SettingsError as e:
+        _fail(str(e))
+    return [n for n in pidfile.read_all(directory) if n.alive]
+
+
 @click.command("status")
 @target_options
+@click.option("--data-dir", help="Also look for nodes through the pid files in this data "
+                                 "directory (default: the group's).")
 def status(url: str | None, group: str | None, registry: str | None, user: str | None,
-           as_json: bool) -> None:
+           as_json: bool, data_dir: str | None) -> None:
     """One node's role and readiness (--url), or every node of a group (--group).
+    Without either, the nodes this host runs (pid files), else the default URL.
     Exit 0 when a ready master was seen, 1 otherwise."""
     t = _target(url, group, registry, user)
+    local = [] if url or registry else _local_nodes(group, data_dir)
     if url or not (group or registry):
         bases = [t.master_url()]
+        if not url and local:
+            bases = list(dict.fromkeys(n.http.rstrip("/") for n in local if n.http)) or bases
     else:
         bases = [m.http.rstrip("/") for m in sorted(t.members(), key=lambda m: m.name)
                  if m.http]
-        if not bases:
+        if not bases and not local:
             _fail(f"no node of group {group or 'default'} has a management API registered")
     nodes = []
     for base in bases:
@@ -382,6 +400,13 @@ def status(url: str | None, group: str | None, registry: str | None, user: str |
         except ApiError as e:
             nodes.append({"http": base, "role": "unreachable", "ready": False,
                           "error": str(e)})
+    # A running node that no management API answered for (http off, or not up yet):
+    # its pid file still says it runs.
+    answered = {n.get("name") for n in nodes if n["role"] != "unreachable"}
+    for n in local:
+        if n.name not in answered:
+            nodes.append({"name": n.name, "group": n.group, "role": f"running (pid {n.pid})",
+                          "ready": False, "stomp": n.stomp, "http": n.http or "-"})
     _emit(as_json, nodes, lambda: table(
         ("name", "group", "role", "ready", "epoch", "stomp", "http"),
         [(n.get("name", "-"), n.get("group", "-"), n["role"], "yes" if n["ready"] else "no",

@@ -113,6 +113,12 @@ class Locker(abc.ABC):
         """Release (if held) and free every resource. Idempotent."""
         await self.release()
 
+    @property
+    def reachable(self) -> bool:
+        """False while the lock's server has never answered (a starting node bounds
+        that wait with ``start_timeout``); a locker without a server is always reachable."""
+        return True
+
     # -- fencing --------------------------------------------------------
     @property
     def fencing_token(self) -> int | None:

@@ -172,6 +172,12 @@ def _redacted(e: BaseException) -> str:
     return re.sub(r'"[^"]*"', '"..."', _first_line(e))
 
 
+
+def _collect(fut: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome so asyncio does not report it."""
+    if not fut.cancelled():
+        fut.exception()
+
 class _Aborted(Exception):
     """The call was cancelled before it reached the server."""
 
@@ -467,6 +473,10 @@ class PostgresLocker(Locker):
                     self._waiting = fut, s
                 await asyncio.wait({fut}, timeout=timeout)  # never cancels fut
                 if not fut.done():
+                    # Abandoned: its late outcome (an error once the session is
+                    # closed) is collected here, never "Future exception was
+                    # never retrieved" after a partition.
+                    fut.add_done_callback(_collect)
                     self._detach(s)
                     raise LockerError(f"{self.description}: no answer within {timeout:g}s")
                 return fut.result()

@@ -225,7 +225,10 @@ class ZooKeeperLocker(Locker):
             try:
                 await asyncio.shield(started)
             except asyncio.CancelledError:
-                started.add_done_callback(lambda _: self._stop_client(client))
+                # A stop during the connect (SIGTERM while ZooKeeper is down): collect
+                # its outcome, so no "Future exception was never retrieved".
+                started.add_done_callback(
+                    lambda f: (f.cancelled() or f.exception(), self._stop_client(client)))
                 raise
             except Exception as e:  # kazoo's timeout is not a KazooException
                 self._stop_client(client)
@@ -515,6 +518,10 @@ class ZooKeeperLocker(Locker):
             self._stop_client(self._client)
         if self._background:
             await asyncio.wait(set(self._background), timeout=self.session_timeout + 1)
+
+    @property
+    def reachable(self) -> bool:
+        return self._client is not None
 
     @property
     def fencing_token(self) -> int | None:

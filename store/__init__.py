@@ -19,6 +19,7 @@ from store.api import (
     StoredMessage,
     StoreError,
     StoreRejected,
+    StoreUnusable,
     SubscriptionRow,
     UnitSpan,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreRejected",
+    "StoreUnusable",
     "StoredMessage",
     "SubscriptionRow",
     "UnitSpan",

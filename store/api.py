@@ -25,6 +25,11 @@ class StoreRejected(StoreError):
     (it treats it as a failure)."""
 
 
+class StoreUnusable(StoreError):
+    """The store answered and said no for good (no such database, login refused,
+    a file that cannot be written): retrying will not help, the setting must change."""
+
+
 class Fenced(StoreError):  # not FencedError: the name says what happened
     """The group's epoch is no longer ours: another master took over."""
 

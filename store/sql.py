@@ -77,6 +77,7 @@ from store.api import (
     StoredMessage,
     StoreError,
     StoreRejected,
+    StoreUnusable,
     SubscriptionRow,
 )
 from store.url import StoreURL, parse_store_url
@@ -213,6 +214,42 @@ def _is_rejection(exc: BaseException) -> bool:
     return False
 
 
+#: What a PostgreSQL server says while it cannot take connections *yet*: these
+#: are worth waiting for; any other FATAL at connect time is final.
+TRANSIENT_CONNECT_ERRORS = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "too many connections",
+    "remaining connection slots are reserved",
+    "terminating connection due to administrator command",
+)
+#: What SQLite says when the file cannot be used at all (permissions, a directory).
+SQLITE_PERMANENT_ERRORS = (
+    "unable to open database file",
+    "attempt to write a readonly database",
+    "file is not a database",
+)
+
+
+def _is_permanent(exc: StoreError) -> bool:
+    """True when opening failed because of what the settings name (no such
+    database or role, a refused password, an unwritable file), not because the
+    server is not there yet. psycopg gives no SQLSTATE for a refused connection,
+    so the server's FATAL message is what tells."""
+    cause = exc.__cause__
+    orig = getattr(cause, "orig", None) or cause
+    if isinstance(orig, sqlite3.Error):
+        text_ = str(orig).lower()
+        return any(m in text_ for m in SQLITE_PERMANENT_ERRORS)
+    if isinstance(orig, psycopg.OperationalError):
+        text_ = str(orig)
+        if "FATAL:" not in text_:
+            return False  # refused, timed out, unresolvable: the network, not the settings
+        return not any(m in text_ for m in TRANSIENT_CONNECT_ERRORS)
+    return "newer than this amqlite" in str(exc)
+
+
 def _store_error(description: str, what: str, exc: BaseException) -> StoreError:
     """``StoreRejected`` or ``StoreError`` for a failed ``what``, caused by ``exc``."""
     cls = StoreRejected if _is_rejection(exc) else StoreError
@@ -260,6 +297,9 @@ def _make_engine(parsed: StoreURL, opts: dict[str, Any]) -> Engine:
     statement_timeout = opts.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS)
     idle_timeout = opts.get("idle_in_transaction_timeout_ms", IDLE_IN_TRANSACTION_TIMEOUT_MS)
     server_options = (
+        # A RECEIPT promises the message survives a crash: never inherit a
+        # server or role default of synchronous_commit = off.
+        "-c synchronous_commit=on "
         f"-c statement_timeout={statement_timeout} "
         f"-c idle_in_transaction_session_timeout={idle_timeout}"
     )
@@ -288,7 +328,7 @@ def _make_sqlite_engine(parsed: StoreURL, opts: dict[str, Any], pool: dict[str, 
     try:
         parsed.path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise StoreError(f"cannot create {parsed.path.parent}: {e.strerror}") from None
+        raise StoreUnusable(f"cannot create {parsed.path.parent}: {e.strerror}") from None
     busy = int(opts.get("busy_timeout_ms", SQLITE_BUSY_TIMEOUT_MS))
     engine = create_engine(
         parsed.url, connect_args={"check_same_thread": False, "timeout": busy / 1000}, **pool
@@ -553,10 +593,24 @@ class SqlStore(Store):
         self._engine = _make_engine(self._parsed, self._opts)
         try:
             self._ensure_schema_retrying()
+        except StoreError as e:
+            self._engine.dispose()
+            self._engine = None
+            if _is_permanent(e):
+                raise StoreUnusable(str(e)) from e
+            raise
         except BaseException:
             self._engine.dispose()
             self._engine = None
             raise
+
+    def server_fsync(self) -> bool | None:
+        """PostgreSQL's ``fsync`` setting (False: a server crash may lose what a
+        RECEIPT confirmed); None for SQLite, which syncs itself (synchronous=FULL)."""
+        if self._sqlite:
+            return None
+        with self._tx("reading the server's fsync setting", write=False) as conn:
+            return str(conn.scalar(text("SHOW fsync"))).lower() == "on"
 
     def close(self) -> None:
         self._discard_writer()
@@ -801,16 +855,23 @@ class SqlStore(Store):
             # running master has changed them since by exactly
             # (msg_count - expected_count), so shift the count back.
             at_activation = result.actual_count - (result.expected_count - activation_count)
-            with self._tx("integrity record") as conn:
-                conn.execute(
-                    update(a)
-                    .where(a.c.grp == self.group, a.c.epoch == epoch)
-                    .values(
-                        actual_count=at_activation,
-                        actual_max_id=result.actual_max_id,
-                        mismatch=result.mismatch,
+            try:
+                with self._tx("integrity record") as conn:
+                    # Through the fence like every write: a deposed master's
+                    # late check must not overwrite its successor's view.
+                    self._fence(conn, epoch)
+                    conn.execute(
+                        update(a)
+                        .where(a.c.grp == self.group, a.c.epoch == epoch)
+                        .values(
+                            actual_count=at_activation,
+                            actual_max_id=result.actual_max_id,
+                            mismatch=result.mismatch,
+                        )
                     )
-                )
+            except Fenced:
+                log.warning("%s: group %r is no longer at epoch %d: integrity result not "
+                            "recorded", self.description, self.group, epoch)
         if result.mismatch:
             log.error(
                 "%s: group %r integrity MISMATCH at epoch %d: counters say %d rows (max id %d), "

@@ -375,13 +375,16 @@ class ManagementServer:
                                   "name": self.settings.name})
 
     async def readyz(self, request: web.Request) -> web.Response:
+        # What an operator accepted but should not forget (e.g. fsync = off).
+        warnings = {"warnings": list(w)} if (w := getattr(self.node, "warnings", None)) else {}
         if self.view.serving:
             return web.json_response({"ready": True, "role": "master",
                                       "name": self.settings.name,
-                                      "epoch": self.view.broker.epoch})
+                                      "epoch": self.view.broker.epoch, **warnings})
         master = await self.view.master()
         return web.json_response({"ready": False, "role": self.node.role,
-                                  "name": self.settings.name, "master": master}, status=503)
+                                  "name": self.settings.name, "master": master, **warnings},
+                                 status=503)
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         await self.view.refresh_depths()

@@ -1,0 +1,91 @@
+"""Pid files of foreground nodes, so ``amqlite stop`` and ``amqlite status`` find a node
+started with ``amqlite start`` without a management API or registry (as ``activemq
+stop|status`` find theirs through ``data/activemq.pid``).
+
+Nodes of one group on one host may share a data directory (the embedded store's HA),
+so there is one file per node: ``<data_dir>/amqlite-<name>.pid``, a line of JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PREFIX = "amqlite-"
+SUFFIX = ".pid"
+#: Characters kept from a node name in the file name; others become "_".
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass
+class PidInfo:
+    pid: int
+    name: str
+    group: str
+    stomp: str
+    http: str | None = None
+    path: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return process_alive(self.pid)
+
+
+def pid_path(data_dir: str | Path, name: str) -> Path:
+    return Path(data_dir) / f"{PREFIX}{_UNSAFE.sub('_', name)}{SUFFIX}"
+
+
+def write(info: PidInfo, data_dir: str | Path) -> Path:
+    """Write (or rewrite, e.g. once the HTTP URL is known) this node's pid file."""
+    path = pid_path(data_dir, info.name)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    data = {k: v for k, v in asdict(info).items() if k != "path"}
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def remove(data_dir: str | Path, name: str) -> None:
+    """Remove this process's pid file (not one a later node of that name wrote)."""
+    path = pid_path(data_dir, name)
+    info = _read(path)
+    if info is not None and info.pid == os.getpid():
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _read(path: Path) -> PidInfo | None:
+    try:
+        data = json.loads(path.read_text())
+        return PidInfo(pid=int(data["pid"]), name=str(data["name"]), group=str(data["group"]),
+                       stomp=str(data.get("stomp", "")), http=data.get("http"), path=str(path))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_all(data_dir: str | Path) -> list[PidInfo]:
+    """Every readable pid file in ``data_dir``, by name."""
+    try:
+        paths = sorted(Path(data_dir).glob(f"{PREFIX}*{SUFFIX}"))
+    except OSError:
+        return []
+    return [i for i in map(_read, paths) if i is not None]
+
+
+def process_alive(pid: int) -> bool:
+    """True when ``pid`` runs and is an amqlite node (a reused pid is not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: cannot tell, do not claim it is gone
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc (macOS): trust the signal check
+    return b"start" in cmdline and (any(b"amqlite" in a for a in cmdline) or b"cli" in cmdline)

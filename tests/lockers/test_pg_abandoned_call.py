@@ -1,0 +1,55 @@
+"""Issue 15: a keepalive abandoned on timeout (a partitioned PostgreSQL) has its late
+outcome collected: no "Future exception was never retrieved" once the partition heals."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+
+from lockers import LockLost, open_locker
+from tests.lockers.helpers import eventually, run
+from tests.lockers.test_postgres import _app, _dbname
+from tests.servers import PostgresServer
+
+#: The abandoned call ends as soon as its backend resumes and is terminated.
+LATE_OUTCOME_TIMEOUT = 30.0
+
+
+def test_abandoned_keepalive_outcome_is_collected(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+        a = open_locker(pg_url, "g", node="a")
+        assert await a.try_acquire()
+        pid = int(await asyncio.to_thread(
+            postgres_server.psql,
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            f" AND application_name = '{_app('g', 'a')}'", _dbname(pg_url)))
+        os.kill(pid, signal.SIGSTOP)  # the partition: TCP up, no answer
+        try:
+            with pytest.raises(LockLost):
+                await a.keepalive()  # abandons the call after PG_CALL_TIMEOUT
+        finally:
+            # The partition heals as an error for the abandoned call.
+            await asyncio.to_thread(postgres_server.psql, f"SELECT pg_terminate_backend({pid})")
+            os.kill(pid, signal.SIGCONT)
+        await eventually(
+            lambda: not any(t.name == "amqlite-pg-call" for t in threading.enumerate()),
+            LATE_OUTCOME_TIMEOUT, "the abandoned call to end")
+        for _ in range(3):  # let the thread's call_soon_threadsafe settle the future
+            await asyncio.sleep(0)
+        await a.close()
+        gc.collect()  # an unretrieved exception is reported when its future is freed
+        await asyncio.sleep(0)
+
+    run(main())
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
