@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.servers import PostgresServer, ZooKeeperServer
+from tests.helpers.servers import PostgresServer, ZooKeeperServer
 
 
 @pytest.fixture(scope="session")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pytest
 
 from amqlite.client import Client, Message
-from tests.integration.broker_proc import BrokerFactory, BrokerProcess, unique
-from tests.integration.pg_ha_helpers import PgGroup, wait_log
-from tests.servers import PostgresServer
+from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, unique
+from tests.helpers.pg_ha import PgGroup, wait_log
+from tests.helpers.servers import PostgresServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

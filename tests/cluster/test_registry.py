@@ -30,7 +30,7 @@ from amqlite.registry import (
 )
 from amqlite.settings import Settings
 from cli.cluster_cmds import COLUMN_WIDTH, format_table
-from tests.servers import ZooKeeperServer, free_port
+from tests.helpers.servers import ZooKeeperServer, free_port
 
 #: "cluster-list ... within a second of a change" (issue 4).
 CHANGE_VISIBLE_WITHIN = 1.0

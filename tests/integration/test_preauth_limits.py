@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     HOST,
     BrokerFactory,
     BrokerProcess,

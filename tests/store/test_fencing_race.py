@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from store import Batch, Fenced, SqlStore, open_store
-from tests.servers import PostgresServer
+from tests.helpers.servers import PostgresServer
 from tests.store.conftest import QUEUE, msg, one, sql
 
 #: Generous: the waits below end as soon as the condition holds.

@@ -21,7 +21,7 @@ from store import (
 )
 from store import sql as store_sql
 from store.schema import SCHEMA_VERSION
-from tests.servers import free_port
+from tests.helpers.servers import free_port
 from tests.store.conftest import (
     DLQ,
     QUEUE,

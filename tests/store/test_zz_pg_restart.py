@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from store import Batch, GroupCommitter, SqlStore, StoreError, open_store
-from tests.servers import PostgresServer
+from tests.helpers.servers import PostgresServer
 from tests.store.conftest import QUEUE, msg, one
 
 #: A commit on a dead connection fails at once; this only bounds a regression.

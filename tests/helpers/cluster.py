@@ -17,7 +17,7 @@ import psycopg
 from stomp.exception import StompException
 
 from amqlite.client.discovery import DiscoveryError, resolve
-from tests.integration.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
+from tests.helpers.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
 
 #: One CLI call: importing, reading a registry, at most waiting for a broker to stop.
 CLI_TIMEOUT = 60.0

@@ -25,7 +25,7 @@ from pathlib import Path
 import stomp
 from stomp.utils import Frame
 
-from tests.servers import free_port
+from tests.helpers.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
