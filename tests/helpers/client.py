@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from amqlite.codec import Frame
+from tests.helpers.poll import apoll
 
 #: Upper bound for one async test; a hang fails instead of blocking the suite.
 TEST_TIMEOUT = 60.0
@@ -35,11 +35,7 @@ def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., No
 
 async def poll_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
     """Poll client-side state with a deadline (the state has no event of its own)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.005)
+    await apoll(predicate, timeout=timeout, what=what, interval=0.005)
 
 
 async def within(awaitable: Awaitable[_T], timeout: float = WAIT) -> _T:

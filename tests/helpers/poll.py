@@ -1,0 +1,56 @@
+"""Poll with a deadline: the one helper for state that has no event of its own (another
+process's log, SQL rows, a client's flags). Tests wait on a condition, never on a sleep;
+the deadline only bounds how long a broken run takes to fail."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: Pause between two looks (s): short enough that a test ends right after the
+#: condition holds, long enough not to steal the CPU the brokers need.
+DEFAULT_INTERVAL = 0.02
+
+
+def _truthy(value: Any) -> bool:
+    return bool(value)
+
+
+def _timed_out(timeout: float, what: str, value: Any) -> AssertionError:
+    return AssertionError(f"not within {timeout}s: {what}; last: {value!r}")
+
+
+def poll(fetch: Callable[[], T], predicate: Callable[[T], bool] = _truthy, *,
+         timeout: float, what: str, interval: float = DEFAULT_INTERVAL) -> tuple[T, float]:
+    """Call ``fetch`` until ``predicate(result)`` holds (by default: the result is truthy);
+    returns the result and the seconds it took. AssertionError at the deadline."""
+    start = time.monotonic()
+    while True:
+        value = fetch()
+        if predicate(value):
+            return value, time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise _timed_out(timeout, what, value)
+        time.sleep(interval)
+
+
+async def apoll(fetch: Callable[[], Awaitable[T] | T], predicate: Callable[[T], bool] = _truthy,
+                *, timeout: float, what: str,
+                interval: float = DEFAULT_INTERVAL) -> tuple[T, float]:
+    """``poll`` for a running event loop: sleeps without blocking it, and ``fetch`` may be
+    a coroutine function."""
+    start = time.monotonic()
+    while True:
+        value = fetch()
+        if inspect.isawaitable(value):
+            value = await value
+        if predicate(value):  # type: ignore[arg-type]
+            return value, time.monotonic() - start  # type: ignore[return-value]
+        if time.monotonic() - start > timeout:
+            raise _timed_out(timeout, what, value)
+        await asyncio.sleep(interval)
