@@ -93,14 +93,6 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(group="g1", data_dir=str(tmp_path)).resolved()
 
 
-@pytest.fixture
-def store(settings: Settings):
-    s = open_store(settings.store, settings.group)
-    s.open()
-    yield s
-    s.close()
-
-
 def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(coro_fn())
 

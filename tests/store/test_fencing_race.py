@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from store import Batch, Fenced, SqlStore, open_store
 from tests.helpers.poll import poll
 from tests.helpers.servers import PostgresServer
-from tests.store.conftest import QUEUE, msg, one, sql
+from tests.helpers.store import QUEUE, msg, one, sql
 
 #: Generous: the waits below end as soon as the condition holds.
 DEADLINE_S = 30.0

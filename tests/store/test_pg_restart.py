@@ -11,7 +11,7 @@ import pytest
 
 from store import Batch, GroupCommitter, SqlStore, StoreError, open_store
 from tests.helpers.servers import PostgresServer
-from tests.store.conftest import QUEUE, msg, one
+from tests.helpers.store import QUEUE, msg, one
 
 #: A commit on a dead connection fails at once; this only bounds a regression.
 DEADLINE_S = 30.0
