@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import stomp
 from stomp.utils import Frame
@@ -580,9 +581,10 @@ def password_hash(password: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def assert_broker_serves(port: int) -> None:
-    """A fresh client can still send and receive: the broker survived whatever came before."""
-    client = open_client(port)
+def assert_broker_serves(port: int, **client_options: Any) -> None:
+    """A fresh client can still send and receive: the broker survived whatever came before.
+    ``client_options`` go to ``open_client`` (a login, a longer connect timeout)."""
+    client = open_client(port, **client_options)
     try:
         queue = f"/queue/{unique('alive')}"
         client.subscribe(queue)

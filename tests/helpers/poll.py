@@ -54,3 +54,33 @@ async def apoll(fetch: Callable[[], Awaitable[T] | T], predicate: Callable[[T], 
         if time.monotonic() - start > timeout:
             raise _timed_out(timeout, what, value)
         await asyncio.sleep(interval)
+
+
+class Waiters:
+    """Coroutines waiting for a condition on state that announces its changes: the owner
+    calls ``changed()`` after each change, so a waiter wakes at once, with no polling."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+
+    def changed(self) -> None:
+        """Wake every waiter whose condition now holds."""
+        for predicate, future in list(self._waiting):
+            if not future.done() and predicate():
+                future.set_result(None)
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float,
+                       failure: Callable[[], str]) -> None:
+        """Until ``predicate()`` holds; AssertionError(``failure()``) after ``timeout``."""
+        if predicate():
+            return
+        future = asyncio.get_running_loop().create_future()
+        entry = (predicate, future)
+        self._waiting.append(entry)
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            raise AssertionError(failure()) from None
+        finally:
+            self._waiting.remove(entry)

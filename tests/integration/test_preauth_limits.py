@@ -29,7 +29,6 @@ from tests.helpers.broker_proc import (
     assert_broker_serves,
     assert_error_then_closed,
     format_frames,
-    open_client,
     password_hash,
     unique,
 )
@@ -250,14 +249,7 @@ def _peek(sock: socket.socket) -> bytes:
 
 
 def assert_broker_serves_with_login(port: int) -> None:
-    client = open_client(port, username=LOGIN, passcode=PASSCODE, timeout=30.0)
-    try:
-        queue = f"/queue/{unique('alive')}"
-        client.subscribe(queue)
-        client.send(queue, "still-alive")
-        assert client.listener.wait_messages(1)[0].body == "still-alive"
-    finally:
-        client.close()
+    assert_broker_serves(port, username=LOGIN, passcode=PASSCODE, timeout=30.0)
 
 
 def test_frames_pipelined_behind_connect_are_processed_after_login(
