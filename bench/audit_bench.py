@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/audit_bench.py [--count 1000000] [--store URL] [--master local[2]]
 
-Without ``--store`` a throwaway PostgreSQL is started (tests/servers.py).
+Without ``--store`` a throwaway PostgreSQL is started (tests/helpers/servers.py).
 PostgreSQL is seeded with COPY, SQLite (``--store sqlite:///path``) with
 executemany in one transaction. The store is what a healthy broker leaves:
 100 producers with gap-free sequences, 10 % topic messages owed to two
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="amqlite-audit-bench-")
     store = args.store
     if store is None:
-        from tests.servers import PostgresServer
+        from tests.helpers.servers import PostgresServer
 
         server = PostgresServer()
         server.init()

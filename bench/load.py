@@ -55,7 +55,7 @@ from amqlite.wire import (  # noqa: E402
     STOMP_1_2,
 )
 from bench.peers import SPAWN_KINDS, PeerSet, tree_cpu_seconds, tree_rss_bytes  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from tests.helpers.servers import free_port  # noqa: E402
 
 QUEUE = "/queue/bench"
 #: CONNECT's host header. RabbitMQ takes it as the virtual host, so "/" (its

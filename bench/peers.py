@@ -30,7 +30,7 @@ from xml.sax.saxutils import escape
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import PostgresServer, free_port  # noqa: E402
+from tests.helpers.servers import PostgresServer, free_port  # noqa: E402
 
 #: Debian's activemq package layout (``dpkg -L activemq``).
 ACTIVEMQ_HOME = Path("/usr/share/activemq")
@@ -107,7 +107,7 @@ log4j.appender.stdout.layout.ConversionPattern=%d{HH:mm:ss,SSS} %-5p [%t] %c{1} 
 
 
 def jdbc_url(pg: PostgresServer, sqlalchemy_url: str) -> str:
-    """The JDBC form of a database URL that tests.servers hands out."""
+    """The JDBC form of a database URL that tests.helpers.servers hands out."""
     return f"jdbc:postgresql://127.0.0.1:{pg.port}/{sqlalchemy_url.rsplit('/', 1)[1]}"
 
 

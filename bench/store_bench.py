@@ -5,7 +5,7 @@ producers waiting for a RECEIPT), on SQLite and on PostgreSQL.
     .venv/bin/python bench/store_bench.py [--pg-url URL] [--messages N] [--concurrency N]
 
 Without --pg-url (or AMQLITE_BENCH_PG_URL) a throwaway PostgreSQL is started
-with tests/servers.py. Prints one JSON object.
+with tests/helpers/servers.py. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> None:
             else:
                 url = args.pg_url
                 if not url:
-                    from tests.servers import PostgresServer
+                    from tests.helpers.servers import PostgresServer
 
                     server = PostgresServer()
                     server.init()

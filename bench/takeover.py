@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from amqlite.codec import HEARTBEAT, Frame, FrameParser, encode_frame  # noqa: E402
 from amqlite.wire import STOMP_1_2  # noqa: E402
-from tests.servers import PostgresServer, free_port  # noqa: E402
+from tests.helpers.servers import PostgresServer, free_port  # noqa: E402
 
 #: How often the client retries the nodes while none serves (ActiveMQ's
 #: failover transport starts at initialReconnectDelay=10 ms).

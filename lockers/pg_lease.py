@@ -37,6 +37,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg import errors
 
+from lockers.pg_tuning import idle_session_unlimited
+
 log = logging.getLogger(__name__)
 
 #: Default lease, in seconds. Renewed every second (see PG_LEASE_RENEWALS), so
@@ -151,8 +153,8 @@ class _LeaseThread(threading.Thread):
         try:
             timeout = round(self.lease * PG_LEASE_STATEMENT_SHARE * 1000)
             sets = [f"SET statement_timeout = {timeout}", f"SET lock_timeout = {timeout}"]
-            if conn.info.server_version >= 140000:
-                sets.append("SET idle_session_timeout = 0")  # a role default must not end us
+            # A role's or database's idle-session limit must not end us.
+            sets += idle_session_unlimited(conn.info.server_version)
             conn.execute("; ".join(sets))
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", LEASE_TABLE_LOCK)

@@ -47,37 +47,21 @@ from lockers.base import (
     run_blocking,
 )
 from lockers.pg_lease import LEASE_APPLICATION_PREFIX, PG_LEASE, LeaseKeeper, LeaseWatcher
+from lockers.pg_tuning import (
+    PG_DEAD_PEER_TIMEOUT,
+    PG_STATEMENT_TIMEOUT,
+    idle_session_unlimited,
+    server_tcp_settings,
+    tcp_settings,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: How long a dead peer or a dead network may go unnoticed, in seconds, on
-#: either side. ActiveMQ's JDBC locker leaned on the OS default (2 h keepalive,
-#: ~15 min retransmissions) and failed over after minutes; 5 s is well above a
-#: loaded LAN's round trip and short enough that a half-open master session
-#: stops blocking the slave quickly. ``PostgresLocker(dead_peer_timeout=)``
-#: overrides it (``open_locker``'s ``session_timeout`` is ZooKeeper's alone).
-PG_DEAD_PEER_TIMEOUT = 5.0
-
-#: Unanswered keepalive probes before the connection is declared dead. With
-#: idle = 40 % and interval = 20 % of the session timeout, three probes add up
-#: to exactly the session timeout (libpq and the server take whole seconds).
-PG_KEEPALIVES_COUNT = 3
-PG_KEEPALIVES_IDLE_SHARE = 0.4
-PG_KEEPALIVES_INTERVAL_SHARE = 0.2
-
-#: The kernel's keepalive knobs take whole seconds, tcp_user_timeout milliseconds;
-#: below one second a loaded host's scheduling hiccup would kill the session.
-PG_MIN_TCP_SECONDS = 1
-
-#: libpq ``connect_timeout`` in seconds (libpq rounds anything below 2 up to 2).
-PG_CONNECT_TIMEOUT = 5
-
-#: ``statement_timeout`` for the keepalive, try-lock and unlock queries: each is
-#: one in-memory catalog read that takes well under a millisecond, so 2 s only
-#: trips on a server that is in real trouble.
-PG_STATEMENT_TIMEOUT = 2.0
+#: The lock session's libpq keepalives and timeouts (PG_DEAD_PEER_TIMEOUT,
+#: PG_STATEMENT_TIMEOUT, tcp_settings) live in lockers.pg_tuning, beside the store
+#: pool's, with the reason they differ.
 
 #: Client-side bound on those same calls: the statement timeout plus a round
 #: trip. A server that stopped answering (a stalled backend, a network that
@@ -138,20 +122,6 @@ def key_parts(key: int) -> tuple[int, int]:
     """
     unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
     return unsigned >> 32, unsigned & 0xFFFF_FFFF
-
-
-def tcp_settings(dead_peer_timeout: float) -> dict[str, int]:
-    """libpq keepalive/timeout parameters that notice a dead peer in ``dead_peer_timeout``."""
-    idle = max(PG_MIN_TCP_SECONDS, round(dead_peer_timeout * PG_KEEPALIVES_IDLE_SHARE))
-    interval = max(PG_MIN_TCP_SECONDS, round(dead_peer_timeout * PG_KEEPALIVES_INTERVAL_SHARE))
-    return {
-        "keepalives": 1,
-        "keepalives_idle": idle,
-        "keepalives_interval": interval,
-        "keepalives_count": PG_KEEPALIVES_COUNT,
-        "tcp_user_timeout": round(max(PG_MIN_TCP_SECONDS, dead_peer_timeout) * 1000),
-        "connect_timeout": PG_CONNECT_TIMEOUT,
-    }
 
 
 def _first_line(e: BaseException) -> str:
@@ -240,12 +210,7 @@ class PostgresLocker(Locker):
         self._lease_conninfo = make_conninfo("", **params)
         # The server gets the same numbers as libpq, so both ends give up together.
         try:
-            self._server_tcp = {
-                "tcp_keepalives_idle": int(params["keepalives_idle"]),
-                "tcp_keepalives_interval": int(params["keepalives_interval"]),
-                "tcp_keepalives_count": int(params["keepalives_count"]),
-                "tcp_user_timeout": int(params["tcp_user_timeout"]),
-            }
+            self._server_tcp = server_tcp_settings(params)
         except ValueError:
             raise LockerError("bad PostgreSQL URL: keepalives_* and tcp_user_timeout "
                               "must be whole numbers") from None
@@ -328,8 +293,7 @@ class PostgresLocker(Locker):
             # An idle-session limit set on the role or database would end our
             # session, and the lock with it, between two keepalives.
             sets.append("SET idle_in_transaction_session_timeout = 0")
-            if conn.info.server_version >= 140000:
-                sets.append("SET idle_session_timeout = 0")
+            sets += idle_session_unlimited(conn.info.server_version)
             conn.execute("; ".join(sets))
         except BaseException:
             conn.close()

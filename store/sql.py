@@ -63,6 +63,12 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
 from sqlalchemy.pool import QueuePool
 
+from lockers.pg_tuning import (
+    STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    STORE_POOL_TUNING,
+    STORE_STATEMENT_TIMEOUT_MS,
+    server_options,
+)
 from store import pg_batch, schema
 from store.api import (
     Batch,
@@ -102,22 +108,11 @@ POOL_SIZE = 2
 POOL_OVERFLOW = 2
 #: How long a thread waits for a pooled connection before giving up (s).
 POOL_TIMEOUT_S = 10.0
-#: libpq connect_timeout (s): a dead host must fail the connect quickly.
-CONNECT_TIMEOUT_S = 5
-#: libpq TCP keepalives: idle 5 s, then 3 probes 2 s apart, so a silent peer is
-#: declared dead after ~11 s instead of the kernel's default 2 h.
-KEEPALIVES_IDLE_S = 5
-KEEPALIVES_INTERVAL_S = 2
-KEEPALIVES_COUNT = 3
-#: libpq tcp_user_timeout (ms): unacknowledged writes fail after 10 s too.
-TCP_USER_TIMEOUT_MS = 10_000
-#: Server-side statement_timeout for store statements (ms). A group commit
-#: takes milliseconds; 15 s only trips on a wedged server or a lock held by a
-#: paused peer, and then the master should demote rather than wait.
-STATEMENT_TIMEOUT_MS = 15_000
-#: A paused process must not keep the group row locked forever: PostgreSQL
-#: ends a session idle inside a transaction for this long (ms).
-IDLE_IN_TRANSACTION_TIMEOUT_MS = 30_000
+#: The pool's libpq keepalives, connect timeout and server-side statement and
+#: idle-in-transaction timeouts live in lockers.pg_tuning, beside the lock
+#: session's, with the reason they differ.
+STATEMENT_TIMEOUT_MS = STORE_STATEMENT_TIMEOUT_MS
+IDLE_IN_TRANSACTION_TIMEOUT_MS = STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS
 #: The integrity check counts every row: allow it 10 minutes (0 = no limit).
 INTEGRITY_STATEMENT_TIMEOUT_MS = 600_000
 #: SQLite: how long a writer waits for another process's write lock (ms).
@@ -296,25 +291,17 @@ def _make_engine(parsed: StoreURL, opts: dict[str, Any]) -> Engine:
     query = parsed.url.query
     statement_timeout = opts.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS)
     idle_timeout = opts.get("idle_in_transaction_timeout_ms", IDLE_IN_TRANSACTION_TIMEOUT_MS)
-    server_options = (
-        # A RECEIPT promises the message survives a crash: never inherit a
-        # server or role default of synchronous_commit = off.
-        "-c synchronous_commit=on "
-        f"-c statement_timeout={statement_timeout} "
-        f"-c idle_in_transaction_session_timeout={idle_timeout}"
-    )
+    # A RECEIPT promises the message survives a crash: never inherit a server or
+    # role default of synchronous_commit = off.
+    server = "-c synchronous_commit=on " + server_options(statement_timeout, idle_timeout)
     defaults: dict[str, Any] = {
-        "connect_timeout": opts.get("connect_timeout_s", CONNECT_TIMEOUT_S),
-        "keepalives": 1,
-        "keepalives_idle": KEEPALIVES_IDLE_S,
-        "keepalives_interval": KEEPALIVES_INTERVAL_S,
-        "keepalives_count": KEEPALIVES_COUNT,
-        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+        **STORE_POOL_TUNING.libpq(),
+        "connect_timeout": opts.get("connect_timeout_s", STORE_POOL_TUNING.connect_timeout),
         "application_name": opts.get("application_name", APPLICATION_NAME),
     }
     connect_args = {k: v for k, v in defaults.items() if k not in query}
     user_options = query.get("options")
-    connect_args["options"] = f"{user_options} {server_options}" if user_options else server_options
+    connect_args["options"] = f"{user_options} {server}" if user_options else server
     return create_engine(parsed.url, connect_args=connect_args, **pool)
 
 

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from tests.servers import PostgresServer, ZooKeeperServer
+from tests.helpers.servers import PostgresServer, ZooKeeperServer, running_postgres
 
 
 @pytest.fixture(scope="session")
-def postgres_server():
+def postgres_server() -> Iterator[PostgresServer]:
     """One throwaway PostgreSQL for the session; tests get their own database."""
-    server = PostgresServer()
-    server.init()
-    server.start()
-    try:
+    with running_postgres() as server:
         yield server
-    finally:
-        server.cleanup()
+
+
+@pytest.fixture
+def private_postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL of the test's own, for tests that restart or stop the server: the
+    session's server stays up for every other test, whatever order they run in."""
+    with running_postgres() as server:
+        yield server
 
 
 @pytest.fixture

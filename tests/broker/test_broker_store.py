@@ -18,6 +18,7 @@ from amqlite.broker import Broker
 from amqlite.codec import Frame
 from amqlite.settings import Settings
 from store import GroupCommitter, Store, StoreError, open_store
+from tests.helpers.poll import apoll
 
 DEADLINE = 10.0
 
@@ -60,12 +61,7 @@ class FrameSink:
 
 
 async def until(predicate: Callable[[], bool], timeout: float = DEADLINE) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.005)
+    await apoll(predicate, timeout=timeout, what="condition", interval=0.005)
 
 
 class Master:
@@ -95,14 +91,6 @@ class Master:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(group="g1", data_dir=str(tmp_path)).resolved()
-
-
-@pytest.fixture
-def store(settings: Settings):
-    s = open_store(settings.store, settings.group)
-    s.open()
-    yield s
-    s.close()
 
 
 def run(coro_fn: Callable[[], Awaitable[None]]) -> None:

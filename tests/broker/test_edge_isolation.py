@@ -18,9 +18,8 @@ from store import Store
 from tests.broker import test_broker_store as base
 from tests.broker.test_broker_store import FrameSink, Master, connect, run, send, until
 
-# The same fixtures as the broker-store tests: a real SQLite store in tmp_path.
+# The broker-store tests' settings (a real SQLite store in tmp_path); store is the conftest's.
 settings = base.settings
-store = base.store
 
 QUEUE = "/queue/edge"
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
 
 import pytest
@@ -21,37 +20,15 @@ import pytest
 from amqlite.broker import Broker, Subscription, now_ms
 from amqlite.codec import Frame
 from amqlite.settings import Settings
-from store import Batch, DestinationRow, GroupCommitter, NewMessage, SqlStore, open_store
+from store import Batch, DestinationRow, GroupCommitter, NewMessage, SqlStore
 from tests.broker.test_broker_store import FrameSink, Master, run, until
-from tests.store.conftest import sql
+from tests.helpers.store import sql
 
 QUEUE = "/queue/hand"
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)]
 
 
-# -- fixtures ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """SQLite unless a test asks for PostgreSQL (indirect parametrisation)."""
-    if getattr(request, "param", "sqlite") == "postgresql":
-        return request.getfixturevalue("pg_url")
-    return f"sqlite:///{tmp_path / 'amqlite.db'}"
-
-
-@pytest.fixture
-def settings(tmp_path: Path, store_url: str) -> Settings:
-    return Settings(group="g1", data_dir=str(tmp_path), store=store_url).resolved()
-
-
-@pytest.fixture
-def store(settings: Settings) -> Iterator[SqlStore]:
-    s = open_store(settings.store, settings.group)
-    assert isinstance(s, SqlStore)
-    s.open()
-    yield s
-    s.close()
+# The fixtures store_url, settings and store are tests/broker/conftest.py's.
 
 
 # -- observing the broker and the store ----------------------------------------------------

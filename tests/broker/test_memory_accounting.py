@@ -16,7 +16,7 @@ from amqlite import broker as broker_mod
 from amqlite.broker import Broker, message_size
 from amqlite.codec import Frame
 from amqlite.settings import Settings
-from store import Store, open_store
+from store import Store
 from tests.broker.test_broker_store import FrameSink, Master, connect, run, send, until
 
 KIB = 1024
@@ -28,14 +28,6 @@ def settings(tmp_path: Path) -> Settings:
     """Tiny budgets: 64 KiB per destination, 128 KiB for the broker."""
     return Settings(group="g1", data_dir=str(tmp_path), max_memory=128 * KIB,
                     max_destination_memory=64 * KIB).resolved()
-
-
-@pytest.fixture
-def store(settings: Settings):
-    s = open_store(settings.store, settings.group)
-    s.open()
-    yield s
-    s.close()
 
 
 def subscribe(broker: Broker, client: FrameSink, dest: str, **headers: str) -> None:

@@ -12,43 +12,20 @@ bad one an ERROR carrying its receipt-id, and the broker stays master.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from amqlite.broker import Broker, Message
 from amqlite.codec import Frame
 from amqlite.settings import Settings
-from store import SqlStore, open_store
+from store import SqlStore
 from tests.broker.test_broker_store import FrameSink, run, until
 from tests.broker.test_hand_over import BACKENDS, QUEUE, running, seed_queue
-from tests.store.conftest import assert_counters, sql
+from tests.helpers.store import assert_counters, sql
 
 TOPIC = "/topic/rejected"
 NEW_QUEUE = "/queue/rejected-new"
-
-
-# The fixtures of test_hand_over (SQLite, or PostgreSQL when asked for).
-@pytest.fixture
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if getattr(request, "param", "sqlite") == "postgresql":
-        return request.getfixturevalue("pg_url")
-    return f"sqlite:///{tmp_path / 'amqlite.db'}"
-
-
-@pytest.fixture
-def settings(tmp_path: Path, store_url: str) -> Settings:
-    return Settings(group="g1", data_dir=str(tmp_path), store=store_url).resolved()
-
-
-@pytest.fixture
-def store(settings: Settings) -> Iterator[SqlStore]:
-    s = open_store(settings.store, settings.group)
-    assert isinstance(s, SqlStore)
-    s.open()
-    yield s
-    s.close()
 
 
 def poison_message(dialect: str) -> Callable[[Message], None]:

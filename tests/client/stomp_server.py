@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from amqlite.codec import Frame, ProtocolError
 from amqlite.protocol import FrameReceived, StompProtocol
+from tests.helpers.poll import Waiters
 
 HOST = "127.0.0.1"
 #: Deadline for a test's wait on server state.
@@ -76,7 +77,7 @@ class StompTestServer:
         self.withheld: list[str] = []
         self.queues: dict[str, list[Frame]] = {}
         self.message_ids = itertools.count(1)
-        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        self._waiters = Waiters()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -114,25 +115,13 @@ class StompTestServer:
     # -- waiting -----------------------------------------------------------------------
 
     def changed(self) -> None:
-        for predicate, future in list(self._waiters):
-            if not future.done() and predicate():
-                future.set_result(None)
+        self._waiters.changed()
 
     async def wait_for(self, predicate: Callable[[], bool], what: str,
                        timeout: float = WAIT) -> None:
         """Wait until ``predicate()`` holds (checked on every server event)."""
-        if predicate():
-            return
-        future = asyncio.get_running_loop().create_future()
-        entry = (predicate, future)
-        self._waiters.append(entry)
-        try:
-            async with asyncio.timeout(timeout):
-                await future
-        except TimeoutError:
-            raise AssertionError(f"server: {what} not seen within {timeout}s") from None
-        finally:
-            self._waiters.remove(entry)
+        await self._waiters.wait_for(
+            predicate, timeout, lambda: f"server: {what} not seen within {timeout}s")
 
     # -- messages ----------------------------------------------------------------------
 

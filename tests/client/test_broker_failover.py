@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from amqlite.client import AsyncClient
-from tests.client.helpers import RecordingListener, async_test
-from tests.integration.broker_proc import BrokerFactory, BrokerProcess, unique, wait_one_serving
+from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, unique, wait_one_serving
+from tests.helpers.client import RecordingListener, async_test
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from cli.client_cmds import register
 from tests.client.stomp_server import ServerThread
-from tests.servers import free_port
+from tests.helpers.servers import free_port
 
 
 @click.group()

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from amqlite.client import AsyncClient, ClientState, ConnectionFailedError
-from tests.client.helpers import RecordingListener, async_test, poll_until, within
 from tests.client.stomp_server import StompTestServer
-from tests.servers import free_port
+from tests.helpers.client import RecordingListener, async_test, poll_until, within
+from tests.helpers.servers import free_port
 
 
 @async_test

@@ -28,13 +28,13 @@ from amqlite.client import (
     ConnectionFailedError,
     SendTimeoutError,
 )
-from tests.client.helpers import RecordingListener, async_test, poll_until, within
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     unique,
     wait_one_serving,
 )
+from tests.helpers.client import RecordingListener, async_test, poll_until, within
 
 pytestmark = pytest.mark.integration
 

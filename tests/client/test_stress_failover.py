@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import pytest
 
 from amqlite.client import Client, Message
-from tests.integration.broker_proc import BrokerFactory, BrokerProcess, unique
-from tests.integration.pg_ha_helpers import PgGroup, wait_log
-from tests.servers import PostgresServer
+from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, unique
+from tests.helpers.pg_ha import PgGroup, wait_log
+from tests.helpers.poll import poll as poll_until
+from tests.helpers.servers import PostgresServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -211,10 +212,7 @@ class Consumer(threading.Thread):
 
 def poll(predicate: Callable[[], bool], what: str, timeout: float) -> None:
     """Poll state that has no event of its own (other threads' clients, SQL) to a deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
-        time.sleep(POLL)
+    poll_until(predicate, timeout=timeout, what=what, interval=POLL)
 
 
 def all_back(clients: list[Client], failovers: int) -> bool:

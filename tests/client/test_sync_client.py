@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from amqlite.client import Client, Message
-from tests.client.helpers import RecordingListener
 from tests.client.stomp_server import WAIT, ServerThread
+from tests.helpers.client import RecordingListener
 
 
 def test_blocking_client_sends_receives_acks_and_fails_over() -> None:

@@ -23,9 +23,9 @@ from amqlite.client import (
     TransactionRolledBackError,
     stomp_destination,
 )
-from tests.client.helpers import RecordingListener, async_test, poll_until, within
 from tests.client.stomp_server import StompTestServer
-from tests.servers import free_port
+from tests.helpers.client import RecordingListener, async_test, poll_until, within
+from tests.helpers.servers import free_port
 
 #: Timer slack allowed below a computed back-off (event-loop timers may fire a hair early
 #: relative to time.monotonic()).

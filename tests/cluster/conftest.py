@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 # The broker harness's fixtures and its failure hook (broker logs on failure).
-from tests.integration.conftest import (  # noqa: F401
+from tests.helpers.broker_fixtures import (  # noqa: F401
     broker_factory,
     clients,
     pytest_runtest_makereport,
 )
-from tests.servers import ZooKeeperServer
+from tests.helpers.servers import ZooKeeperServer
 
 _roots = itertools.count()
 

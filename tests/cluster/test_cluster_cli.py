@@ -12,8 +12,8 @@ import pytest
 
 from amqlite.registry import STORE_MAX_AGE_MS, read_cluster
 from cli.cluster_cmds import COLUMN_WIDTH
-from tests.cluster.helpers import amqlite, cluster_json, ok, one_line_error, poll_until
-from tests.integration.broker_proc import BrokerFactory, unique, wait_one_serving
+from tests.helpers.broker_proc import BrokerFactory, unique, wait_one_serving
+from tests.helpers.cluster import amqlite, cluster_json, ok, one_line_error, poll_until
 
 pytestmark = pytest.mark.integration
 

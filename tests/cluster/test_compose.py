@@ -22,9 +22,9 @@ import yaml
 
 from amqlite.settings import Settings, load_settings
 from cli.main import cli
-from tests.cluster.helpers import poll_until
-from tests.integration.broker_proc import REPO_ROOT, BrokerFactory, unique
-from tests.servers import free_port
+from tests.helpers.broker_proc import REPO_ROOT, BrokerFactory, unique
+from tests.helpers.cluster import poll_until
+from tests.helpers.servers import free_port
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"

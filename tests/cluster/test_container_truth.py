@@ -21,14 +21,14 @@ import pytest
 
 from amqlite.containers import broker_runs
 from amqlite.registry import read_cluster
-from tests.cluster.helpers import amqlite, cli_env, ok, one_line_error, poll_until
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     REPO_ROOT,
     BrokerFactory,
     amqlite_command,
     unique,
     wait_one_serving,
 )
+from tests.helpers.cluster import amqlite, cli_env, ok, one_line_error, poll_until
 
 pytestmark = pytest.mark.integration
 

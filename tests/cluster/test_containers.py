@@ -17,7 +17,8 @@ import pytest
 
 from amqlite.containers import broker_runs as _runs
 from amqlite.settings import load_settings
-from tests.cluster.helpers import (
+from tests.helpers.broker_proc import unique
+from tests.helpers.cluster import (
     Producer,
     amqlite,
     cluster_json,
@@ -28,7 +29,6 @@ from tests.cluster.helpers import (
     poll_until,
     port_of,
 )
-from tests.integration.broker_proc import unique
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 
 from cli.main import cli
 from tests.cluster.test_compose import parse_amqlite
-from tests.integration.broker_proc import REPO_ROOT
+from tests.helpers.broker_proc import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 #: Characters the shell treats specially when unquoted and a README example never

@@ -31,7 +31,8 @@ from amqlite.registry import (
 )
 from amqlite.settings import Settings
 from cli.cluster_cmds import COLUMN_WIDTH, format_table
-from tests.servers import ZooKeeperServer, free_port
+from tests.helpers.poll import poll as poll_until
+from tests.helpers.servers import ZooKeeperServer, free_port
 
 #: "cluster-list ... within a second of a change" (issue 4).
 CHANGE_VISIBLE_WITHIN = 1.0
@@ -51,14 +52,7 @@ def settings(name: str, group: str, store: str, locker: str = "") -> Settings:
 def poll(read: Callable[[], list[GroupView]], predicate: Callable[[list[GroupView]], bool],
          timeout: float, what: str) -> tuple[list[GroupView], float]:
     """Poll ``read()`` until ``predicate``; returns the views and the seconds it took."""
-    start = time.monotonic()
-    while True:
-        views = read()
-        if predicate(views):
-            return views, time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout}s: {what}; last view {views}")
-        time.sleep(0.02)
+    return poll_until(read, predicate, timeout=timeout, what=what, interval=0.02)
 
 
 def members_of(views: list[GroupView], group: str) -> dict[str, Member]:

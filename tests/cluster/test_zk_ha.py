@@ -20,8 +20,7 @@ import pytest
 
 from amqlite.node import EXIT_DEMOTED
 from amqlite.registry import read_cluster
-from tests.cluster.helpers import poll_until, sql
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     ClientPool,
@@ -29,7 +28,8 @@ from tests.integration.broker_proc import (
     unique,
     wait_one_serving,
 )
-from tests.servers import ZooKeeperServer
+from tests.helpers.cluster import poll_until, sql
+from tests.helpers.servers import ZooKeeperServer
 
 pytestmark = pytest.mark.integration
 

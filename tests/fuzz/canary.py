@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import stomp
 from stomp.utils import Frame
 
-from tests.integration.broker_proc import HOST
+from tests.helpers.broker_proc import HOST
 
 #: How long the canary producer waits for the RECEIPTs of one window of SENDs. A healthy
 #: broker answers in milliseconds; the margin is for a loaded 2-core CI machine.

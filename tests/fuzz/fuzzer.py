@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tests.fuzz.mutator import Case, ConnState, Mutator
-from tests.integration.broker_proc import HOST, BrokerProcess, RawFrame, RawStomp
+from tests.helpers.broker_proc import HOST, BrokerProcess, RawFrame, RawStomp
 
 #: How long an open connection may take to answer a probe before the broker is said to
 #: have stranded it. Generous: a healthy broker answers in milliseconds, but the CI box

@@ -26,7 +26,7 @@ import pytest
 from tests.fuzz.canary import Canary
 from tests.fuzz.fuzzer import Fuzzer
 from tests.fuzz.mutator import ALL_KINDS
-from tests.integration.broker_proc import BrokerFactory, assert_broker_serves, unique
+from tests.helpers.broker_proc import BrokerFactory, assert_broker_serves, unique
 
 #: Wall-time budget of the fuzzing per store: two stores stay well under 2.5 minutes with
 #: broker start-up and the canary's drain.

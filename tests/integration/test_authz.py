@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from amqlite.auth import hash_password
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     REPO_ROOT,
     WAIT,
     BrokerFactory,
@@ -20,8 +20,8 @@ from tests.integration.broker_proc import (
     ConnectRefused,
     unique,
 )
-from tests.integration.mgmt_helpers import Api, wait_until
-from tests.servers import free_port
+from tests.helpers.mgmt import Api, wait_until
+from tests.helpers.servers import free_port
 
 #: Distinctive passwords, so the log can be searched for them.
 PASSWORDS = {"alice": "alice-Secret-7Q2", "bob": "bob-Secret-9Z4", "carol": "carol-Secret-3K8",

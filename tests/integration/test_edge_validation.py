@@ -16,7 +16,7 @@ import pytest
 import stomp
 
 from amqlite.broker import MAX_OPEN_TRANSACTIONS
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     HOST,
     LISTENER,
     BrokerFactory,

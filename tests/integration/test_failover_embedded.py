@@ -12,7 +12,7 @@ import time
 import pytest
 from stomp.utils import Frame
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     Client,

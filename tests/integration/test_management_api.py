@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from tests.integration.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
-from tests.integration.mgmt_helpers import Api, wait_until
-from tests.servers import free_port
+from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
+from tests.helpers.mgmt import Api, wait_until
+from tests.helpers.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

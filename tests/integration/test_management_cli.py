@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     REPO_ROOT,
     BrokerFactory,
     BrokerProcess,
@@ -17,8 +17,8 @@ from tests.integration.broker_proc import (
     amqlite_command,
     unique,
 )
-from tests.integration.mgmt_helpers import Api, wait_until
-from tests.servers import free_port
+from tests.helpers.mgmt import Api, wait_until
+from tests.helpers.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     Client,

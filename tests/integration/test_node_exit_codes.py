@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.broker_proc import HOST, REPO_ROOT, BrokerFactory, amqlite_command
-from tests.servers import PostgresServer, free_port
+from tests.helpers.broker_proc import HOST, REPO_ROOT, BrokerFactory, amqlite_command
+from tests.helpers.servers import PostgresServer, free_port
 
 #: A refused start must end this soon (no retrying for ever).
 EXIT_DEADLINE = 60.0

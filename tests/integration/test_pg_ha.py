@@ -14,14 +14,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     open_client,
     send_many,
     unique,
 )
-from tests.integration.pg_ha_helpers import (
+from tests.helpers.pg_ha import (
     PgGroup,
     Producer,
     assert_delivered_once,
@@ -30,7 +30,7 @@ from tests.integration.pg_ha_helpers import (
     resend_receipted,
     wait_log,
 )
-from tests.servers import PostgresServer
+from tests.helpers.servers import PostgresServer
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     open_client,
@@ -21,15 +21,15 @@ from tests.integration.broker_proc import (
     send_with_receipt,
     unique,
 )
-from tests.integration.pg_ha_helpers import (
+from tests.helpers.pg_ha import (
     PgGroup,
     Producer,
     drain_queue,
     new_since,
     wait_log,
 )
+from tests.helpers.servers import PostgresServer
 from tests.integration.test_pg_ha import finish_and_verify, progress, start_producers
-from tests.servers import PostgresServer
 
 pytestmark = pytest.mark.integration
 

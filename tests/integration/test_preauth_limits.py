@@ -19,18 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
+    CLOSE_DEADLINE,
     HOST,
     BrokerFactory,
     BrokerProcess,
     ClientPool,
     RawStomp,
     assert_broker_serves,
+    assert_error_then_closed,
     format_frames,
-    open_client,
+    password_hash,
     unique,
 )
-from tests.integration.test_protocol_errors import password_hash
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -39,8 +40,6 @@ LOGIN, PASSCODE = "alice", "s3cret"
 LOGIN_DEADLINE = 1.0
 #: Bad CONNECTs in flight during the flood (below the default unauthenticated cap, 250).
 FLOOD_SOCKETS = 200
-#: How long the broker may take to answer a violation with ERROR and close.
-CLOSE_DEADLINE = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -250,14 +249,7 @@ def _peek(sock: socket.socket) -> bytes:
 
 
 def assert_broker_serves_with_login(port: int) -> None:
-    client = open_client(port, username=LOGIN, passcode=PASSCODE, timeout=30.0)
-    try:
-        queue = f"/queue/{unique('alive')}"
-        client.subscribe(queue)
-        client.send(queue, "still-alive")
-        assert client.listener.wait_messages(1)[0].body == "still-alive"
-    finally:
-        client.close()
+    assert_broker_serves(port, username=LOGIN, passcode=PASSCODE, timeout=30.0)
 
 
 def test_frames_pipelined_behind_connect_are_processed_after_login(
@@ -306,14 +298,6 @@ def limits_broker(module_factory: BrokerFactory) -> BrokerProcess:
         "AMQLITE_FRAME_TIMEOUT": str(FRAME_TIMEOUT),
         "AMQLITE_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
     })
-
-
-def assert_error_then_closed(raw: RawStomp, what: str, message: str,
-                             timeout: float = CLOSE_DEADLINE) -> None:
-    closed, frames = raw.wait_closed(timeout)
-    assert [f.command for f in frames] == ["ERROR"], f"{what}: {format_frames(frames)}"
-    assert frames[0].headers.get("message") == message, f"{what}: {format_frames(frames)}"
-    assert closed, f"{what}: still open {timeout}s after the ERROR"
 
 
 def test_partial_frame_before_connect_over_handshake_limit(limits_broker: BrokerProcess) -> None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     ClientPool,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     ClientPool,
     RawStomp,

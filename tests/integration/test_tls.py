@@ -15,7 +15,7 @@ import pytest
 import stomp
 
 from amqlite.client import Client, ClientTls, ConnectionFailedError
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     HOST,
     WAIT,
     BrokerFactory,
@@ -25,8 +25,8 @@ from tests.integration.broker_proc import (
     unique,
     wait_one_serving,
 )
+from tests.helpers.servers import free_port
 from tests.integration.tls_helpers import Pki, make_pki
-from tests.servers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +209,7 @@ def test_bad_certificate_refused_at_start(broker_factory: BrokerFactory, pki: Pk
 
 def test_registry_advertises_ssl_and_discovery_prefers_it(broker_factory: BrokerFactory,
                                                           pki: Pki) -> None:
-    from tests.cluster.helpers import amqlite, cluster_json, ok, poll_until
+    from tests.helpers.cluster import amqlite, cluster_json, ok, poll_until
 
     data = broker_factory.data_dir("both")
     store = f"sqlite:///{data / 'amqlite.db'}"

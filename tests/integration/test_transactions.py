@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     ClientPool,

@@ -12,7 +12,7 @@ import pytest
 
 from lockers import LockerError, LockLost, LockState, open_locker
 from lockers.file import FileLocker
-from tests.lockers.helpers import Holder, StateRecorder, eventually, run
+from tests.helpers.lockers import Holder, StateRecorder, eventually, run
 
 #: Takeover target after a release or a crash (the brief: well under a second).
 TAKEOVER_LIMIT = 1.0

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from lockers import LockLost, open_locker
-from tests.lockers.helpers import eventually, run
+from tests.helpers.lockers import eventually, run
+from tests.helpers.servers import PostgresServer
 from tests.lockers.test_postgres import _app, _dbname
-from tests.servers import PostgresServer
 
 #: The abandoned call ends as soon as its backend resumes and is terminated.
 LATE_OUTCOME_TIMEOUT = 30.0

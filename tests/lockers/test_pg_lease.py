@@ -12,8 +12,8 @@ import pytest
 from lockers import LockerError, LockLost, LockState, open_locker
 from lockers.pg_lease import LEASE_TABLE, PG_LEASE, PG_LEASE_CHECKS, PG_UNLEASED_GRACE_SHARE
 from lockers.postgres import PostgresLocker
-from tests.lockers.helpers import Holder, StateRecorder, eventually, run
-from tests.servers import PostgresServer
+from tests.helpers.lockers import Holder, StateRecorder, eventually, run
+from tests.helpers.servers import PostgresServer
 
 #: The issue's bound on a paused master's takeover (the lock part of it).
 PAUSED_TAKEOVER_LIMIT = 5.0

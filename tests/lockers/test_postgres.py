@@ -21,8 +21,8 @@ from lockers.postgres import (
     key_parts,
     tcp_settings,
 )
-from tests.lockers.helpers import Holder, StateRecorder, cancel_wait_around_release, eventually, run
-from tests.servers import PostgresServer
+from tests.helpers.lockers import Holder, StateRecorder, cancel_wait_around_release, eventually, run
+from tests.helpers.servers import PostgresServer
 
 #: Takeover target after a release or a crash: the slave waits on the server.
 TAKEOVER_LIMIT = 1.0

@@ -9,8 +9,8 @@ import asyncio
 import time
 
 from lockers import open_locker
-from tests.lockers.helpers import Holder, run
-from tests.servers import ZooKeeperServer
+from tests.helpers.lockers import Holder, run
+from tests.helpers.servers import ZooKeeperServer
 
 #: 4 s is the shortest timeout a stock ensemble grants (2 x its 2 s tickTime) and the
 #: largest whose takeover keeps within the issue's 5 s (the test server ticks every 200 ms,

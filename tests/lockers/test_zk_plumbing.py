@@ -12,8 +12,8 @@ import pytest
 from amqlite.registry import RegistryError, zk_target
 from lockers import LockerError, open_locker, zk_connect
 from lockers.zookeeper import ZK_CANCEL_GRACE, ZK_WAIT_SLICE, ZooKeeperLocker
-from tests.lockers.helpers import eventually, run
-from tests.servers import ZooKeeperServer
+from tests.helpers.lockers import eventually, run
+from tests.helpers.servers import ZooKeeperServer
 
 #: Slack on top of the bounds under test, for a loaded two-core machine.
 MARGIN = 5.0

@@ -13,8 +13,8 @@ from kazoo.client import KazooClient
 
 from lockers import LockerError, LockLost, LockState, open_locker
 from lockers.zookeeper import ZooKeeperLocker
-from tests.lockers.helpers import Holder, StateRecorder, cancel_wait_around_release, eventually, run
-from tests.servers import ZooKeeperServer
+from tests.helpers.lockers import Holder, StateRecorder, cancel_wait_around_release, eventually, run
+from tests.helpers.servers import ZooKeeperServer
 
 #: Session timeout for most tests: short so a crash is noticed fast, within the
 #: test server's 2x-20x tickTime (200 ms) range.

@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from amqlite.client import AsyncClient
-from tests.integration.broker_proc import BrokerFactory, wait_one_serving
+from tests.helpers.broker_proc import BrokerFactory, wait_one_serving
 from tests.spark.conftest import run_audit
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

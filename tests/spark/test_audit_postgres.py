@@ -25,7 +25,7 @@ from spark.audit_job import (
     StoreReader,
     parse_store_url,
 )
-from tests.servers import PostgresServer, free_port
+from tests.helpers.servers import PostgresServer, free_port
 from tests.spark.conftest import Run, run_audit
 from tests.spark.seed import CLEAN_GROUPS, DAMAGE, create_store
 

@@ -6,7 +6,6 @@ fenced; never a batch committed behind the new master's back."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +14,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from store import Batch, Fenced, SqlStore, open_store
-from tests.servers import PostgresServer
-from tests.store.conftest import QUEUE, msg, one, sql
+from tests.helpers.poll import poll
+from tests.helpers.servers import PostgresServer
+from tests.helpers.store import QUEUE, msg, one, sql
 
 #: Generous: the waits below end as soon as the condition holds.
 DEADLINE_S = 30.0
@@ -24,11 +24,7 @@ DEADLINE_S = 30.0
 
 def wait_until(predicate: Callable[[], bool], what: str) -> None:
     """Poll ``predicate`` until it holds; fail the test after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    poll(predicate, timeout=DEADLINE_S, what=what, interval=0.02)
 
 
 class Runner(threading.Thread):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from store import Batch, Fenced, GroupCommitter, SqlStore, StoreError
-from tests.store.conftest import QUEUE, assert_counters, master, msg, one, sql
+from tests.helpers.store import QUEUE, assert_counters, master, msg, one, sql
 
 MakeStore = Callable[..., SqlStore]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from store import SqlStore
-from tests.store.conftest import one
+from tests.helpers.store import one
 
 
 def test_late_integrity_check_of_a_deposed_master_writes_nothing(

@@ -27,7 +27,7 @@ from store import (
 )
 from store import sql as store_sql
 from store.sql import store_application_name
-from tests.store.conftest import (
+from tests.helpers.store import (
     DLQ,
     QUEUE,
     SUB1,

@@ -21,8 +21,8 @@ from store import (
 )
 from store import sql as store_sql
 from store.schema import SCHEMA_VERSION
-from tests.servers import free_port
-from tests.store.conftest import (
+from tests.helpers.servers import free_port
+from tests.helpers.store import (
     DLQ,
     QUEUE,
     SUB1,

@@ -25,9 +25,8 @@ from store import (
     SqlStore,
     StoreError,
     StoreRejected,
-    open_store,
 )
-from tests.store.conftest import QUEUE, assert_counters, master, msg, one
+from tests.helpers.store import QUEUE, assert_counters, master, msg, one, store_opener
 
 pytestmark = pytest.mark.integration
 
@@ -98,18 +97,8 @@ def make_store(case: Case, request: pytest.FixtureRequest, tmp_path) -> Iterator
         url = f"sqlite:///{tmp_path / 'data' / 'amqlite.db'}"
     else:
         url = request.getfixturevalue("pg_url")
-    opened: list[SqlStore] = []
-
-    def make(group: str = "g1", **opts: Any) -> SqlStore:
-        s = open_store(url, group, **opts)
-        assert isinstance(s, SqlStore)
-        opened.append(s)
-        s.open()
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
+    with store_opener(url) as make:
+        yield make
 
 
 def _ids(s: SqlStore) -> list[int]:

@@ -21,11 +21,12 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import stomp
 from stomp.utils import Frame
 
-from tests.servers import free_port
+from tests.helpers.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -573,9 +574,17 @@ class ClientPool:
             client.close()
 
 
-def assert_broker_serves(port: int) -> None:
-    """A fresh client can still send and receive: the broker survived whatever came before."""
-    client = open_client(port)
+def password_hash(password: str) -> str:
+    """The users-file hash exactly as an operator makes it: `amqlite passwd`."""
+    out = subprocess.run([*amqlite_command(), "passwd", "--password", password], check=True,
+                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def assert_broker_serves(port: int, **client_options: Any) -> None:
+    """A fresh client can still send and receive: the broker survived whatever came before.
+    ``client_options`` go to ``open_client`` (a login, a longer connect timeout)."""
+    client = open_client(port, **client_options)
     try:
         queue = f"/queue/{unique('alive')}"
         client.subscribe(queue)
@@ -706,3 +715,24 @@ class RawStomp:
 
 def format_frames(frames: Iterable[RawFrame]) -> str:
     return "; ".join(f"{f.command} {f.headers} {f.body[:200]!r}" for f in frames)
+
+
+#: How long the broker may take to answer bad input with ERROR and close.
+CLOSE_DEADLINE = 5.0
+
+
+def assert_error_then_closed(raw: RawStomp, what: str, message: str | None,
+                             timeout: float = CLOSE_DEADLINE) -> None:
+    """The broker answers with ERROR (and nothing else) and closes the socket.
+
+    With ``message``, exactly one ERROR and its ``message`` header is that text, so a test
+    of one limit cannot pass on another limit's ERROR. ``None`` only where the cause varies
+    by case (a parametrized set of malformed frames) and any ERROR is the point."""
+    closed, frames = raw.wait_closed(timeout)
+    assert frames, f"{what}: no ERROR frame before close (closed={closed})"
+    if message is None:
+        assert all(f.command == "ERROR" for f in frames), f"{what}: got {format_frames(frames)}"
+    else:
+        assert [f.command for f in frames] == ["ERROR"], f"{what}: {format_frames(frames)}"
+        assert frames[0].headers.get("message") == message, f"{what}: {format_frames(frames)}"
+    assert closed, f"{what}: connection still open {timeout}s after the ERROR"

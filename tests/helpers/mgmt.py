@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+
+from tests.helpers.poll import poll
 
 #: Per-request timeout: generous for a loaded 2-core machine.
 HTTP_TIMEOUT = 10.0
@@ -84,11 +85,4 @@ class Api:
 def wait_until(predicate: Callable[[], Any], timeout: float = WAIT,
                what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    return poll(predicate, timeout=timeout, what=what, interval=0.05)[0]

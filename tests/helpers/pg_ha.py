@@ -18,7 +18,7 @@ import stomp.exception
 from stomp.utils import Frame
 
 from amqlite.validation import MAX_PREFETCH
-from tests.integration.broker_proc import (
+from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
     Client,
@@ -26,7 +26,7 @@ from tests.integration.broker_proc import (
     open_client,
     unique,
 )
-from tests.servers import PostgresServer
+from tests.helpers.servers import PostgresServer
 
 #: Short keepalive so a lost lock is noticed in half a second (default 1 s).
 LOCK_KEEPALIVE = "0.5"

@@ -1,6 +1,6 @@
 """A PostgreSQL restart under a running master: the next commit fails with
-StoreError (the master demotes) instead of hanging. Restarts the session's
-server, so this file is named to run after the other store tests."""
+StoreError (the master demotes) instead of hanging. Restarts a PostgreSQL of
+its own (``private_postgres_server``), so it may run in any order."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from store import Batch, GroupCommitter, SqlStore, StoreError, open_store
-from tests.servers import PostgresServer
-from tests.store.conftest import QUEUE, msg, one
+from tests.helpers.servers import PostgresServer
+from tests.helpers.store import QUEUE, msg, one
 
 #: A commit on a dead connection fails at once; this only bounds a regression.
 DEADLINE_S = 30.0
@@ -25,8 +25,10 @@ def _ensure_up(server: PostgresServer) -> None:
 
 
 def test_postgres_restart_fails_the_commit_instead_of_hanging(
-    postgres_server: PostgresServer, pg_url: str
+    private_postgres_server: PostgresServer,
 ) -> None:
+    postgres_server = private_postgres_server
+    pg_url = postgres_server.create_database()
     s = open_store(pg_url, "g1")
     assert isinstance(s, SqlStore)
     s.open()

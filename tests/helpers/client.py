@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from amqlite.codec import Frame
+from tests.helpers.poll import Waiters, apoll
 
 #: Upper bound for one async test; a hang fails instead of blocking the suite.
 TEST_TIMEOUT = 60.0
@@ -35,11 +35,7 @@ def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., No
 
 async def poll_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
     """Poll client-side state with a deadline (the state has no event of its own)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.005)
+    await apoll(predicate, timeout=timeout, what=what, interval=0.005)
 
 
 async def within(awaitable: Awaitable[_T], timeout: float = WAIT) -> _T:
@@ -53,14 +49,12 @@ class RecordingListener:
     def __init__(self) -> None:
         self.events: list[tuple[str, object]] = []
         self.threads: set[str] = set()
-        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        self._waiters = Waiters()
 
     def _record(self, name: str, value: object = None) -> None:
         self.events.append((name, value))
         self.threads.add(threading.current_thread().name)
-        for predicate, future in list(self._waiters):
-            if not future.done() and predicate():
-                future.set_result(None)
+        self._waiters.changed()
 
     def on_command(self, frame: Frame) -> None:
         self._record("command", frame)
@@ -89,19 +83,9 @@ class RecordingListener:
 
     async def wait_for(self, predicate: Callable[[], bool], what: str,
                        timeout: float = WAIT) -> None:
-        if predicate():
-            return
-        future = asyncio.get_running_loop().create_future()
-        entry = (predicate, future)
-        self._waiters.append(entry)
-        try:
-            async with asyncio.timeout(timeout):
-                await future
-        except TimeoutError:
-            raise AssertionError(f"listener: {what} not seen within {timeout}s; "
-                                 f"events: {self.names()}") from None
-        finally:
-            self._waiters.remove(entry)
+        await self._waiters.wait_for(
+            predicate, timeout,
+            lambda: f"listener: {what} not seen within {timeout}s; events: {self.names()}")
 
     async def wait_count(self, name: str, count: int, timeout: float = WAIT) -> None:
         await self.wait_for(lambda: self.count(name) >= count, f"{count}x {name}", timeout)

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,8 @@ import psycopg
 from stomp.exception import StompException
 
 from amqlite.client.discovery import DiscoveryError, resolve
-from tests.integration.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
+from tests.helpers.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
+from tests.helpers.poll import poll
 
 #: One CLI call: importing, reading a registry, at most waiting for a broker to stop.
 CLI_TIMEOUT = 60.0
@@ -65,14 +65,7 @@ def cluster_json(*args: str, env: Mapping[str, str] | None = None) -> list[dict[
 def poll_until(fetch: Callable[[], Any], predicate: Callable[[Any], bool], timeout: float,
                what: str, interval: float = 0.05) -> tuple[Any, float]:
     """Call ``fetch`` until ``predicate(result)``; (result, seconds). Fails at the deadline."""
-    start = time.monotonic()
-    while True:
-        value = fetch()
-        if predicate(value):
-            return value, time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout}s: {what}; last: {value}")
-        time.sleep(interval)
+    return poll(fetch, predicate, timeout=timeout, what=what, interval=interval)
 
 
 def port_of(uri: str) -> int:

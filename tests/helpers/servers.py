@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 #: Where Debian's packages put things; `scripts/install-test-deps` installs them.
@@ -142,6 +143,18 @@ class PostgresServer:
         name = f"amqtest_{os.getpid()}_{self._db_counter}"
         self.psql(f"CREATE DATABASE {name}")
         return self.url(name)
+
+
+@contextlib.contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL of its own, removed afterwards (also after a failure)."""
+    server = PostgresServer()
+    server.init()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
 
 
 class ZooKeeperServer:

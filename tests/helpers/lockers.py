@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lockers import Locker, LockState
+from tests.helpers.poll import apoll
 
 T = TypeVar("T")
 
@@ -32,16 +33,7 @@ async def eventually(
     check: Callable[[], Awaitable[T] | T], timeout: float, what: str, interval: float = 0.02
 ) -> T:
     """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            result = await result
-        if result:
-            return result  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(interval)
+    return (await apoll(check, timeout=timeout, what=what, interval=interval))[0]  # type: ignore[return-value]
 
 
 class StateRecorder:

@@ -1,0 +1,98 @@
+"""Store test helpers shared by the store and broker tests: raw SQL behind the store's
+back, message rows, the usual destinations, and opening stores that are closed after."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import text
+
+from store import Batch, DestinationRow, NewMessage, SqlStore, SubscriptionRow, open_store
+
+
+@contextlib.contextmanager
+def store_opener(url: str) -> Iterator[Callable[..., SqlStore]]:
+    """Open stores on ``url`` (several = several brokers); all closed at the end."""
+    opened: list[SqlStore] = []
+
+    def make(group: str = "g1", **opts: Any) -> SqlStore:
+        s = open_store(url, group, **opts)
+        assert isinstance(s, SqlStore)
+        opened.append(s)
+        s.open()
+        return s
+
+    try:
+        yield make
+    finally:
+        for s in opened:
+            s.close()
+
+
+def sql(store: SqlStore, query: str, **params: Any) -> list[tuple[Any, ...]]:
+    """Raw SQL on the store's database (checks behind the store's back)."""
+    with store.engine.begin() as conn:
+        result = conn.execute(text(query), params)
+        return [tuple(r) for r in result] if result.returns_rows else []
+
+
+def one(store: SqlStore, query: str, **params: Any) -> Any:
+    return sql(store, query, **params)[0][0]
+
+
+def msg(
+    mid: int,
+    dest: int = 1,
+    key: str | None = None,
+    subs: tuple[int, ...] = (),
+    body: bytes | None = None,
+    expires_at: int = 0,
+    headers: dict[str, str] | None = None,
+) -> NewMessage:
+    return NewMessage(
+        id=mid,
+        destination_id=dest,
+        message_id=f"ID:m-{mid}",
+        headers=headers if headers is not None else {"h": str(mid)},
+        body=body if body is not None else b"body-%d" % mid,
+        expires_at=expires_at,
+        enqueued_at=1_000 + mid,
+        dedup_key=key,
+        producer_id=key.split(":")[0] if key else None,
+        producer_seq=int(key.split(":")[1]) if key and ":" in key else None,
+        subscriber_ids=subs,
+    )
+
+
+QUEUE = DestinationRow(1, "/queue/a", "queue")
+DLQ = DestinationRow(2, "/queue/DLQ", "queue")
+TOPIC = DestinationRow(3, "/topic/t", "topic")
+SUB1 = SubscriptionRow(1, "c1", "s1", TOPIC.id)
+SUB2 = SubscriptionRow(2, "c2", "s2", TOPIC.id)
+
+
+def master(make_store: Callable[..., SqlStore], group: str = "g1") -> tuple[SqlStore, int]:
+    """An opened store that claimed the group, with the standard destinations
+    and two durable subscriptions on the topic."""
+    s = make_store(group)
+    epoch = s.claim_epoch("node-a")
+    s.commit_batch(epoch, Batch(destinations=[QUEUE, DLQ, TOPIC], subscriptions=[SUB1, SUB2]))
+    return s, epoch
+
+
+def assert_counters(store: SqlStore) -> None:
+    """depth, pending and msg_count agree with the rows they count."""
+    g = store.group
+    for dest_id, depth in sql(store, "SELECT id, depth FROM amq_destinations WHERE grp=:g", g=g):
+        rows = one(store, "SELECT count(*) FROM amq_messages WHERE grp=:g AND destination_id=:d",
+                   g=g, d=dest_id)
+        assert depth == rows, f"destination {dest_id}: depth {depth}, rows {rows}"
+    for sub_id, pending in sql(store, "SELECT id, pending FROM amq_subscriptions WHERE grp=:g",
+                               g=g):
+        rows = one(store, "SELECT count(*) FROM amq_sub_pending WHERE grp=:g AND sub_id=:s",
+                   g=g, s=sub_id)
+        assert pending == rows, f"subscription {sub_id}: pending {pending}, rows {rows}"
+    count = one(store, "SELECT msg_count FROM amq_groups WHERE grp=:g", g=g)
+    assert count == one(store, "SELECT count(*) FROM amq_messages WHERE grp=:g", g=g)
