@@ -91,6 +91,12 @@ class Fuzzer:
         self.recent: dict[int, list[list[Case]]] = {}
         self._log_offset = 0
         self._tracebacks: set[str] = set()
+        canary_queue = str(mutator_args.get("canary_queue", "")).encode()
+        #: A MESSAGE header line naming the canary queue: the fuzzer never subscribes
+        #: there, so a fuzz connection receiving one is a message taken from the canary.
+        self._canary_line = b"\ndestination:" + canary_queue + b"\n"
+        #: Canary queue MESSAGEs (body prefixes) a fuzz connection received.
+        self.stolen: list[bytes] = []
 
     # -- reporting ----------------------------------------------------------------------
     def add_finding(self, what: str, detail: str, frames: list[str] | None = None) -> None:
@@ -352,6 +358,7 @@ class Fuzzer:
                 got, closed = exchange(sock, mutator.chunks(data), marker, timeout, self.stop,
                                        half_close=terminal)
                 self._check_reply(got, cases)
+                self._check_stolen(got, cases)
                 self._count(cases, got, marker is None or marker in got)
                 st.harvest(got)
                 if closed or terminal:
@@ -366,6 +373,29 @@ class Fuzzer:
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def _check_stolen(self, got: bytes, cases: list[Case]) -> None:
+        """A fuzz connection got a MESSAGE of the canary queue: either the mutator
+        subscribed there (a harness bug) or the broker misrouted it; either way the
+        canary will miss it, and this names the frames that did it."""
+        if self._canary_line not in got:
+            return
+        bodies = []
+        at = got.find(b"MESSAGE\n")
+        while at >= 0:
+            head_end = got.find(b"\n\n", at)
+            if head_end < 0:
+                break
+            if self._canary_line in got[at + 7:head_end + 1]:
+                end = got.find(b"\x00", head_end)
+                bodies.append(got[head_end + 2:end if end >= 0 else head_end + 60][:60])
+            at = got.find(b"MESSAGE\n", head_end)
+        if bodies:
+            with self.lock:
+                self.stolen += bodies
+            self.add_finding("a fuzz connection received canary queue messages",
+                             f"{bodies[:5]} (the fuzzer never subscribes to the canary queue)",
+                             [c.describe() for c in cases])
 
     def _check_reply(self, got: bytes, cases: list[Case]) -> None:
         if b"Traceback" in got:
