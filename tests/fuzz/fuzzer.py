@@ -48,6 +48,9 @@ FATAL_LOG_MARKERS = ("DEMOTED", "store write failed", "store writes stopped")
 #: Batches each worker remembers, to show what was in flight when something broke.
 RECENT_BATCHES = 3
 _RECEIPT_ID_RE = re.compile(rb"receipt-id:(c\d+)\r?\n")
+#: A MESSAGE frame's first line: at the start of what came back or after a frame's NUL
+#: (heart-beat EOLs between), not the word in an ERROR's text.
+_MESSAGE_START_RE = re.compile(rb"(?:^|\x00)[\r\n]*MESSAGE\n")
 
 
 @dataclass
@@ -95,8 +98,6 @@ class Fuzzer:
         #: A MESSAGE header line naming the canary queue: the fuzzer never subscribes
         #: there, so a fuzz connection receiving one is a message taken from the canary.
         self._canary_line = b"\ndestination:" + canary_queue + b"\n"
-        #: Canary queue MESSAGEs (body prefixes) a fuzz connection received.
-        self.stolen: list[bytes] = []
 
     # -- reporting ----------------------------------------------------------------------
     def add_finding(self, what: str, detail: str, frames: list[str] | None = None) -> None:
@@ -381,18 +382,14 @@ class Fuzzer:
         if self._canary_line not in got:
             return
         bodies = []
-        at = got.find(b"MESSAGE\n")
-        while at >= 0:
-            head_end = got.find(b"\n\n", at)
+        for start in _MESSAGE_START_RE.finditer(got):
+            head_end = got.find(b"\n\n", start.end() - 1)
             if head_end < 0:
                 break
-            if self._canary_line in got[at + 7:head_end + 1]:
+            if self._canary_line in got[start.end() - 1:head_end + 1]:
                 end = got.find(b"\x00", head_end)
                 bodies.append(got[head_end + 2:end if end >= 0 else head_end + 60][:60])
-            at = got.find(b"MESSAGE\n", head_end)
         if bodies:
-            with self.lock:
-                self.stolen += bodies
             self.add_finding("a fuzz connection received canary queue messages",
                              f"{bodies[:5]} (the fuzzer never subscribes to the canary queue)",
                              [c.describe() for c in cases])
