@@ -48,6 +48,9 @@ FATAL_LOG_MARKERS = ("DEMOTED", "store write failed", "store writes stopped")
 #: Batches each worker remembers, to show what was in flight when something broke.
 RECENT_BATCHES = 3
 _RECEIPT_ID_RE = re.compile(rb"receipt-id:(c\d+)\r?\n")
+#: A MESSAGE frame's first line: at the start of what came back or after a frame's NUL
+#: (heart-beat EOLs between), not the word in an ERROR's text.
+_MESSAGE_START_RE = re.compile(rb"(?:^|\x00)[\r\n]*MESSAGE\n")
 
 
 @dataclass
@@ -91,6 +94,10 @@ class Fuzzer:
         self.recent: dict[int, list[list[Case]]] = {}
         self._log_offset = 0
         self._tracebacks: set[str] = set()
+        canary_queue = str(mutator_args.get("canary_queue", "")).encode()
+        #: A MESSAGE header line naming the canary queue: the fuzzer never subscribes
+        #: there, so a fuzz connection receiving one is a message taken from the canary.
+        self._canary_line = b"\ndestination:" + canary_queue + b"\n"
 
     # -- reporting ----------------------------------------------------------------------
     def add_finding(self, what: str, detail: str, frames: list[str] | None = None) -> None:
@@ -352,6 +359,7 @@ class Fuzzer:
                 got, closed = exchange(sock, mutator.chunks(data), marker, timeout, self.stop,
                                        half_close=terminal)
                 self._check_reply(got, cases)
+                self._check_stolen(got, cases)
                 self._count(cases, got, marker is None or marker in got)
                 st.harvest(got)
                 if closed or terminal:
@@ -366,6 +374,25 @@ class Fuzzer:
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def _check_stolen(self, got: bytes, cases: list[Case]) -> None:
+        """A fuzz connection got a MESSAGE of the canary queue: either the mutator
+        subscribed there (a harness bug) or the broker misrouted it; either way the
+        canary will miss it, and this names the frames that did it."""
+        if self._canary_line not in got:
+            return
+        bodies = []
+        for start in _MESSAGE_START_RE.finditer(got):
+            head_end = got.find(b"\n\n", start.end() - 1)
+            if head_end < 0:
+                break
+            if self._canary_line in got[start.end() - 1:head_end + 1]:
+                end = got.find(b"\x00", head_end)
+                bodies.append(got[head_end + 2:end if end >= 0 else head_end + 60][:60])
+        if bodies:
+            self.add_finding("a fuzz connection received canary queue messages",
+                             f"{bodies[:5]} (the fuzzer never subscribes to the canary queue)",
+                             [c.describe() for c in cases])
 
     def _check_reply(self, got: bytes, cases: list[Case]) -> None:
         if b"Traceback" in got:
