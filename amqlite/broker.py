@@ -1084,6 +1084,9 @@ class Broker:
         sub.inflight[m.message_id] = delivery
         sub.inflight_bytes += m.size
         m.delivery_count = row.delivery_count = 1
+        # Nothing is ahead of it (hand_over_to), so the pager's cursor may pass it: a
+        # later page must not load it again while it is in flight (a second delivery).
+        q.cursor = max(q.cursor, m.id)
         return sub, delivery
 
     def _handed_over(self, sub: Subscription, delivery: Delivery, duplicate: bool) -> None:

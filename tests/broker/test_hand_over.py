@@ -21,7 +21,7 @@ from amqlite.broker import Broker, Subscription, now_ms
 from amqlite.codec import Frame
 from amqlite.settings import Settings
 from store import Batch, DestinationRow, GroupCommitter, NewMessage, SqlStore
-from tests.broker.test_broker_store import FrameSink, Master, run, until
+from tests.broker.test_broker_store import FrameSink, Master, connect, run, send, until
 from tests.helpers.store import sql
 
 QUEUE = "/queue/hand"
@@ -558,5 +558,26 @@ def test_a_dead_lettered_message_is_not_overtaken_by_a_hand_over(
             s.send(producer, "direct", destination=dlq)
             await s.receive(dead, 2)
             assert dead.bodies() == ["dead", "direct"]
+
+    run(scenario)
+
+
+def test_a_handed_over_message_is_behind_the_pager_cursor(store: SqlStore, settings: Settings
+                                                         ) -> None:
+    """Pages load ids past the queue's cursor; a message handed over in the commit that
+    stores it is in flight, so the cursor must be past it or a later page (once the queue
+    pages again) would deliver it a second time."""
+    async def scenario() -> None:
+        async with Master(store, settings, "a") as broker:
+            consumer = connect(broker)
+            broker.handle(consumer, Frame("SUBSCRIBE", {"destination": QUEUE, "id": "s",
+                                                        "ack": "client-individual"}))
+            producer = connect(broker)
+            send(broker, producer, QUEUE, "handed", receipt="r")
+            await until(lambda: len(consumer.of("MESSAGE")) == 1)
+            q = broker.queues[QUEUE]
+            [delivery] = q.consumers[0].inflight.values()
+            assert q.cursor >= delivery.message.id
+            assert store.load_page(q.store_id, q.cursor, 10) == []
 
     run(scenario)
