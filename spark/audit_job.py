@@ -356,12 +356,14 @@ class Progress:
         def run() -> None:
             while not self._stop.wait(self.interval):
                 with contextlib.suppress(Exception):  # the context may be stopping
-                    for stage_id in tracker.getActiveStageIds():
-                        info = tracker.getStageInfo(stage_id)
-                        if info is not None:
-                            self.say(f"  stage {stage_id}: {info.numCompletedTasks}/"
-                                     f"{info.numTasks} tasks done, {info.numActiveTasks} "
-                                     "running")
+                    infos = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+                    infos = [i for i in infos if i is not None]
+                    if infos:
+                        done = sum(i.numCompletedTasks for i in infos)
+                        total = sum(i.numTasks for i in infos)
+                        running = sum(i.numActiveTasks for i in infos)
+                        self.say(f"  {len(infos)} Spark stage(s): {done}/{total} tasks "
+                                 f"done, {running} running")
 
         self._thread = threading.Thread(target=run, name="audit-progress", daemon=True)
         self._thread.start()
