@@ -514,6 +514,9 @@ class Subscription:
         self.source = source
         self.inflight: dict[str, Delivery] = {}  # by message-id, in delivery order
         self.inflight_bytes = 0  # Message.size of what is in self.inflight
+        #: Message ids in ``inflight`` acked inside a transaction not yet committed: they
+        #: do not count against the prefetch (ActiveMQ frees the slot at the ACK).
+        self.held: set[str] = set()
         self.written_count = 0  # MESSAGE frames written, numbers Delivery.written_seq
         self.closed = False
 
@@ -522,7 +525,8 @@ class Subscription:
             return False
         if self.ack_mode == ACK_AUTO:
             return True
-        if len(self.inflight) < self.prefetch and self.inflight_bytes < MAX_INFLIGHT_BYTES:
+        if (len(self.inflight) - len(self.held) < self.prefetch
+                and self.inflight_bytes < MAX_INFLIGHT_BYTES):
             return True
         # A consumer whose connection we stopped reading (it also produces) cannot
         # send its ACKs: let it take what waits, up to one destination budget
@@ -620,6 +624,25 @@ def _dispatch_logged(source: Source) -> None:
         log.exception("dispatch of %s failed", source.name)
 
 
+def _ack_miss(session: Session, command: str, what: str, message_id: str,
+              named: Subscription | None, sub_name: str | None, version: str) -> str:
+    """Why an ACK/NACK matched no delivery, naming a wrong subscription as such (it is
+    the usual mistake of a client with several subscriptions)."""
+    owner = next((sub for sub in session.subscriptions.values()
+                  if sub is not named and _awaits_ack(sub, message_id)), None)
+    where = (f"; message {message_id!r} awaits acknowledgement on subscription "
+             f"{owner.id!r}" if owner is not None else "")
+    if version == "1.2" and named is None:
+        return f"{command} {what} names no subscription of this connection{where}"
+    if version == "1.1" and named is None:
+        return (f"{command} names subscription {sub_name!r}, which this connection does "
+                f"not have{where}")
+    if owner is not None and named is not None:
+        return (f"{command} {what}: message {message_id!r} was not delivered to "
+                f"subscription {named.id!r}{where}")
+    return f"no message awaiting acknowledgement with {what}"
+
+
 def _awaits_ack(sub: Subscription, message_id: str) -> bool:
     delivery = sub.inflight.get(message_id)
     return delivery is not None and delivery.written
@@ -635,6 +658,9 @@ class Transaction:
     acks: list[tuple[str, Frame]] = field(default_factory=list)  # ("ACK"|"NACK", frame)
     frames: int = 0
     size: int = 0  # bytes of bodies and headers held
+    #: Deliveries its ACKs cover, by subscription: their prefetch slots are free (as in
+    #: ActiveMQ) though the ACKs apply only at COMMIT; ABORT redelivers them.
+    held: list[tuple[Subscription, list[str]]] = field(default_factory=list)
 
     def add(self, frame: Frame, name: str) -> None:
         """Count a frame against the transaction's limits; BrokerError past them."""
@@ -815,9 +841,12 @@ class Broker:
             tx = frame.headers.get("transaction")
             if tx is not None:
                 transaction = self._transaction(session, tx)
-                self._find_delivery(session, frame)  # must name a message awaiting ack now
+                # must name a message awaiting ack now
+                sub, message_id = self._find_delivery(session, frame)
                 transaction.add(frame, tx)
                 transaction.acks.append((command, frame))
+                if command == "ACK":
+                    self._hold(sub, message_id, transaction)
                 self._receipt_now(conn, frame)
             else:
                 self._ack(session, command, frame, frame.headers.get("receipt"))
@@ -1122,7 +1151,10 @@ class Broker:
 
     def _abort(self, session: Session, tx: Transaction) -> None:
         """Drop a transaction's sends, keeping the identities of the persistent ones:
-        the producer numbered them, and the audit must not see a hole."""
+        the producer numbered them, and the audit must not see a hole. What its ACKs
+        covered is redelivered."""
+        if tx.held:
+            self._redeliver_held(tx)
         identities = []
         for frame in tx.sends:
             try:
@@ -1302,6 +1334,7 @@ class Broker:
             for delivery in returned:
                 source.push(delivery.message)
             sub.inflight.clear()
+            sub.held.clear()
             sub.inflight_bytes = 0
             source.dispatch()
 
@@ -1309,24 +1342,29 @@ class Broker:
     def _find_delivery(self, session: Session, frame: Frame) -> tuple[Subscription, str]:
         h = frame.headers
         version = session.conn.version
+        named: Subscription | None = None
         if version == STOMP_1_2:
             ack_id = h.get("id", "")
             key, _, message_id = ack_id.partition(":")
             parsed = parse_ack_key(key)
-            sub = session.by_key.get(parsed) if parsed is not None else None
-            if sub is None or not _awaits_ack(sub, message_id):
-                raise BrokerError(f"no message awaiting acknowledgement with id {ack_id!r}")
-            return sub, message_id
-        message_id = h.get("message-id", "")
-        if version == STOMP_1_1:
-            sub = session.subscriptions.get(h.get("subscription", ""))
-            if sub is not None and _awaits_ack(sub, message_id):
-                return sub, message_id
+            named = session.by_key.get(parsed) if parsed is not None else None
+            if named is not None and _awaits_ack(named, message_id):
+                return named, message_id
+            what, sub_name = f"id {ack_id!r}", None if named is None else named.id
         else:
-            for sub in session.subscriptions.values():
-                if _awaits_ack(sub, message_id):
-                    return sub, message_id
-        raise BrokerError(f"no message awaiting acknowledgement with message-id {message_id!r}")
+            message_id = h.get("message-id", "")
+            what, sub_name = f"message-id {message_id!r}", h.get("subscription")
+            if version == STOMP_1_1:
+                named = session.subscriptions.get(sub_name or "")
+                if named is not None and _awaits_ack(named, message_id):
+                    return named, message_id
+            else:
+                for sub in session.subscriptions.values():
+                    if _awaits_ack(sub, message_id):
+                        return sub, message_id
+                sub_name = None  # 1.0 ACKs name no subscription
+        raise BrokerError(_ack_miss(session, frame.command, what, message_id, named, sub_name,
+                                    version))
 
     def _ack(self, session: Session, command: str, frame: Frame, receipt: str | None) -> None:
         sub, message_id = self._find_delivery(session, frame)
@@ -1336,6 +1374,8 @@ class Broker:
             done = [sub.inflight.pop(message_id)]
         for d in done:
             sub.inflight_bytes -= d.message.size
+        if sub.held:
+            sub.held.difference_update(d.message.message_id for d in done)
         batch = self.writes.batch
         if command == "ACK":
             self.stats["acked"] += len(done)
@@ -1404,6 +1444,35 @@ class Broker:
                  m.delivery_count)
 
     # -- transactions ---------------------------------------------------------------
+    @staticmethod
+    def _hold(sub: Subscription, message_id: str, tx: Transaction) -> None:
+        """An ACK inside a transaction: free the prefetch slots of what it covers now,
+        apply it at COMMIT (ActiveMQ: a consumer with prefetch 1 acking in a transaction
+        gets its next message before the COMMIT)."""
+        ids = sub.cumulative(message_id) if sub.ack_mode == "client" else [message_id]
+        sub.held.update(ids)
+        tx.held.append((sub, ids))
+        sub.source.dispatch()
+
+    def _redeliver_held(self, tx: Transaction) -> None:
+        """ABORT (or the connection's end) of a transaction with ACKs: what they covered
+        goes back to its destination, flagged redelivered (its slot was already given to
+        another message, so it cannot just stay with the consumer)."""
+        batch = self.writes.batch
+        for sub, ids in tx.held:
+            returned = [sub.inflight.pop(mid) for mid in ids
+                        if mid in sub.held and mid in sub.inflight]
+            if not returned:
+                continue
+            sub.held.difference_update(ids)
+            for d in returned:
+                sub.inflight_bytes -= d.message.size
+            if not sub.closed:
+                for d in returned:
+                    self._redeliver_or_dead_letter(sub.source, d, batch)
+                sub.source.dispatch()
+        tx.held.clear()
+
     def _check_commit(self, session: Session, tx: Transaction) -> None:
         """Raise BrokerError if any part of ``tx`` would fail; applies nothing.
 

@@ -39,6 +39,12 @@ Fault = Literal["remote", "local"]
 # STOMP 1.2 "Value Encoding": CONNECT and CONNECTED frames do not escape or unescape
 # headers, so that 1.0 peers can still read the handshake.
 NO_ESCAPE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "CONNECTED"})
+#: Frames that negotiate the version (parsed before it is known).
+HANDSHAKE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "STOMP", "CONNECTED"})
+#: STOMP 1.0 header values lose these at both ends: the 1.0 specification's own examples
+#: put a space after the colon ("login: <username>") and ActiveMQ trims 1.0 values
+#: (Java's String.trim); 1.1 and 1.2 keep every byte.
+TRIMMED_1_0 = " \t"
 
 # ActiveMQ's StompWireFormat.MAX_HEADERS: more headers than this is an attack, not a message.
 DEFAULT_MAX_HEADER_COUNT = 1000
@@ -591,6 +597,8 @@ class FrameParser:
                 value = _unescape(value, self.version)
             if name not in headers:  # spec: the first of repeated headers wins
                 headers[name] = value
+        if self.version == "1.0" and _trims_values(command, headers):
+            headers = {name: value.strip(TRIMMED_1_0) for name, value in headers.items()}
         self._command = command
         self._headers = headers
         length_text = headers.get("content-length")
@@ -606,6 +614,16 @@ class FrameParser:
                 receipt_id=headers.get("receipt"),
             )
         self._content_length = length
+
+
+def _trims_values(command: str, headers: dict[str, str]) -> bool:
+    """Whether a frame parsed as STOMP 1.0 gets its header values trimmed: every frame of a
+    1.0 connection, but not a handshake frame that negotiates 1.1/1.2 (whose values are
+    taken as they are, spaces included, by those specifications)."""
+    if command not in HANDSHAKE_COMMANDS:
+        return True
+    offered = headers.get("accept-version", headers.get("version"))
+    return offered is None or offered.strip(TRIMMED_1_0) == "1.0"
 
 
 def _receipt_line(raw: bytes) -> bytes | None:

@@ -37,6 +37,11 @@ EXIT_ERROR = 2
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON summary, not a table.")
 @click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress lines on stderr while Spark works (default: when stderr is a terminal).",
+)
+@click.option(
     "--jdbc-jar",
     default=None,
     type=click.Path(dir_okay=False),
@@ -61,6 +66,7 @@ def audit(
     master: str | None,
     output: str | None,
     as_json: bool,
+    progress: bool | None,
     jdbc_jar: str | None,
     rows_per_partition: int | None,
     now_ms: int | None,
@@ -89,4 +95,6 @@ def audit(
             argv += [flag, str(value)]
     if as_json:
         argv.append("--json")
+    if progress is not None:
+        argv.append("--progress" if progress else "--no-progress")
     click.get_current_context().exit(audit_job.main(argv))

@@ -28,10 +28,12 @@ from amqlite.client import (
     AckNotConfirmedError,
     AsyncClient,
     ClientError,
+    ConnectionFailedError,
     Interruption,
     Message,
     stomp_destination,
 )
+from amqlite.client.connection import describe
 from amqlite.client.uri import URIError
 from amqlite.tls import ClientTls, TlsError
 from amqlite.wire import ACK_AUTO, ACK_MODES, DEFAULT_STOMP_PORT
@@ -87,6 +89,10 @@ def _setup_logging() -> None:
         client_log.addHandler(_ClickLogHandler())
     client_log.setLevel(logging.WARNING)
     client_log.propagate = False
+    # A discovery:zk:// lookup of a dead ZooKeeper makes kazoo log several lines a second;
+    # the client's own "failed to connect ..., continuing to retry" says it once per
+    # warnAfterReconnectAttempts passes.
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 
 
 class _EventPrinter:
@@ -164,6 +170,24 @@ def _run(main: Any, report: _Report, as_json: bool, summary: Any) -> None:
     _emit_summary(report, as_json, summary())
     if not ok:
         sys.exit(EXIT_INCOMPLETE)
+
+
+async def _connect_within(client: AsyncClient, timeout: float) -> None:
+    """``client.connect()``, bounded by ``timeout`` seconds (0: unbounded): connecting and
+    discovery must not outlast the --timeout the user gave."""
+    if not timeout:
+        await client.connect()
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await client.connect()
+    except TimeoutError:
+        reason = client.last_error
+        await client.disconnect()
+        why = f": {describe(reason)}" if reason is not None else ""
+        raise ConnectionFailedError(
+            f"no connection to {client.url.text} within --timeout {timeout:g}s{why}"
+        ) from None
 
 
 _common = [
@@ -281,7 +305,8 @@ def produce(broker_url: str, destination: str, count: int, user: str | None,
               type=click.Choice(ACK_MODES),
               help="Acknowledgement mode; client modes ack every message.")
 @click.option("--timeout", default=0.0, show_default=True, type=click.FloatRange(min=0),
-              help="Stop after this many seconds without a message (0: wait forever).")
+              help="Give up connecting, and stop after a message gap, after this many "
+                   "seconds (0: wait forever).")
 @click.option("--durable", default=None,
               help="Durable topic subscription name (needs --client-id).")
 @click.option("--prefetch", default=None, type=click.IntRange(min=1),
@@ -296,6 +321,9 @@ def consume(broker_url: str, destination: str, count: int, user: str | None,
     DUPLICATE; gaps in a producer's sequence are counted in the summary.
     """
     dest = _destination(destination)
+    if durable and not client_id:
+        raise click.UsageError("--durable needs --client-id (a durable subscription belongs "
+                               "to a client-id)")
     report = _Report("consume", dest, broker_url)
     report.counts.update(dict.fromkeys(
         ("received", "unique", "duplicates", "redelivered", "acks_unconfirmed"), 0))
@@ -308,7 +336,7 @@ def consume(broker_url: str, destination: str, count: int, user: str | None,
                              listener=printer, tls=tls)
         printer.client = client
         report.interruptions = client.interruptions
-        await client.connect()
+        await _connect_within(client, timeout)
         try:
             sub = await client.subscribe(dest, ack=ack_mode, durable_name=durable,
                                          prefetch=prefetch)

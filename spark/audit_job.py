@@ -37,7 +37,9 @@ import json
 import math
 import os
 import shutil
+import socket
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -55,6 +57,13 @@ DEFAULT_PG_JAR = "/usr/share/java/postgresql.jar"
 DEFAULT_SQLITE_JAR = "/usr/share/java/sqlite-jdbc.jar"
 PG_DRIVER = "org.postgresql.Driver"
 SQLITE_DRIVER = "org.sqlite.JDBC"
+#: The Debian/Ubuntu package that provides each default jar (named in the error when
+#: the jar is missing, so the fix is one apt-get away).
+PG_JAR_PACKAGE = "libpostgresql-jdbc-java"
+SQLITE_JAR_PACKAGE = "libxerial-sqlite-jdbc-java"
+#: Seconds between progress lines while a Spark stage runs (a person watching should
+#: see it move; a log should not fill up).
+PROGRESS_INTERVAL_S = 5.0
 
 #: Rows per JDBC partition. One partition = one read transaction. bench/audit_bench.py
 #: reads ~50k message rows/s per connection (two shared cores), so 100k rows keep
@@ -141,6 +150,10 @@ class StoreSource:
     driver: str
     default_jar: str
     description: str  # the URL without its password
+    #: The Debian package that provides ``default_jar``.
+    jar_package: str = ""
+    #: (host, port) a TCP connection must reach (None: a file store).
+    address: tuple[str, int] | None = None
     properties: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -206,6 +219,7 @@ def _sqlite_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
         jdbc_url=f"jdbc:sqlite:{path}",
         driver=SQLITE_DRIVER,
         default_jar=DEFAULT_SQLITE_JAR,
+        jar_package=SQLITE_JAR_PACKAGE,
         description=f"sqlite:///{path}",
         # xerial: open_mode 1 = SQLITE_OPEN_READONLY; the audit never writes.
         properties={"open_mode": "1", "busy_timeout": str(SQLITE_BUSY_TIMEOUT_MS)},
@@ -255,6 +269,8 @@ def _pg_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
         jdbc_url=f"jdbc:postgresql://{host_part}:{port}/{db}",
         driver=PG_DRIVER,
         default_jar=DEFAULT_PG_JAR,
+        jar_package=PG_JAR_PACKAGE,
+        address=(host, port),
         description=strip_password(url),
         properties=props,
     )
@@ -274,6 +290,92 @@ def sql_literal(value: str) -> str:
 
 
 # --------------------------------------------------------------------------- Spark session
+
+
+def check_driver(source: StoreSource, jdbc_jar: str | None) -> list[str]:
+    """The jars to give Spark, checked before a JVM starts (which takes seconds and
+    would only then fail with a ClassNotFoundException). Under spark-submit the driver
+    may come from ``--jars``/``--packages``, so a missing default jar is not an error
+    there."""
+    if jdbc_jar:
+        if not os.path.isfile(jdbc_jar):
+            raise AuditError(f"JDBC jar {jdbc_jar} does not exist")
+        return [jdbc_jar]
+    if os.path.isfile(source.default_jar):
+        return [source.default_jar]
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit: its --jars may have it
+        return []
+    raise AuditError(
+        f"the {source.backend} JDBC driver {source.default_jar} is not installed: "
+        f"apt-get install {source.jar_package} (Debian/Ubuntu), or pass --jdbc-jar"
+    )
+
+
+def check_reachable(source: StoreSource, timeout: float = JDBC_CONNECT_TIMEOUT_S) -> None:
+    """Fail early, naming host and port, when the store's server cannot be reached
+    (before the JVM starts; the JDBC error would come later and vaguer)."""
+    if source.address is None:
+        return
+    host, port = source.address
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        if isinstance(exc, socket.gaierror):
+            reason = f"host not found ({reason})"
+        elif isinstance(exc, TimeoutError):
+            reason = f"no answer within {timeout:g}s"
+        raise AuditError(
+            f"cannot reach the store {source.description} at {host}:{port}: {reason}"
+        ) from None
+
+
+class Progress:
+    """Progress lines on stderr while Spark works: each phase as it starts, and the
+    running stage's task counts every ``PROGRESS_INTERVAL_S`` (Spark's own console bar
+    is off: it redraws one line, which a log or a captured run cannot show)."""
+
+    def __init__(self, enabled: bool, interval: float = PROGRESS_INTERVAL_S) -> None:
+        self.enabled = enabled
+        self.interval = interval
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            elapsed = time.monotonic() - self.started
+            print(f"amqlite audit: [{elapsed:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+    def watch(self, spark: SparkSession) -> None:
+        """Report running stages until ``stop``."""
+        if not self.enabled or self._thread is not None:
+            return
+        tracker = spark.sparkContext.statusTracker()
+
+        def run() -> None:
+            while not self._stop.wait(self.interval):
+                with contextlib.suppress(Exception):  # the context may be stopping
+                    infos = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+                    infos = [i for i in infos if i is not None]
+                    if infos:
+                        done = sum(i.numCompletedTasks for i in infos)
+                        total = sum(i.numTasks for i in infos)
+                        running = sum(i.numActiveTasks for i in infos)
+                        self.say(f"  {len(infos)} Spark stage(s): {done}/{total} tasks "
+                                 f"done, {running} running")
+
+        self._thread = threading.Thread(target=run, name="audit-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval)
+
+
+#: No progress lines (the default for ``run_audit`` called from code).
+QUIET = Progress(False)
 
 
 def build_session(
@@ -338,7 +440,9 @@ class StoreReader:
         source: StoreSource,
         group: str | None,
         rows_per_partition: int,
+        progress: Progress = QUIET,
     ) -> None:
+        self.progress = progress
         self.spark = spark
         self.source = source
         self.group = group
@@ -398,9 +502,13 @@ class StoreReader:
         """Cache and read now: fixes *when* the table was read (see the module doc)."""
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         self._cached.append(df)
+        if name is not None:
+            parts = self.reads[name].partitions if name in self.reads else 1
+            self.progress.say(f"reading {name} ({parts} partition{'s' * (parts != 1)})")
         n = df.count()
         if name is not None:
             self.reads.setdefault(name, TableRead(partitions=1)).rows += n
+            self.progress.say(f"read {n} rows of {name}")
         return df
 
     def cache(self, df: DataFrame) -> DataFrame:
@@ -838,18 +946,23 @@ def run_audit(
     output: str | None = None,
     rows_per_partition: int = ROWS_PER_PARTITION,
     now_ms: int | None = None,
+    progress: Progress = QUIET,
 ) -> AuditResult:
     """Read in the order the module doc explains, check, count in one pass,
     then write rows only for the findings that have any."""
     started = time.monotonic()
-    reader = StoreReader(spark, source, group, rows_per_partition)
+    reader = StoreReader(spark, source, group, rows_per_partition, progress)
+    progress.watch(spark)
     try:
+        progress.say(f"reading {source.description}")
         data = read_store(reader, now_ms)
         read_done = time.monotonic()
+        progress.say("checking")
         findings = reader.cache(all_findings(data))
         summary = _summarize(reader, data, findings)
         checked = time.monotonic()
         if output:
+            progress.say(f"writing findings to {output}")
             summary["output"] = output
             summary["files"] = _write_findings(spark, findings, output, summary["counts"])
         done = time.monotonic()
@@ -861,8 +974,10 @@ def run_audit(
         }
         if output:
             _write_text(spark, _join(output, "summary.json"), json.dumps(summary, indent=2) + "\n")
+        progress.say("done")
         return AuditResult(summary)
     finally:
+        progress.stop()
         reader.release()
 
 
@@ -1276,6 +1391,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the JSON summary, not a table")
     p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress lines on stderr while Spark works (default: when stderr is a terminal)",
+    )
+    p.add_argument(
         "--jdbc-jar", default=None, help="JDBC driver jar (default: Debian's, for the store's kind)"
     )
     p.add_argument(
@@ -1332,15 +1453,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise AuditError("--rows-per-partition must be at least 1")
         source = parse_store_url(args.store)
         secrets = source.secrets
+        shown = args.progress if args.progress is not None else sys.stderr.isatty()
+        progress = Progress(shown)
         spark = SparkSession.getActiveSession()
         if spark is None:
-            jar = args.jdbc_jar or source.default_jar
-            if args.jdbc_jar and not os.path.exists(args.jdbc_jar):
-                raise AuditError(f"JDBC jar {args.jdbc_jar} does not exist")
-            spark = build_session(args.master, [jar] if os.path.exists(jar) else [])
+            jars = check_driver(source, args.jdbc_jar)
+            check_reachable(source)
+            progress.say(f"starting Spark ({args.master or 'local[*]'})")
+            spark = build_session(args.master, jars)
             owned = True
+        else:
+            check_reachable(source)
         result = run_audit(
-            spark, source, args.group, args.output, args.rows_per_partition, args.now
+            spark, source, args.group, args.output, args.rows_per_partition, args.now,
+            progress,
         )
     except Exception as exc:  # AuditError, JDBC and Spark failures alike: one line
         if os.environ.get(DEBUG_ENV):

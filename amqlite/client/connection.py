@@ -101,7 +101,8 @@ class Connection:
                     text = frame.headers.get("message", "error")
                     detail = frame.body.decode("utf-8", "replace").strip()
                     raise ConnectRefusedError(
-                        f"{self.uri} refused CONNECT: {text}" + (f": {detail}" if detail else "")
+                        f"{self.uri} refused CONNECT: {text}" + (f": {detail}" if detail else ""),
+                        text,
                     )
                 elif frame.command == "CONNECTED":
                     connected = frame

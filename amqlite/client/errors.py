@@ -82,5 +82,25 @@ class TransactionOutcomeUnknownError(TransactionRolledBackError):
     transaction held ACKs so it could not be replayed: it may or may not be committed."""
 
 
+#: Words of an ERROR ``message`` answering CONNECT that mean the credentials were refused
+#: (amqlite says "authentication failed", ActiveMQ "User name [...] or password is
+#: invalid" / "not authorized"). ActiveMQ's failover transport treats a
+#: SecurityException as final rather than retrying it; so do we.
+SECURITY_REFUSALS = ("authentication", "password", "not authorized", "unauthorized",
+                     "access denied", "security")
+
+
 class ConnectRefusedError(ClientError):
-    """The broker answered CONNECT with ERROR."""
+    """The broker answered CONNECT with ERROR; ``security`` when it refused the login
+    (retrying cannot help, so failover gives up at once)."""
+
+    def __init__(self, text: str, refusal: str = "") -> None:
+        super().__init__(text)
+        #: The ERROR frame's ``message`` header.
+        self.refusal = refusal
+
+    @property
+    def security(self) -> bool:
+        """The login or passcode was refused (not e.g. "server busy")."""
+        lowered = self.refusal.lower()
+        return any(word in lowered for word in SECURITY_REFUSALS)

@@ -59,6 +59,7 @@ from amqlite.codec import Frame, ProtocolError
 from amqlite.tls import ClientTls
 
 __all__ = [
+    "ATTEMPT_HEAD_START_S",
     "ClientState",
     "FailoverSupervisor",
     "PassOutcome",
@@ -69,6 +70,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: How long one connect attempt of a pass has before the next URI is tried alongside it
+#: (happy-eyeballs style, RFC 8305, but longer than its 250 ms: a STOMP handshake includes
+#: the broker's login check). A broker that hangs on connect then delays failover by this
+#: instead of by ``connectionTimeout`` (ActiveMQ's 30 s).
+ATTEMPT_HEAD_START_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +282,8 @@ class FailoverSupervisor:
         #: Every outage: when, from where, to where.
         self.interruptions: list[Interruption] = []
         self.connected_uri: TcpURI | None = None
+        #: Why the last reconnect pass failed (for a caller that stops waiting).
+        self.last_error: BaseException | None = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -411,26 +420,16 @@ class FailoverSupervisor:
                 uris, last_error = [], exc
             else:
                 last_error = None
-            for uri in uris:
-                if self.closed:
-                    raise ClientClosedError("client is closed")
-                conn = Connection(uri, self._ssl_context)
-                try:
-                    await conn.open(
-                        login=self.login, passcode=self.passcode, headers=self.connect_headers
-                    )
+            if uris:
+                conn, error = await self._race(uris)
+                if conn is not None:
                     return conn
-                except ProtocolError as exc:
-                    if exc.fault == "local":
-                        raise ConnectionFailedError(f"cannot build CONNECT: {exc}") from exc
-                    last_error = exc
-                except (OSError, TimeoutError, ConnectRefusedError) as exc:
-                    last_error = exc
-                log.debug("connect to %s failed: %s", uri, describe(last_error))
+                last_error = error
             if not uris and last_error is None:
                 found = f": discovery {self.url.discovery!r} found no broker" \
                     if self.url.kind == "discovery" else ""
                 last_error = ConnectionError(f"no URIs to connect to{found}")
+            self.last_error = last_error
             outcome = self._policy.pass_failed()
             listed = ", ".join(map(str, uris))
             if outcome.give_up:
@@ -444,6 +443,58 @@ class FailoverSupervisor:
                     listed, outcome.failures, describe(last_error),
                 )
             await self._pause(outcome.delay_ms)
+
+    async def _race(self, uris: Sequence[TcpURI]) -> tuple[Connection | None, BaseException | None]:
+        """One pass: try ``uris`` in order, each given ``ATTEMPT_HEAD_START_S`` before the
+        next one starts alongside it (a failure starts the next at once); the first
+        handshake to finish wins and the others are closed. So a broker that hangs on
+        connect (a partition, a listener that accepts nothing) costs the head start, not
+        the whole ``connectionTimeout``. Returns (connection, None) or (None, last error);
+        raises ConnectionFailedError for what retrying cannot fix (a refused login, a
+        CONNECT that cannot be built)."""
+        loop = asyncio.get_running_loop()
+        queue = list(uris)
+        attempts: dict[asyncio.Task[Connection], TcpURI] = {}
+        last_error: BaseException | None = None
+        try:
+            while queue or attempts:
+                if self.closed:
+                    raise ClientClosedError("client is closed")
+                if queue:
+                    uri = queue.pop(0)
+                    attempts[loop.create_task(self._open(uri))] = uri
+                done, _ = await asyncio.wait(
+                    attempts, timeout=ATTEMPT_HEAD_START_S if queue else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    uri = attempts.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        return task.result(), None
+                    if isinstance(exc, ProtocolError) and exc.fault == "local":
+                        raise ConnectionFailedError(f"cannot build CONNECT: {exc}") from exc
+                    if isinstance(exc, ConnectRefusedError) and exc.security:
+                        raise ConnectionFailedError(
+                            f"{exc} (a refused login is final: not retried)"
+                        ) from exc
+                    if not isinstance(exc, (OSError, TimeoutError, ConnectRefusedError,
+                                            ProtocolError)):
+                        raise exc
+                    last_error = exc
+                    log.debug("connect to %s failed: %s", uri, describe(exc))
+            return None, last_error
+        finally:
+            for task in attempts:
+                task.cancel()
+            for task in attempts:
+                with contextlib.suppress(BaseException):
+                    (await task).close(graceful=True)
+
+    async def _open(self, uri: TcpURI) -> Connection:
+        conn = Connection(uri, self._ssl_context)
+        await conn.open(login=self.login, passcode=self.passcode, headers=self.connect_headers)
+        return conn
 
     async def _pause(self, delay_ms: float) -> None:
         if delay_ms <= 0:

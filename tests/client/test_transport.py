@@ -376,11 +376,23 @@ async def test_max_reconnect_attempts_zero_reports_and_never_reconnects() -> Non
 @async_test
 async def test_connect_refused_by_error_frame_names_the_reason() -> None:
     server = await started()
-    server.refuse_connect = "authentication failed"
+    server.refuse_connect = "server busy"
     client = AsyncClient(failover(server, startupMaxReconnectAttempts=2))
+    with pytest.raises(ConnectionFailedError, match="server busy"):
+        await client.connect()
+    assert len(server.accept_times) == 2  # a transient refusal is retried
+    await server.stop()
+
+
+@async_test
+async def test_refused_login_is_not_retried() -> None:
+    """Issue 15: as ActiveMQ's failover transport with a SecurityException."""
+    server = await started()
+    server.refuse_connect = "authentication failed"
+    client = AsyncClient(failover(server, startupMaxReconnectAttempts=5))
     with pytest.raises(ConnectionFailedError, match="authentication failed"):
         await client.connect()
-    assert len(server.accept_times) == 2
+    assert len(server.accept_times) == 1
     await server.stop()
 
 

@@ -237,10 +237,36 @@ def test_content_length_not_followed_by_nul_is_a_remote_error() -> None:
 def test_invalid_content_length_is_a_remote_error(value: str) -> None:
     data = f"SEND\ndestination:/q\nreceipt:r1\ncontent-length:{value}\n\nhello\x00".encode()
     with pytest.raises(ProtocolError) as info:
-        FrameParser().feed(data)
+        FrameParser(version="1.2").feed(data)  # (1.0 trims " 5" to a valid "5")
     assert info.value.fault == "remote"
     assert info.value.message == "invalid content-length"
     assert info.value.receipt_id == "r1"
+
+
+def test_stomp10_values_are_trimmed() -> None:
+    """Issue 15: ActiveMQ trims 1.0 header values; the 1.0 spec writes "login: <user>"."""
+    [frame] = FrameParser(version="1.0").feed(
+        b"SEND\ndestination: /q\t\nreceipt:  r1 \ncontent-length: 5\n\nhello\x00")
+    assert frame.headers == {"destination": "/q", "receipt": "r1", "content-length": "5"}
+    assert frame.body == b"hello"
+
+
+@pytest.mark.parametrize(("head", "trimmed"), [
+    ("CONNECT\nlogin: guest", True),  # a 1.0 client (no accept-version)
+    ("CONNECT\naccept-version:1.0\nlogin: guest", True),
+    ("CONNECT\naccept-version:1.1,1.2\nlogin: guest", False),
+    ("CONNECTED\nversion:1.2\nsession: s", False),
+])
+def test_handshake_trimmed_only_when_it_stays_on_10(head: str, trimmed: bool) -> None:
+    [frame] = FrameParser(version="1.0").feed(head.encode() + b"\n\n\x00")
+    value = frame.headers.get("login", frame.headers.get("session"))
+    assert value == (value.strip() if trimmed else " " + value.strip())
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_stomp11_12_values_keep_their_spaces(version: str) -> None:
+    [frame] = FrameParser(version=version).feed(b"SEND\ndestination:/q\nx: y \n\n\x00")
+    assert frame.headers["x"] == " y "
 
 
 # --- escaping -------------------------------------------------------------------------

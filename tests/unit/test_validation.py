@@ -52,7 +52,7 @@ def test_content_length_parsed_strictly(length: str) -> None:
     ValueError traceback."""
     data = f"SEND\ndestination:/queue/a\ncontent-length:{length}\nreceipt:r9\n\nx\x00"
     with pytest.raises(ProtocolError) as info:
-        FrameParser().feed(data.encode())
+        FrameParser(version="1.2").feed(data.encode())  # (1.0 trims "5 " to "5")
     assert info.value.fault == "remote"
     assert info.value.message == "invalid content-length"
     assert info.value.receipt_id == "r9"
@@ -196,4 +196,6 @@ def test_user_headers_accepted_are_encodable_for_every_version() -> None:
                                               "subscription": "s", **headers}, b"b"), version)
         [frame] = FrameParser(version=version).feed(data)
         for name, value in headers.items():
-            assert frame.headers[name] == value, (version, name)
+            # STOMP 1.0 values are trimmed on receipt (issue 15, as ActiveMQ).
+            expected = value.strip(" \t") if version == "1.0" else value
+            assert frame.headers[name] == expected, (version, name)

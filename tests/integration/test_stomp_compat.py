@@ -1,0 +1,161 @@
+"""Issue 15, "STOMP compatibility" (found by running other projects' suites against
+amqlite), against a real broker process:
+
+* STOMP 1.0 header values are trimmed (the 1.0 specification's examples put a space after
+  the colon; ActiveMQ trims), and only on 1.0 connections;
+* an ACK inside a transaction frees its prefetch slot at once, as in ActiveMQ, while the
+  ACK itself applies only at COMMIT and ABORT redelivers;
+* an ACK naming the wrong subscription says so in its ERROR.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.broker_proc import (
+    BrokerFactory,
+    BrokerProcess,
+    ClientPool,
+    RawStomp,
+    ack_id,
+    unique,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+#: How long "nothing more arrives" is watched (s): longer than a dispatch takes on a busy
+#: machine, short enough to keep the module quick.
+QUIET = 0.6
+#: How long an answer may take on shared cores (s).
+ANSWER = 10.0
+
+
+@pytest.fixture(scope="module")
+def broker(module_factory: BrokerFactory) -> BrokerProcess:
+    return module_factory.start(name="compat")
+
+
+def _frame(raw: RawStomp, command: str, what: str):  # type: ignore[no-untyped-def]
+    frame = raw.read_frame(ANSWER)
+    assert frame is not None, f"{what}: no answer"
+    assert frame.command == command, f"{what}: {frame}"
+    return frame
+
+
+def test_stomp10_header_values_are_trimmed(broker: BrokerProcess) -> None:
+    queue = f"/queue/{unique('trim10')}"
+    with RawStomp(broker.port) as raw:
+        # The 1.0 specification's own CONNECT example: "login: <username>" (no
+        # accept-version: a 1.0 client).
+        raw.send_raw(b"CONNECT\nhost: localhost\n\n\x00")
+        connected = _frame(raw, "CONNECTED", "1.0 CONNECT")
+        assert connected.headers.get("version", "1.0") == "1.0"
+        raw.send_raw(f"SUBSCRIBE\ndestination: {queue}\nack: client\nreceipt: r-sub \n\n\x00"
+                     .encode())
+        assert _frame(raw, "RECEIPT", "SUBSCRIBE").headers["receipt-id"] == "r-sub"
+        raw.send_raw(f"SEND\ndestination:  {queue}\t\nreceipt: r-send\n\nhello\x00".encode())
+        # The RECEIPT (after the commit) and the MESSAGE may come in either order.
+        answers = {f.command: f for f in (raw.read_frame(ANSWER), raw.read_frame(ANSWER))
+                   if f is not None}
+        assert set(answers) == {"RECEIPT", "MESSAGE"}, answers
+        assert answers["RECEIPT"].headers["receipt-id"] == "r-send"
+        message = answers["MESSAGE"]
+        assert message.headers["destination"] == queue
+        assert message.body == b"hello"
+        raw.send_raw(f"ACK\nmessage-id: {message.headers['message-id']}\nreceipt: r-ack\n\n\x00"
+                     .encode())
+        assert _frame(raw, "RECEIPT", "ACK").headers["receipt-id"] == "r-ack"
+
+
+def test_stomp12_header_values_keep_their_spaces(broker: BrokerProcess) -> None:
+    """The trimming is 1.0's: on 1.2 a space is part of the value (a receipt id here)."""
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_raw(b"BEGIN\ntransaction:t1\nreceipt: r \n\n\x00")
+        assert _frame(raw, "RECEIPT", "BEGIN").headers["receipt-id"] == " r "
+
+
+def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
+    broker: BrokerProcess, clients: ClientPool
+) -> None:
+    queue = f"/queue/{unique('txprefetch')}"
+    producer = clients(broker.port)
+    for body in ("a", "b"):
+        producer.send(queue, body)
+    consumer = clients(broker.port)
+    consumer.subscribe(queue, ack="client-individual",
+                       headers={"activemq.prefetchSize": "1"})
+    listener = consumer.listener
+    [first] = listener.wait_messages(1)
+    assert listener.holds_for(lambda: listener.count() == 1, QUIET), listener.bodies()
+    tx = unique("tx")
+    consumer.tx("begin", tx)
+    consumer.ack(first, transaction=tx)
+    # Before the COMMIT: the slot is free, the next message comes.
+    second = listener.wait_messages(2, timeout=ANSWER)[1]
+    assert second.body == "b"
+    consumer.tx("commit", tx)
+    consumer.ack(second)
+    consumer.close()
+
+    after = clients(broker.port)
+    after.subscribe(queue)
+    producer.send(queue, "marker")
+    after.listener.wait_messages(1)
+    assert after.listener.wait_quiet(QUIET, timeout=ANSWER)
+    assert after.listener.bodies() == ["marker"]  # "a" was settled by the COMMIT
+
+
+def test_abort_redelivers_what_a_transaction_acked(broker: BrokerProcess,
+                                                    clients: ClientPool) -> None:
+    queue = f"/queue/{unique('txprefetchabort')}"
+    producer = clients(broker.port)
+    for body in ("a", "b"):
+        producer.send(queue, body)
+    consumer = clients(broker.port)
+    consumer.subscribe(queue, ack="client-individual",
+                       headers={"activemq.prefetchSize": "1"})
+    listener = consumer.listener
+    [first] = listener.wait_messages(1)
+    tx = unique("tx")
+    consumer.tx("begin", tx)
+    consumer.ack(first, transaction=tx)
+    second = listener.wait_messages(2, timeout=ANSWER)[1]
+    consumer.tx("abort", tx)
+    # "b" holds the only slot: "a" waits for it, then comes again, flagged.
+    assert listener.holds_for(lambda: listener.count() == 2, QUIET), listener.bodies()
+    consumer.ack(second)
+    again = listener.wait_messages(3, timeout=ANSWER)[2]
+    assert again.body == "a"
+    assert again.headers.get("redelivered") == "true", again.headers
+
+
+def test_ack_naming_the_wrong_subscription_says_so(broker: BrokerProcess,
+                                                   clients: ClientPool) -> None:
+    q1, q2 = f"/queue/{unique('wrongsub1')}", f"/queue/{unique('wrongsub2')}"
+    producer = clients(broker.port)
+    producer.send(q1, "one")
+    producer.send(q2, "two")
+    consumer = clients(broker.port)
+    s1 = consumer.subscribe(q1, ack="client-individual", sub_id="s1")
+    s2 = consumer.subscribe(q2, ack="client-individual", sub_id="s2")
+    frames = consumer.listener.wait_messages(2)
+    by_sub = {f.headers["subscription"]: f for f in frames}
+    key_of_s2 = ack_id(by_sub[s2]).partition(":")[0]
+    message_id = by_sub[s1].headers["message-id"]
+    consumer.conn.ack(f"{key_of_s2}:{message_id}", receipt="r-wrong")
+    listener = consumer.listener
+    assert listener.wait_for(lambda: bool(listener.errors), ANSWER)
+    text = listener.error_texts()[0]
+    assert "not delivered to subscription 's2'" in text, text
+    assert "awaits acknowledgement on subscription 's1'" in text, text
+    assert listener.errors[0].headers.get("receipt-id") == "r-wrong"
+
+    other = clients(broker.port)
+    other.subscribe(q2, ack="client-individual", sub_id="only")
+    [mine] = other.listener.wait_messages(1)
+    other.conn.ack(f"999:{mine.headers['message-id']}", receipt="r-nosub")
+    assert other.listener.wait_for(lambda: bool(other.listener.errors), ANSWER)
+    text = other.listener.error_texts()[0]
+    assert "names no subscription of this connection" in text, text
+    assert "awaits acknowledgement on subscription 'only'" in text, text
