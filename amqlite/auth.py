@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import logging
 import os
-import tomllib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -112,20 +111,6 @@ def check_new_password(password: str) -> None:
     """Refuse a password no one should use: empty or only spaces (ValueError)."""
     if not password or not password.strip():
         raise ValueError("an empty password is refused")
-
-
-def load_users(path: str) -> dict[str, str]:
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise AuthError(f"users file {path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise AuthError(f"users file {path} is not valid TOML: {e}") from None
-    users = data.get("users")
-    if not isinstance(users, dict) or not all(isinstance(v, str) for v in users.values()):
-        raise AuthError(f"users file {path}: expected a [users] table of login = \"hash\"")
-    return dict(users)
 
 
 class Authenticator:

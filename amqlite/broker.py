@@ -325,16 +325,8 @@ class Source:
     def discard(self) -> None:
         """The source is gone (its subscription ended): free what waited in it,
         in the budgets too, and let its paused producers go."""
-        broker = self.broker
-        broker.waiting_bytes -= self.bytes
         self._heap.clear()
-        self.bytes = self.in_memory_stored = self.nonpersistent = 0
-        for producer in self.blocked_producers:
-            broker._unblocked(producer, self)
-            producer.resume_reading(f"flow:{self.name}")
-        self.blocked_producers.clear()
-        if broker.blocked_producers and broker.waiting_bytes <= broker.memory_resume:
-            broker.resume_producers()
+        self._released(self.bytes, self.in_memory_stored, self.nonpersistent)
 
     # -- consumers ----------------------------------------------------------
     def add_consumer(self, sub: Subscription) -> None:
