@@ -1279,13 +1279,22 @@ def read_registry(
         query = query.where(r.c.grp == group)
     if max_age_ms is not None:
         query = query.where(r.c.heartbeat_at >= _now_ms() - max_age_ms)
+    # A SQLite file a broker is creating right now answers "database is locked" without
+    # waiting (its switch to WAL needs the file to itself): retry, as opening does.
+    deadline = time.monotonic() + SQLITE_OPEN_RETRY_S
     try:
-        with engine.connect() as conn:
-            if not inspect(conn).has_table(r.name):
-                return []
-            return [dict(row._mapping) for row in conn.execute(query)]
-    except SQLAlchemyError as e:
-        raise StoreError(f"{parsed.description}: reading the registry failed: {_one_line(e)}") \
-            from e
+        while True:
+            try:
+                with engine.connect() as conn:
+                    if not inspect(conn).has_table(r.name):
+                        return []
+                    return [dict(row._mapping) for row in conn.execute(query)]
+            except SQLAlchemyError as e:
+                locked = parsed.dialect == "sqlite" and "database is locked" in str(e)
+                if not locked or time.monotonic() > deadline:
+                    raise StoreError(f"{parsed.description}: reading the registry failed: "
+                                     f"{_one_line(e)}") from e
+                engine.dispose()
+                time.sleep(SQLITE_OPEN_RETRY_PAUSE_S)
     finally:
         engine.dispose()
