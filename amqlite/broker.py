@@ -180,10 +180,12 @@ class Client(Protocol):
 # messages and sources
 
 
-def message_size(headers: dict[str, str], body: bytes) -> int:
-    """What a message costs in memory, for the byte budgets (integer adds only)."""
-    return (len(body) + sum(map(len, headers)) + sum(map(len, headers.values()))
-            + HEADER_OVERHEAD * len(headers) + MESSAGE_OVERHEAD)
+def message_size(headers: dict[str, str], body: bytes, header_chars: int = -1) -> int:
+    """What a message costs in memory, for the byte budgets (integer adds only).
+    ``header_chars``: the characters of names and values, when a caller counted them."""
+    if header_chars < 0:
+        header_chars = sum(map(len, headers)) + sum(map(len, headers.values()))
+    return len(body) + header_chars + HEADER_OVERHEAD * len(headers) + MESSAGE_OVERHEAD
 
 
 class Message:
@@ -199,6 +201,7 @@ class Message:
         body: bytes, priority: int, expires_at: int, persistent: bool,
         delivery_count: int = 0, enqueued_at: int = 0,
         producer_id: str | None = None, producer_seq: int | None = None,
+        size: int = -1,
     ) -> None:
         self.id = id
         self.destination = destination
@@ -212,7 +215,7 @@ class Message:
         self.enqueued_at = enqueued_at
         self.producer_id = producer_id
         self.producer_seq = producer_seq
-        self.size = message_size(headers, body)
+        self.size = size if size >= 0 else message_size(headers, body)
 
     @property
     def dedup_key(self) -> str | None:
@@ -624,9 +627,9 @@ def _ack_miss(session: Session, command: str, what: str, message_id: str,
                   if sub is not named and _awaits_ack(sub, message_id)), None)
     where = (f"; message {message_id!r} awaits acknowledgement on subscription "
              f"{owner.id!r}" if owner is not None else "")
-    if version == "1.2" and named is None:
+    if version == STOMP_1_2 and named is None:
         return f"{command} {what} names no subscription of this connection{where}"
-    if version == "1.1" and named is None:
+    if version == STOMP_1_1 and named is None:
         return (f"{command} names subscription {sub_name!r}, which this connection does "
                 f"not have{where}")
     if owner is not None and named is not None:
@@ -677,6 +680,7 @@ class Session:
         self.transactions: dict[str, Transaction] = {}
         self.pending_commits = 0
         self.pending_bytes = 0  # Message.size of persistent sends not yet committed
+        self.paused_for_bytes = False
         self.on_idle: list[Callable[[], None]] = []
 
     def commit_started(self, size: int = 0) -> None:
@@ -685,7 +689,8 @@ class Session:
             self.conn.pause_reading("commits")
         if size:
             self.pending_bytes += size
-            if self.pending_bytes >= MAX_PENDING_BYTES:
+            if self.pending_bytes >= MAX_PENDING_BYTES and not self.paused_for_bytes:
+                self.paused_for_bytes = True
                 self.conn.pause_reading("commit-bytes")
 
     def commit_finished(self, size: int = 0) -> None:
@@ -694,7 +699,8 @@ class Session:
             self.conn.resume_reading("commits")
         if size:
             self.pending_bytes -= size
-            if self.pending_bytes <= RESUME_PENDING_BYTES:
+            if self.paused_for_bytes and self.pending_bytes <= RESUME_PENDING_BYTES:
+                self.paused_for_bytes = False
                 self.conn.resume_reading("commit-bytes")
         if self.pending_commits == 0 and self.on_idle:
             waiting, self.on_idle = self.on_idle, []
@@ -784,7 +790,7 @@ class Broker:
         if not client_id:
             return
         old = self.clients_by_id.get(client_id)
-        if old is not None and not old.closed and getattr(old, "login", None) != login:
+        if old is not None and not old.closed and old.login != login:
             log.warning("client-id %r: takeover by login %r refused (in use by another login)",
                         client_id, login)
             raise BrokerError(f"client-id {client_id!r} is in use by another login")
@@ -885,7 +891,7 @@ class Broker:
         policy = self.authz
         if policy is None:
             return
-        login = getattr(conn, "login", None)
+        login = conn.login
         if not policy.allowed(login, destination, permission):
             log.info("denied: login %r may not %s %s", login, permission.value, destination)
             raise BrokerError(f"permission denied: login {login!r} has no {permission.value} "
@@ -993,12 +999,12 @@ class Broker:
         check_destination(destination)
         persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
         headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
-        check_user_headers(headers)
+        size = message_size(headers, frame.body, check_user_headers(headers))
         mid = next(self.ids)
         return Message(
             mid, destination, f"ID:{self.group}:{mid}", headers, frame.body, priority,
             expires, persistent, enqueued_at=now_ms(),
-            producer_id=producer_id, producer_seq=producer_seq,
+            producer_id=producer_id, producer_seq=producer_seq, size=size,
         )
 
     @staticmethod

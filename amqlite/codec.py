@@ -597,7 +597,7 @@ class FrameParser:
                 value = _unescape(value, self.version)
             if name not in headers:  # spec: the first of repeated headers wins
                 headers[name] = value
-        if self.version == "1.0" and _trims_values(command, headers):
+        if self.version == STOMP_1_0 and _trims_values(command, headers):
             headers = {name: value.strip(TRIMMED_1_0) for name, value in headers.items()}
         self._command = command
         self._headers = headers

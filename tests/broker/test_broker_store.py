@@ -29,6 +29,7 @@ class FrameSink:
     def __init__(self, version: str = "1.2", client_id: str | None = None) -> None:
         self.version = version
         self.client_id = client_id
+        self.login: str | None = None
         self.closed = False
         self.frames: list[Frame] = []
         self.errors: list[str] = []
