@@ -22,7 +22,7 @@ from amqlite.auth import CheckOutcome, CheckQueue, PendingCheck
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
-from amqlite.settings import UNAUTHENTICATED_SHARE
+from amqlite.settings import default_max_unauthenticated
 from amqlite.validation import check_connect
 from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER, REBALANCE_HEADER
 
@@ -59,8 +59,8 @@ class StompServer:
         self.unauthenticated: dict[ClientConnection, None] = {}
         self.checks = CheckQueue(auth)
         #: Settings.resolved() fills 0 in; a Settings built by hand may still hold it.
-        self.max_unauthenticated = settings.max_unauthenticated or max(
-            1, settings.max_connections // UNAUTHENTICATED_SHARE)
+        self.max_unauthenticated = (settings.max_unauthenticated
+                                   or default_max_unauthenticated(settings.max_connections))
         #: Sockets refused since the last sweep, by reason: logged as one line per sweep,
         #: since a flood would otherwise write a log line per socket.
         self.refused: collections.Counter[str] = collections.Counter()

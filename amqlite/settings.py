@@ -46,6 +46,11 @@ DEFAULT_MAX_HANDSHAKE_BYTES = 64 * 1024
 #: Sockets that have not authenticated yet, as a share of max_connections: a flood of
 #: sockets that never log in cannot take every slot from clients that reconnect.
 UNAUTHENTICATED_SHARE = 4  # a quarter
+
+
+def default_max_unauthenticated(max_connections: int) -> int:
+    """``max_unauthenticated`` when the setting is 0: a share of the connection slots."""
+    return max(1, max_connections // UNAUTHENTICATED_SHARE)
 #: ActiveMQ's RedeliveryPolicy.maximumRedeliveries default.
 DEFAULT_MAX_REDELIVERIES = 6
 #: ActiveMQ's shared dead-letter queue is ActiveMQ.DLQ; ours is a STOMP name.
@@ -237,7 +242,7 @@ class Settings:
             if getattr(s, name) <= 0:
                 raise SettingsError(f"{name}: must be a positive number")
         if s.max_unauthenticated == 0:
-            s.max_unauthenticated = max(1, s.max_connections // UNAUTHENTICATED_SHARE)
+            s.max_unauthenticated = default_max_unauthenticated(s.max_connections)
         if not 0 < s.max_unauthenticated <= s.max_connections:
             raise SettingsError("max_unauthenticated: must be between 1 and max_connections")
         if s.update_cluster_filter:
