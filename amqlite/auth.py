@@ -66,15 +66,22 @@ VERIFIERS: dict[str, tuple[int, Callable[[str, list[str]], bool]]] = {
 }
 
 
+def _split(stored: str) -> tuple[str, list[str], bool]:
+    """A stored hash's algorithm, the fields after it, and whether a verifier of that
+    algorithm takes that many fields."""
+    algorithm, _, rest = stored.partition("$")
+    fields = rest.split("$")
+    known = VERIFIERS.get(algorithm)
+    return algorithm, fields, known is not None and len(fields) == known[0]
+
+
 def check_hash(stored: str) -> str | None:
     """Why ``stored`` cannot be verified (never quoting it), or None when it can."""
-    algorithm, _, rest = stored.partition("$")
-    known = VERIFIERS.get(algorithm)
-    if known is None:
+    algorithm, fields, usable = _split(stored)
+    if algorithm not in VERIFIERS:
         return ("is not in a known format (make one with 'amqlite passwd'; algorithms: "
                 + ", ".join(VERIFIERS) + ")")
-    fields = rest.split("$")
-    if len(fields) != known[0]:
+    if not usable:
         return f"is a malformed {algorithm} hash"
     if algorithm == PREFIX:
         try:
@@ -94,15 +101,11 @@ def needs_upgrade(stored: str) -> bool:
 
 
 def verify_password(password: str, stored: str) -> bool:
-    algorithm, _, rest = stored.partition("$")
-    known = VERIFIERS.get(algorithm)
-    if known is None:
-        return False
-    fields = rest.split("$")
-    if len(fields) != known[0]:
+    algorithm, fields, usable = _split(stored)
+    if not usable:
         return False
     try:
-        return known[1](password, fields)
+        return VERIFIERS[algorithm][1](password, fields)
     except (ValueError, TypeError, MemoryError):
         return False
 

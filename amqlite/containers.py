@@ -325,26 +325,14 @@ def _run_lines(path: Path) -> list[str]:
     return lines[starts[-1] + 1:] if starts else lines
 
 
-def _last_line(path: Path) -> str:
+def last_error_line(path: Path, fallback: str = "") -> str:
+    """The last line of the current run that says why it failed (the node knows best),
+    else ``fallback`` (e.g. the registry's error), else its last line."""
     lines = _run_lines(path)
-    return lines[-1] if lines else "(nothing logged)"
-
-
-def last_error_line(path: Path) -> str:
-    """The last line of the current run that says why it failed, else its last line."""
-    lines = _run_lines(path)
-    errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
-    return errors[-1] if errors else (lines[-1] if lines else "(nothing logged)")
-
-
-def _why(c: Container, registry_error: str) -> str:
-    """Why a node has no role yet: its own last error line (it knows best), else
-    the registry's error, else its last log line."""
-    lines = _run_lines(c.log)
     errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
     if errors:
         return errors[-1]
-    return registry_error or (lines[-1] if lines else "(nothing logged)")
+    return fallback or (lines[-1] if lines else "(nothing logged)")
 
 
 Progress = Callable[[str], None]
@@ -405,19 +393,13 @@ def start_container(home: Path, name: str, *, wait: float = START_WAIT,
     deadline = started + wait
     next_progress = started + PROGRESS_INTERVAL
     slave_since: float | None = None
-    registry_error = ""
     while True:
         code = proc.poll()
         if code is not None:
             c.pid_file.unlink(missing_ok=True)
             raise ContainerError(f"container {name} exited (status {code}): "
                                  f"{last_error_line(c.log)}")
-        try:
-            views = group_views(read_members(url, settings.group))
-            registry_error = ""
-        except RegistryError as e:
-            views, registry_error = [], str(e)
-        view = views[0] if views else None
+        view, registry_error = _group_view(url, settings.group)
         me = next((m for m in view.members if m.name == settings.name and m.pid == proc.pid),
                   None) if view else None
         now = time.monotonic()
@@ -430,7 +412,7 @@ def start_container(home: Path, name: str, *, wait: float = START_WAIT,
                 if others or now - slave_since >= SLAVE_SETTLE:
                     return Started(c, proc.pid, Role.SLAVE, others[0] if others else None)
         if now >= deadline:
-            why = _why(c, registry_error)
+            why = last_error_line(c.log, registry_error)
             raise ContainerError(f"container {name} (pid {proc.pid}) has no role after "
                                  f"{wait:g}s; it keeps running and retrying: {why} "
                                  f"(see `amqlite container logs {name}`; stop it with "
@@ -439,7 +421,7 @@ def start_container(home: Path, name: str, *, wait: float = START_WAIT,
             state = ("slave, waiting for the lock" if me is not None
                      else "not in the registry yet")
             progress(f"container {name}: {state} after {now - started:.0f}s: "
-                     f"{_why(c, registry_error)}")
+                     f"{last_error_line(c.log, registry_error)}")
             next_progress = now + PROGRESS_INTERVAL
         time.sleep(POLL)
 
@@ -468,11 +450,14 @@ class Stopped:
     alone: bool = False
 
 
-def _group_view(url: str, group: str) -> GroupView | None:
-    with contextlib.suppress(RegistryError):
+def _group_view(url: str, group: str) -> tuple[GroupView | None, str]:
+    """The registry's view of ``group`` (None: no entry), and the error that kept it
+    from being read ("" when it was)."""
+    try:
         views = group_views(read_members(url, group))
-        return views[0] if views else None
-    return None
+    except RegistryError as e:
+        return None, str(e)
+    return (views[0] if views else None), ""
 
 
 def stop_container(home: Path, name: str, *, kill: bool = False,
@@ -488,7 +473,7 @@ def stop_container(home: Path, name: str, *, kill: bool = False,
     with contextlib.suppress(SettingsError):
         settings = c.settings()
     url = registry_url(settings) if settings is not None else None
-    before = _group_view(url, settings.group) if settings is not None and url else None
+    before = _group_view(url, settings.group)[0] if settings is not None and url else None
     role = "-"
     if before is not None and settings is not None:
         me = next((m for m in before.members if m.name == settings.name), None)
@@ -521,7 +506,7 @@ def stop_container(home: Path, name: str, *, kill: bool = False,
     stopped_at = time.monotonic()
     next_progress = stopped_at + PROGRESS_INTERVAL
     while True:
-        view = _group_view(url, settings.group)
+        view, _ = _group_view(url, settings.group)
         now = time.monotonic()
         if view is not None:
             new = next((m for m in view.members if m.name in view.masters

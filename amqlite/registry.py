@@ -53,7 +53,6 @@ from lockers.zk_connect import (
 log = logging.getLogger("amqlite.registry")
 
 
-
 class Role(enum.StrEnum):
     """A node's role (amqlite.node). A registry entry carries MASTER or SLAVE, stored
     as the plain strings "master" and "slave" (readers, old and new, compare those);
@@ -225,8 +224,13 @@ def group_views(members: Iterable[Member], registry: str = "",
     views = []
     for group in sorted(by_group):
         entries = by_group[group]
-        live = [m for m in entries if not heartbeat_stale(m, now)]
-        stale = {m.name for m in entries if heartbeat_stale(m, now)}
+        live: list[Member] = []
+        stale: set[str] = set()
+        for m in entries:
+            if heartbeat_stale(m, now):
+                stale.add(m.name)
+            else:
+                live.append(m)
         masters = sorted((m for m in live if m.role == Role.MASTER), key=_master_order)
         if masters:
             top = masters[0].epoch

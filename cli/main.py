@@ -120,9 +120,11 @@ def stop(group: str | None, data_dir: str | None, name: str | None, timeout: flo
 
     directory = node_data_dir(group, data_dir)
     nodes = [n for n in pidfile.read_all(directory) if name is None or n.name == name]
-    running = [n for n in nodes if n.alive]
+    running = []
     for n in nodes:
-        if not n.alive:  # a node that was SIGKILLed left its file behind
+        if n.alive:
+            running.append(n)
+        else:  # a node that was SIGKILLed left its file behind
             with contextlib.suppress(OSError):
                 os.unlink(n.path)
     if not running:

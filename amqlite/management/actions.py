@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,12 +54,15 @@ class Actions:
     reader: StoreReader
 
     # -- helpers -----------------------------------------------------------------------
-    async def _commit(self) -> None:
+    async def _commit(self, stored: Callable[[bool], None] | None = None) -> None:
         """Stage a commit point and wait for it: the changes staged before are durable
-        (or the store refused them, which means the node is demoting)."""
+        (or the store refused them, which means the node is demoting). ``stored`` is
+        called with the outcome first."""
         fut: asyncio.Future[bool] = self.broker.loop.create_future()
 
         def done(ok: bool) -> None:
+            if stored is not None:
+                stored(ok)
             if not fut.done():
                 fut.set_result(ok)
 
@@ -71,13 +75,17 @@ class Actions:
         if self.broker.paused:
             raise ActionError(503, "the broker is paused (its lock is in doubt); try again")
 
-    def queue(self, name: str) -> Source:
-        """A known queue, or 404 (400 when the name is not a queue's)."""
+    @staticmethod
+    def _kind(name: str) -> str:
+        """The destination's kind ("queue" or "topic"); 400 when it is malformed."""
         try:
-            kind = check_destination(name)
+            return check_destination(name)
         except BrokerError as e:
             raise ActionError(400, str(e)) from None
-        if kind != "queue":
+
+    def queue(self, name: str) -> Source:
+        """A known queue, or 404 (400 when the name is not a queue's)."""
+        if self._kind(name) != "queue":
             raise ActionError(400, f"{name} is a topic: this action is for queues")
         q = self.broker.queues.get(name)
         if q is None or self.broker.destination_rows.get(name) is None:
@@ -146,11 +154,7 @@ class Actions:
         self._check_serving()
         q = self.queue(source)
         if target is not None:
-            try:
-                kind = check_destination(target)
-            except BrokerError as e:
-                raise ActionError(400, str(e)) from None
-            if kind != "queue":
+            if self._kind(target) != "queue":
                 raise ActionError(400, f"cannot move to {target}: only to a queue")
             if target == source:
                 raise ActionError(400, "source and target are the same queue")
@@ -236,20 +240,14 @@ class Actions:
 
     async def _commit_moves(self, copies: list[Message]) -> None:
         broker = self.broker
-        fut: asyncio.Future[bool] = broker.loop.create_future()
 
         def stored(ok: bool) -> None:
             for copy in copies:
                 broker.queue(copy.destination).pending_inserts -= 1
                 if ok:
                     broker._route_committed(copy, [])
-            if not fut.done():
-                fut.set_result(ok)
 
-        broker.writes.stage(stored)
-        if not await fut:
-            raise ActionError(503, "the store refused the write: this node is no longer "
-                                   "master")
+        await self._commit(stored)
 
     # -- connections and durable subscriptions ---------------------------------------------
     def close_connection(self, conn: Any, who: str) -> dict[str, Any]:

@@ -21,14 +21,11 @@ import base64
 import binascii
 import hashlib
 import time
-import tomllib
 from dataclasses import dataclass, field
 
-from amqlite.auth import _DUMMY_HASH, AuthError, verify_password
-from amqlite.authz import Permission, Policy, UsersFile, load_users_file
+from amqlite.auth import Authenticator
+from amqlite.authz import ADMIN_GROUP, Permission, Policy, UsersFile, load_users_file
 
-#: The ``[groups]`` entry that lists administrators.
-ADMIN_GROUP = "admins"
 #: A verified login is remembered this long (s), keyed by a hash of login and password,
 #: so a console polling every second does not pay scrypt (~30 ms of CPU) per request.
 LOGIN_CACHE_SECONDS = 60.0
@@ -46,19 +43,6 @@ class Unauthorized(Exception):
 
 class Forbidden(Exception):
     """Logged in, but not allowed (403)."""
-
-
-def load_admins(path: str) -> set[str]:
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise AuthError(f"users file {path}: {e}") from None
-    groups = data.get("groups", {})
-    admins = groups.get(ADMIN_GROUP, []) if isinstance(groups, dict) else []
-    if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
-        raise AuthError(f'users file {path}: [groups] {ADMIN_GROUP} must be a list of logins')
-    return set(admins)
 
 
 @dataclass
@@ -125,10 +109,8 @@ class Access:
         hit = self._cache.get(key)
         if hit is not None and hit[1] > now:
             return hit[0]
-        stored = self.users.get(login)
-        ok = await asyncio.to_thread(verify_password, password,
-                                       stored or _DUMMY_HASH)
-        if not ok or stored is None:
+        # The STOMP listener's check: an unknown login is hashed too (no timing oracle).
+        if not await asyncio.to_thread(Authenticator(self.users).check, login, password):
             raise Unauthorized("wrong login or password")
         if len(self._cache) >= LOGIN_CACHE_SIZE:
             self._cache.clear()
