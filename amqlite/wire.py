@@ -62,3 +62,8 @@ CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
 DEFAULT_STOMP_PORT = 61613
 #: The management HTTP listener: ActiveMQ's web console port, on loopback.
 DEFAULT_HTTP_PORT = 8161
+
+# -- management HTTP API -----------------------------------------------------------------
+#: Header a state-changing request must carry: a cross-site form or image cannot set it,
+#: and a cross-site script that tries needs a CORS preflight the API never answers.
+CSRF_HEADER = "X-Requested-By"

@@ -29,15 +29,13 @@ import click
 
 from amqlite.registry import Member, RegistryError, read_members, registry_url
 from amqlite.settings import SettingsError, load_settings
-from amqlite.wire import DEFAULT_HTTP_PORT
+from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT
 
 #: What ``--url`` is without one: the first node's default listener.
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_HTTP_PORT}"
 #: Per-request timeout (s): a purge of a big queue commits in chunks and may take a while.
 HTTP_TIMEOUT = 60.0
 EXIT_FAILED = 1
-#: The management API's CSRF header (amqlite.management.security.CSRF_HEADER).
-CSRF_HEADER = "X-Requested-By"
 
 
 class ApiError(Exception):

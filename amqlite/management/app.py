@@ -47,7 +47,6 @@ from amqlite.management.actions import ActionError, Actions
 from amqlite.management.metrics import Metrics
 from amqlite.management.reads import DestinationDepth, StoreReader
 from amqlite.management.security import (
-    CSRF_HEADER,
     REALM,
     Access,
     Forbidden,
@@ -55,7 +54,7 @@ from amqlite.management.security import (
 )
 from amqlite.registry import Member, RegistryError, read_members, registry_url
 from amqlite.settings import HTTP_OFF, parse_bind
-from amqlite.wire import DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
+from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
 
 if TYPE_CHECKING:

@@ -31,9 +31,6 @@ from amqlite.authz import ADMIN_GROUP, Permission, Policy, UsersFile, load_users
 LOGIN_CACHE_SECONDS = 60.0
 #: Remembered logins at most: a bound against someone cycling passwords.
 LOGIN_CACHE_SIZE = 256
-#: Header a state-changing request must carry: a cross-site form or image cannot set it,
-#: and a cross-site script that tries needs a CORS preflight we never answer.
-CSRF_HEADER = "X-Requested-By"
 REALM = "amqlite"
 
 
