@@ -4,11 +4,16 @@ a private ZooKeeper for tests that stop it."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from amqlite.containers import broker_runs
 
 # The broker harness's fixtures and its failure hook (broker logs on failure).
 from tests.helpers.broker_fixtures import (  # noqa: F401
@@ -45,3 +50,15 @@ def private_zookeeper() -> Iterator[ZooKeeperServer]:
         yield server
     finally:
         server.cleanup()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    """AMQLITE_HOME for one test; every container still running at the end is killed."""
+    path = tmp_path / "home"
+    yield path
+    for pid_file in path.glob("*/broker.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(pid_file.read_text())
+            if broker_runs(pid, str(pid_file.parent / "config.toml")):
+                os.kill(pid, signal.SIGKILL)

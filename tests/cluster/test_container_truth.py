@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from amqlite.containers import broker_runs
 from amqlite.registry import read_cluster
 from tests.helpers.broker_proc import (
     REPO_ROOT,
@@ -37,18 +35,6 @@ SLACK = 5.0
 #: How long a `container logs -f` may take to show an appended line (s): it polls
 #: every 0.2 s; the rest is a loaded machine starting Python.
 FOLLOW_WITHIN = 30.0
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    """AMQLITE_HOME for one test; every container still running at the end is killed."""
-    path = tmp_path / "home"
-    yield path
-    for pid_file in path.glob("*/broker.pid"):
-        with contextlib.suppress(ValueError, OSError):
-            pid = int(pid_file.read_text())
-            if broker_runs(pid, str(pid_file.parent / "config.toml")):
-                os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -5,12 +5,8 @@ on the master while it sends, and `cluster-list` showing the new master."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,18 +35,6 @@ SESSION_TIMEOUT = 2.0
 SLACK = 3.0
 #: Messages the producer must get receipted by a master before we act.
 STEADY = 20
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    """AMQLITE_HOME for one test; every container still running at the end is killed."""
-    path = tmp_path / "home"
-    yield path
-    for pid_file in path.glob("*/broker.pid"):
-        with contextlib.suppress(ValueError, OSError):
-            pid = int(pid_file.read_text())
-            if _runs(pid, str(pid_file.parent / "config.toml")):
-                os.kill(pid, signal.SIGKILL)
 
 
 def container_list(env: dict[str, str]) -> dict[str, dict]:

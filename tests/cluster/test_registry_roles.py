@@ -10,6 +10,7 @@ import pytest
 
 from amqlite.registry import ROLES, Member, Role, open_registry, read_members
 from tests.cluster.test_registry import SLACK, settings
+from tests.helpers.poll import apoll
 
 #: Announce, then read back; a write takes one heartbeat at most (STORE_HEARTBEAT_INTERVAL).
 READ_BACK_WITHIN = 10.0
@@ -17,14 +18,10 @@ READ_BACK_WITHIN = 10.0
 
 async def _read_until(url: str, group: str, role: str, timeout: float) -> Member:
     """Poll the registry (deadline, not a fixed sleep) until ``group``'s entry has ``role``."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        members = await asyncio.to_thread(read_members, url, group)
-        if members and members[0].role == role:
-            return members[0]
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{role!r} not read back within {timeout}s: {members}")
-        await asyncio.sleep(0.02)
+    members, _ = await apoll(lambda: asyncio.to_thread(read_members, url, group),
+                             lambda members: bool(members) and members[0].role == role,
+                             timeout=timeout, what=f"{role!r} read back")
+    return members[0]
 
 
 def test_roles_the_registry_carries() -> None:

@@ -16,7 +16,7 @@ import contextlib
 import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import stomp
@@ -44,6 +44,12 @@ QUEUE_PREFIX = b"canary-q-"
 TOPIC_PREFIX = b"canary-t-"
 #: Prefix of the canary's own receipt ids: any other receipt-id is a forged frame.
 RECEIPT_PREFIX = "k-"
+
+
+def _lost_and_doubled(sent: set[bytes],
+                      counts: Counter[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Of the receipted bodies ``sent``, which never arrived; which arrived more than once."""
+    return sorted(sent - counts.keys()), sorted(b for b, c in counts.items() if c > 1)
 
 
 class CanaryListener(stomp.ConnectionListener):
@@ -268,7 +274,7 @@ class Canary:
         if not queue_sent or not topic_sent:
             problems.append(f"the canary producer got no RECEIPT at all "
                             f"(queue {len(queue_sent)}, topic {len(topic_sent)})")
-        queue_counts: dict[bytes, int] = {}
+        queue_counts: Counter[bytes] = Counter()
         listeners = [lis for _c, lis in self.consumers]
         if self.producer is not None:
             listeners.append(self.producer[1])
@@ -278,25 +284,19 @@ class Canary:
                 if listener.disconnected:
                     problems.append(f"canary {listener.name} (STOMP {listener.version}) was "
                                     "disconnected")
-                for b in listener.queue_bodies:
-                    if b.startswith(QUEUE_PREFIX):
-                        queue_counts[b] = queue_counts.get(b, 0) + 1
+                queue_counts.update(b for b in listener.queue_bodies
+                                    if b.startswith(QUEUE_PREFIX))
                 if listener.name == "producer":
                     continue
-                topic_counts: dict[bytes, int] = {}
-                for b in listener.topic_bodies:
-                    if b.startswith(TOPIC_PREFIX):
-                        topic_counts[b] = topic_counts.get(b, 0) + 1
-                lost = sorted(topic_sent - topic_counts.keys())
-                dup = sorted(b for b, c in topic_counts.items() if c > 1)
+                lost, dup = _lost_and_doubled(topic_sent, Counter(
+                    b for b in listener.topic_bodies if b.startswith(TOPIC_PREFIX)))
                 if lost:
                     problems.append(f"canary {listener.name}: {len(lost)} receipted topic "
                                     f"messages never arrived, e.g. {lost[:5]}")
                 if dup:
                     problems.append(f"canary {listener.name}: {len(dup)} topic messages "
                                     f"arrived twice, e.g. {dup[:5]}")
-        lost = sorted(queue_sent - queue_counts.keys())
-        dup = sorted(b for b, c in queue_counts.items() if c > 1)
+        lost, dup = _lost_and_doubled(queue_sent, queue_counts)
         if lost:
             problems.append(f"{len(lost)} of {len(queue_sent)} receipted canary queue messages "
                             f"never arrived, e.g. {lost[:5]}")

@@ -21,6 +21,7 @@ from tests.helpers.broker_proc import (
     LISTENER,
     BrokerFactory,
     BrokerProcess,
+    Client,
     ClientPool,
     Collector,
     RawFrame,
@@ -240,6 +241,26 @@ def test_open_transactions_are_bounded(broker: BrokerProcess) -> None:
     assert_still_master(broker)
 
 
+def connect_and_take(raw: RawStomp, queue: str) -> RawFrame:
+    """CONNECT, SUBSCRIBE to ``queue`` with client-individual acks; the first MESSAGE."""
+    raw.connect()
+    raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s",
+                                 "ack": "client-individual"})
+    message = raw.read_frame()
+    assert message is not None and message.command == "MESSAGE", message
+    return message
+
+
+def assert_m_redelivered(clients: ClientPool, broker: BrokerProcess,
+                         queue: str) -> Client:
+    """A new consumer of ``queue`` gets "m" again, flagged redelivered; it is returned."""
+    consumer = clients(broker.port)
+    consumer.subscribe(queue)
+    [again] = consumer.listener.wait_messages(1)[:1]
+    assert again.body == "m" and again.headers.get("redelivered") == "true"
+    return consumer
+
+
 def test_invalid_send_in_transaction_leaves_acks_unapplied(broker: BrokerProcess,
                                                            clients: ClientPool) -> None:
     """BEGIN; ACK m; SEND priority:abc: ERROR at the SEND, and the ACK is never applied:
@@ -247,11 +268,7 @@ def test_invalid_send_in_transaction_leaves_acks_unapplied(broker: BrokerProcess
     queue = f"/queue/{unique('txatomic')}"
     clients(broker.port).send(queue, "m")
     with RawStomp(broker.port) as raw:
-        raw.connect()
-        raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s",
-                                     "ack": "client-individual"})
-        message = raw.read_frame()
-        assert message is not None and message.command == "MESSAGE", message
+        message = connect_and_take(raw, queue)
         raw.send_frame("BEGIN", {"transaction": "t", "receipt": "r-begin"})
         raw.send_frame("ACK", {"id": message.headers["ack"], "transaction": "t",
                                "receipt": "r-ack"})
@@ -264,10 +281,7 @@ def test_invalid_send_in_transaction_leaves_acks_unapplied(broker: BrokerProcess
         raw.send_frame("COMMIT", {"transaction": "t", "receipt": "r-commit"})
         assert_refused(raw, "r-bad", "SEND priority:abc in a transaction")
     assert_still_master(broker)
-    consumer = clients(broker.port)
-    consumer.subscribe(queue)
-    [again] = consumer.listener.wait_messages(1)[:1]
-    assert again.body == "m" and again.headers.get("redelivered") == "true"
+    assert_m_redelivered(clients, broker, queue)
 
 
 def test_commit_that_cannot_apply_applies_nothing(broker: BrokerProcess,
@@ -277,11 +291,7 @@ def test_commit_that_cannot_apply_applies_nothing(broker: BrokerProcess,
     queue = f"/queue/{unique('txcommit')}"
     clients(broker.port).send(queue, "m")
     with RawStomp(broker.port) as raw:
-        raw.connect()
-        raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s",
-                                     "ack": "client-individual"})
-        message = raw.read_frame()
-        assert message is not None and message.command == "MESSAGE", message
+        message = connect_and_take(raw, queue)
         ack = message.headers["ack"]
         raw.send_frame("BEGIN", {"transaction": "t"})
         raw.send_frame("SEND", {"destination": queue, "transaction": "t"}, b"n")
@@ -290,10 +300,7 @@ def test_commit_that_cannot_apply_applies_nothing(broker: BrokerProcess,
         raw.send_frame("COMMIT", {"transaction": "t", "receipt": "r-commit"})
         assert_refused(raw, "r-commit", "COMMIT acknowledging one message twice")
     assert_still_master(broker)
-    consumer = clients(broker.port)
-    consumer.subscribe(queue)
-    [again] = consumer.listener.wait_messages(1)[:1]
-    assert again.body == "m" and again.headers.get("redelivered") == "true"
+    consumer = assert_m_redelivered(clients, broker, queue)
     producer = clients(broker.port)
     producer.send(queue, "canary")
     got = consumer.listener.wait_messages(2)

@@ -17,6 +17,7 @@ import pytest
 from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
+    Client,
     open_client,
     send_many,
     unique,
@@ -86,6 +87,33 @@ def finish_and_verify(ha: PgGroup, producers: list[Producer], queue: str) -> Non
     assert left == "0", f"{left} message rows left after every delivery was acked"
     print(f"\n{len(keys)} messages receipted, {sum(p.resent for p in producers)} re-sent "
           f"after failovers, {sum(p.connects for p in producers)} producer connections")
+
+
+def send_stale(client: Client, queue: str) -> None:
+    """20 persistent SENDs with receipts (producer 'stale') from a client of a paused
+    master: they wait in its socket buffer for it to wake."""
+    for i in range(20):
+        client.conn.send(queue, f"stale-{i}", headers={
+            "receipt": f"r-stale-{i}", "persistent": "true",
+            "amqlite.producerId": "stale", "amqlite.producerSeq": str(i)})
+
+
+def assert_deposed_silent(ha: PgGroup, old: BrokerProcess, new: BrokerProcess,
+                          new_epoch: int, stale_client: Client, who: str) -> BrokerProcess:
+    """After SIGCONT of ``old`` (deposed by ``new`` at ``new_epoch``): it disconnected
+    ``stale_client``, sent no RECEIPT for send_stale's frames and stored none of them;
+    ``new`` is still the one master at its epoch. Returns the master."""
+    listener = stale_client.listener
+    assert listener.wait_for(lambda: listener.disconnected, 15), \
+        "the deposed master did not disconnect its client"
+    got = sorted(r for r in listener.receipts if r.startswith("r-stale-"))
+    assert not got, f"the {who} master sent RECEIPTs after losing the lock: {got}"
+    master, _ = ha.wait_one_master()
+    assert master is new and old.alive and ha.epoch() == new_epoch
+    stored = ha.scalar(f"SELECT count(*) FROM amq_messages WHERE grp = '{ha.group}'"
+                       " AND producer_id = 'stale'")
+    assert stored == "0", f"the {who} master committed {stored} messages"
+    return master
 
 
 def restart_as_slave(ha: PgGroup, broker: BrokerProcess) -> None:
@@ -243,25 +271,13 @@ def test_paused_master_deposed_commits_nothing(ha: PgGroup, mode: str) -> None:
             producers += start_producers(ha, queue)
         else:
             progress(producers)
-        for i in range(20):  # queued in the paused broker's socket buffer
-            stale_client.conn.send(stale_queue, f"stale-{i}", headers={
-                "receipt": f"r-stale-{i}", "persistent": "true",
-                "amqlite.producerId": "stale", "amqlite.producerSeq": str(i)})
+        send_stale(stale_client, stale_queue)
     finally:
         old.resume()
     wait_log(old, "DEMOTED", mark, timeout=15)
     if late:
         assert "is no longer at epoch" in new_since(old, mark), "demoted, but not by the fence"
-    listener = stale_client.listener
-    assert listener.wait_for(lambda: listener.disconnected, 15), \
-        "the deposed master did not disconnect its client"
-    got = sorted(r for r in listener.receipts if r.startswith("r-stale-"))
-    assert not got, f"the deposed master sent RECEIPTs after losing the lock: {got}"
-    master, _ = ha.wait_one_master()
-    assert master is new and old.alive and ha.epoch() == new_epoch
-    stored = ha.scalar(f"SELECT count(*) FROM amq_messages WHERE grp = '{ha.group}'"
-                       " AND producer_id = 'stale'")
-    assert stored == "0", f"the deposed master committed {stored} messages"
+    master = assert_deposed_silent(ha, old, new, new_epoch, stale_client, "deposed")
     before = ha.scalar(f"SELECT count(*) FROM amq_messages WHERE grp = '{ha.group}'"
                        " AND body = convert_to('before-pause', 'UTF8')")
     assert before == "1", "the message receipted before the pause is gone"

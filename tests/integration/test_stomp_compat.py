@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
+    Client,
     ClientPool,
     RawStomp,
     ack_id,
@@ -75,16 +76,24 @@ def test_stomp12_header_values_keep_their_spaces(broker: BrokerProcess) -> None:
         assert _frame(raw, "RECEIPT", "BEGIN").headers["receipt-id"] == " r "
 
 
-def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
-    broker: BrokerProcess, clients: ClientPool
-) -> None:
-    queue = f"/queue/{unique('txprefetch')}"
+def _a_and_b_with_prefetch_one(broker: BrokerProcess, clients: ClientPool,
+                               queue: str) -> tuple[Client, Client]:
+    """A producer sends "a" and "b" to ``queue``; a consumer subscribes with
+    client-individual acks and a prefetch of 1. Returns (producer, consumer)."""
     producer = clients(broker.port)
     for body in ("a", "b"):
         producer.send(queue, body)
     consumer = clients(broker.port)
     consumer.subscribe(queue, ack="client-individual",
                        headers={"activemq.prefetchSize": "1"})
+    return producer, consumer
+
+
+def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
+    broker: BrokerProcess, clients: ClientPool
+) -> None:
+    queue = f"/queue/{unique('txprefetch')}"
+    producer, consumer = _a_and_b_with_prefetch_one(broker, clients, queue)
     listener = consumer.listener
     [first] = listener.wait_messages(1)
     assert listener.holds_for(lambda: listener.count() == 1, QUIET), listener.bodies()
@@ -109,12 +118,7 @@ def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
 def test_abort_redelivers_what_a_transaction_acked(broker: BrokerProcess,
                                                     clients: ClientPool) -> None:
     queue = f"/queue/{unique('txprefetchabort')}"
-    producer = clients(broker.port)
-    for body in ("a", "b"):
-        producer.send(queue, body)
-    consumer = clients(broker.port)
-    consumer.subscribe(queue, ack="client-individual",
-                       headers={"activemq.prefetchSize": "1"})
+    _, consumer = _a_and_b_with_prefetch_one(broker, clients, queue)
     listener = consumer.listener
     [first] = listener.wait_messages(1)
     tx = unique("tx")

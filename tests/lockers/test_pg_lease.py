@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -14,6 +13,7 @@ from lockers.pg_lease import LEASE_TABLE, PG_LEASE, PG_LEASE_CHECKS, PG_UNLEASED
 from lockers.postgres import PostgresLocker
 from tests.helpers.lockers import Holder, StateRecorder, eventually, run
 from tests.helpers.servers import PostgresServer
+from tests.lockers.test_postgres import _app, _dbname
 
 #: The issue's bound on a paused master's takeover (the lock part of it).
 PAUSED_TAKEOVER_LIMIT = 5.0
@@ -23,10 +23,6 @@ SHORT_LEASE = 1.0
 
 #: How long the event loop is kept busy: several leases, far beyond a takeover.
 BUSY_LEASES = 4
-
-
-def _dbname(url: str) -> str:
-    return urlsplit(url).path.lstrip("/")
 
 
 async def _psql(server: PostgresServer, url: str, query: str) -> str:
@@ -69,6 +65,14 @@ def test_paused_holder_is_ended_and_the_slave_takes_over(
     run(main())
 
 
+async def _waits_for_the_lock(server: PostgresServer, url: str, node: str) -> bool:
+    """``node``'s lock session of group "g" is blocked in pg_advisory_lock right now."""
+    out = await _psql(server, url, "SELECT count(*) FROM pg_stat_activity"
+                                   f" WHERE application_name = '{_app('g', node)}'"
+                                   " AND wait_event_type = 'Lock'")
+    return out == "1"
+
+
 async def _leased(server: PostgresServer, url: str, holder: str) -> bool:
     out = await _psql(server, url, f"SELECT count(*) FROM {LEASE_TABLE} WHERE holder = '{holder}'"
                                    " AND lease_until > clock_timestamp()")
@@ -89,7 +93,8 @@ def test_busy_event_loop_keeps_the_lease(postgres_server: PostgresServer, pg_url
             waiting = asyncio.create_task(slave.acquire())
             await eventually(lambda: _leased(postgres_server, pg_url, "master"), 10.0,
                              "the master renews its lease")
-            await asyncio.sleep(0)  # let the slave start waiting (and its watcher)
+            await eventually(lambda: _waits_for_the_lock(postgres_server, pg_url, "slave"),
+                             10.0, "the slave waits for the lock on the server")
             end = time.monotonic() + SHORT_LEASE * BUSY_LEASES
             spins = 0
             while time.monotonic() < end:  # the loop is blocked: no keepalive, no callbacks
