@@ -16,9 +16,6 @@ import enum
 import logging
 from collections.abc import Callable
 
-# Re-exported (the ``as`` form): lockers/postgres.py still imports it from here.
-from lockers.blocking import run_blocking as run_blocking
-
 log = logging.getLogger(__name__)
 
 #: How often a slave asks for the lock when the backend has no watch.

@@ -1,4 +1,5 @@
-"""``run_blocking``: a blocking call on a thread of its own, awaited on the loop.
+"""``run_blocking``: a blocking call on a thread of its own, awaited on the loop;
+``collect_outcome`` for such a call nobody awaits any more.
 
 Used by every locker backend and by the ZooKeeper registry (``amqlite.registry``),
 so it sits in a public module of its own on the lowest floor that uses it.
@@ -10,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -46,3 +47,11 @@ def run_blocking(fn: Callable[[], T], *, name: str = "amqlite-locker") -> asynci
 
     threading.Thread(target=runner, name=name, daemon=True).start()
     return fut
+
+
+def collect_outcome(fut: asyncio.Future[Any]) -> None:
+    """Done callback for an abandoned future (a call whose thread outlived its
+    waiter): retrieve its outcome, so asyncio does not log "Future exception
+    was never retrieved" when it fails late (its session already closed)."""
+    if not fut.cancelled():
+        fut.exception()

@@ -215,7 +215,6 @@ class LeaseKeeper(_LeaseThread):
         #: first renewal lands, a slave gives an unleased holder more than a
         #: lease from when it first sees it; the lock was granted just now.
         self.valid_until = time.monotonic() + self.lease
-        self.renewals = 0
 
     def on_crash(self) -> None:
         self._lose("lease thread failed")
@@ -251,7 +250,6 @@ class LeaseKeeper(_LeaseThread):
             # The row says clock_timestamp() at execution + lease, and execution
             # came after `sent`: counting from `sent` never overstates the lease.
             self.valid_until = sent + self.lease
-            self.renewals += 1
             self.stopped.wait(max(0.0, period - (time.monotonic() - sent)))
 
 

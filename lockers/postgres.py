@@ -44,8 +44,8 @@ from lockers.base import (
     LockerError,
     LockLost,
     LockState,
-    run_blocking,
 )
+from lockers.blocking import collect_outcome, run_blocking
 from lockers.pg_lease import LEASE_APPLICATION_PREFIX, PG_LEASE, LeaseKeeper, LeaseWatcher
 from lockers.pg_tuning import (
     PG_DEAD_PEER_TIMEOUT,
@@ -141,12 +141,6 @@ def _redacted(e: BaseException) -> str:
     """libpq's URL errors quote the offending token, which may be the password."""
     return re.sub(r'"[^"]*"', '"..."', _first_line(e))
 
-
-
-def _collect(fut: asyncio.Future[Any]) -> None:
-    """Retrieve an abandoned call's outcome so asyncio does not report it."""
-    if not fut.cancelled():
-        fut.exception()
 
 class _Aborted(Exception):
     """The call was cancelled before it reached the server."""
@@ -440,7 +434,7 @@ class PostgresLocker(Locker):
                     # Abandoned: its late outcome (an error once the session is
                     # closed) is collected here, never "Future exception was
                     # never retrieved" after a partition.
-                    fut.add_done_callback(_collect)
+                    fut.add_done_callback(collect_outcome)
                     self._detach(s)
                     raise LockerError(f"{self.description}: no answer within {timeout:g}s")
                 return fut.result()

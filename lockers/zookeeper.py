@@ -47,7 +47,7 @@ from lockers.base import (
     LockLost,
     LockState,
 )
-from lockers.blocking import run_blocking
+from lockers.blocking import collect_outcome, run_blocking
 from lockers.zk_connect import (
     ZK_DEFAULT_ROOT,
     ZK_RETRY_MAX_DELAY,
@@ -227,8 +227,8 @@ class ZooKeeperLocker(Locker):
             except asyncio.CancelledError:
                 # A stop during the connect (SIGTERM while ZooKeeper is down): collect
                 # its outcome, so no "Future exception was never retrieved".
-                started.add_done_callback(
-                    lambda f: (f.cancelled() or f.exception(), self._stop_client(client)))
+                started.add_done_callback(collect_outcome)
+                started.add_done_callback(lambda _: self._stop_client(client))
                 raise
             except Exception as e:  # kazoo's timeout is not a KazooException
                 self._stop_client(client)
@@ -246,7 +246,7 @@ class ZooKeeperLocker(Locker):
         fut = run_blocking(lambda: stop_zk_client(client), name="amqlite-zk-stop")
         self._background.add(fut)
         fut.add_done_callback(self._background.discard)
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
+        fut.add_done_callback(collect_outcome)
         return fut
 
     def _on_state(self, client: KazooClient, state: KazooState, session_id: int | None) -> None:
@@ -419,7 +419,7 @@ class ZooKeeperLocker(Locker):
     async def _after_cancel(self, client: KazooClient, fut: asyncio.Future[Any]) -> None:
         # The thread may fail after we stopped waiting (its session dropped):
         # retrieve that, so no "exception was never retrieved" traceback is logged.
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        fut.add_done_callback(collect_outcome)
         done, _ = await asyncio.wait({fut}, timeout=ZK_CANCEL_GRACE)
         if done and fut.exception() is None and fut.result() is None:
             return  # kazoo's thread removed our contender node

@@ -181,11 +181,8 @@ class Batch:
                 getattr(unit, name).extend(getattr(self, name)[start:end])
                 taken.update(range(start, end))
             units.append(unit)
-        rest = Batch(
-            undeliveries=list(self.undeliveries), deliveries=list(self.deliveries),
-            releases=list(self.releases), moves=list(self.moves), acks=list(self.acks),
-            removed_subscriptions=list(self.removed_subscriptions),
-        )
+        rest = Batch()
+        rest.extend(self)  # every list copied, so none is forgotten; the units' filtered below
         for name, taken in zip(_UNIT_FIELDS, inside, strict=True):
             setattr(rest, name, [x for i, x in enumerate(getattr(self, name)) if i not in taken])
         return rest, units

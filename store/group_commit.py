@@ -227,17 +227,12 @@ class GroupCommitter:
             self._post(_fail_all, items, self._failure)
             return
         try:
-            result = self.store.commit_batch(self.epoch, batch)
+            result = self._commit_batch(batch)
         except StoreRejected as exc:
             self._rejected(exc, items)
             return
         except StoreError as exc:
             self._fail(exc, items)
-            return
-        except Exception as exc:
-            err = StoreError(f"{self.store.description}: commit failed: {exc!r}")
-            err.__cause__ = exc
-            self._fail(err, items)
             return
         self.commits += 1
         self.batches += len(items)
@@ -245,6 +240,16 @@ class GroupCommitter:
             self._post(_resolve_each, items, _split_result(result, items))
         else:
             self._post(_resolve_all, items, result)
+
+    def _commit_batch(self, batch: Batch) -> BatchResult:
+        """``store.commit_batch``; an exception that is not a ``StoreError`` (a
+        bug, a driver surprise) is raised as one: the outcome is unknown."""
+        try:
+            return self.store.commit_batch(self.epoch, batch)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"{self.store.description}: commit failed: {exc!r}") from exc
 
     def _rejected(self, exc: StoreRejected, items: list[tuple[Any, ...]]) -> None:
         """The store refused this commit's data. One batch: it is refused (the
@@ -263,13 +268,8 @@ class GroupCommitter:
         self.splits += 1
         mid = len(items) // 2
         for half in (items[:mid], items[mid:]):
-            if len(half) == 1:
-                batch = half[0][1]
-            else:
-                batch = Batch()
-                for item in half:
-                    batch.extend(item[1])
-            self._commit(batch, half)  # fails at once if the other half failed
+            # fails at once if the other half failed
+            self._commit(_merged([item[1] for item in half]), half)
 
     def _split_units(self, fut: asyncio.Future[BatchResult], batch: Batch,
                      units: list[UnitSpan]) -> None:
@@ -281,8 +281,13 @@ class GroupCommitter:
         # unit re-creates (same client-id and name): it goes first. A unit
         # creating one it removes (SUBSCRIBE then UNSUBSCRIBE) goes before it.
         gone = set(rest.removed_subscriptions)
-        early = [p for p in pieces if gone and any(r.id in gone for r in p[1].subscriptions)]
-        late = [p for p in pieces if p not in early]
+        early: list[tuple[int, Batch]] = []
+        late: list[tuple[int, Batch]] = []
+        for p in pieces:
+            if gone and any(r.id in gone for r in p[1].subscriptions):
+                early.append(p)
+            else:
+                late.append(p)
         ordered = [*early, *([(OUTSIDE_UNITS, rest)] if len(rest) else []), *late]
         result = BatchResult()
         if self._commit_pieces(ordered, result):
@@ -296,14 +301,8 @@ class GroupCommitter:
         pieces that go into ``result.rejected``. False if the store failed."""
         if self._failure is not None:
             return False
-        if len(pieces) == 1:
-            batch = pieces[0][1]
-        else:
-            batch = Batch()
-            for _, piece in pieces:
-                batch.extend(piece)
         try:
-            done = self.store.commit_batch(self.epoch, batch)
+            done = self._commit_batch(_merged([piece for _, piece in pieces]))
         except StoreRejected as exc:
             if len(pieces) == 1:
                 self.rejected += 1
@@ -316,11 +315,6 @@ class GroupCommitter:
                     and self._commit_pieces(pieces[mid:], result))
         except StoreError as exc:
             self._fail(exc, [])
-            return False
-        except Exception as exc:
-            err = StoreError(f"{self.store.description}: commit failed: {exc!r}")
-            err.__cause__ = exc
-            self._fail(err, [])
             return False
         self.commits += 1
         result.duplicates |= done.duplicates
@@ -374,6 +368,17 @@ class GroupCommitter:
         if leftover:
             self._post(_fail_all, leftover, StoreError("the group committer is closed"))
         self._post(_set_result, self._stopped, None)
+
+
+def _merged(batches: list[Batch]) -> Batch:
+    """One batch as it is, several extended into a new one (a caller's batch is
+    never mutated)."""
+    if len(batches) == 1:
+        return batches[0]
+    acc = Batch()
+    for b in batches:
+        acc.extend(b)
+    return acc
 
 
 def _split_result(result: BatchResult, items: list[tuple[Any, ...]]) -> list[BatchResult]:

@@ -60,7 +60,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
+from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.pool import QueuePool
 
 from lockers.pg_tuning import (
@@ -192,10 +192,7 @@ def _is_rejection(exc: BaseException) -> bool:
     for a NUL in text, both UnicodeEncodeError for a lone surrogate (a
     ValueError). Errors SQLAlchemy raised for a DBAPI error (DBAPIError) or
     for a bound value (StatementError) are judged by what they wrap."""
-    if isinstance(exc, DBAPIError):
-        orig = exc.orig
-        return orig is not None and _is_rejection(orig)
-    if isinstance(exc, StatementError):
+    if isinstance(exc, StatementError):  # DBAPIError included (a subclass)
         return exc.orig is not None and _is_rejection(exc.orig)
     if isinstance(exc, (OverflowError, ValueError)):
         return True
@@ -242,7 +239,7 @@ def _is_permanent(exc: StoreError) -> bool:
         if "FATAL:" not in text_:
             return False  # refused, timed out, unresolvable: the network, not the settings
         return not any(m in text_ for m in TRANSIENT_CONNECT_ERRORS)
-    return "newer than this amqlite" in str(exc)
+    return False
 
 
 def _store_error(description: str, what: str, exc: BaseException) -> StoreError:
@@ -251,6 +248,23 @@ def _store_error(description: str, what: str, exc: BaseException) -> StoreError:
     err = cls(f"{description}: {what} failed: {_one_line(exc)}")
     err.__cause__ = exc
     return err
+
+
+def _retry_while_locked(engine: Engine, sqlite: bool, fn: Callable[[], T]) -> T:
+    """``fn()``, retried on a fresh connection for up to ``SQLITE_OPEN_RETRY_S``
+    while SQLite answers "database is locked" (``fn`` raises ``StoreError``) without
+    waiting: brokers opening a new file at once (switching it to WAL needs the file
+    to itself), or a reader while a broker creates it."""
+    deadline = time.monotonic() + SQLITE_OPEN_RETRY_S
+    while True:
+        try:
+            return fn()
+        except StoreError as exc:
+            locked = sqlite and "database is locked" in str(exc)
+            if not locked or time.monotonic() > deadline:
+                raise
+            engine.dispose()
+            time.sleep(SQLITE_OPEN_RETRY_PAUSE_S)
 
 
 def _greatest(col: Any, value: Any) -> Any:
@@ -579,16 +593,13 @@ class SqlStore(Store):
             return
         self._engine = _make_engine(self._parsed, self._opts)
         try:
-            self._ensure_schema_retrying()
-        except StoreError as e:
+            _retry_while_locked(self._engine, self._sqlite, self._ensure_schema)
+        except BaseException as e:
             self._engine.dispose()
             self._engine = None
-            if _is_permanent(e):
+            if isinstance(e, StoreError) and not isinstance(e, StoreUnusable) \
+                    and _is_permanent(e):
                 raise StoreUnusable(str(e)) from e
-            raise
-        except BaseException:
-            self._engine.dispose()
-            self._engine = None
             raise
 
     def server_fsync(self) -> bool | None:
@@ -627,21 +638,6 @@ class SqlStore(Store):
             # The transaction was rolled back by conn.begin(); the store is usable.
             raise _store_error(self.description, what, e) from e
 
-    def _ensure_schema_retrying(self) -> None:
-        """SQLite answers "database is locked" without waiting when brokers open a
-        new file at once (switching it to WAL needs the file to itself): retry."""
-        deadline = time.monotonic() + SQLITE_OPEN_RETRY_S
-        while True:
-            try:
-                self._ensure_schema()
-                return
-            except StoreError as exc:
-                locked = self._sqlite and "database is locked" in str(exc)
-                if not locked or time.monotonic() > deadline:
-                    raise
-                self._engine.dispose()  # type: ignore[union-attr] # a fresh connection
-                time.sleep(SQLITE_OPEN_RETRY_PAUSE_S)
-
     def _ensure_schema(self) -> None:
         """Create or upgrade the schema under a lock so that racing brokers agree."""
         with self._tx("schema creation") as conn:
@@ -652,7 +648,7 @@ class SqlStore(Store):
                 )
             found = self._schema_version(conn)
             if found is not None and found > schema.SCHEMA_VERSION:
-                raise StoreError(
+                raise StoreUnusable(
                     f"{self.description}: store schema v{found} is newer than this "
                     f"amqlite (v{schema.SCHEMA_VERSION}): upgrade amqlite"
                 )
@@ -1279,22 +1275,18 @@ def read_registry(
         query = query.where(r.c.grp == group)
     if max_age_ms is not None:
         query = query.where(r.c.heartbeat_at >= _now_ms() - max_age_ms)
-    # A SQLite file a broker is creating right now answers "database is locked" without
-    # waiting (its switch to WAL needs the file to itself): retry, as opening does.
-    deadline = time.monotonic() + SQLITE_OPEN_RETRY_S
+
+    def read() -> list[dict[str, Any]]:
+        try:
+            with engine.connect() as conn:
+                if not inspect(conn).has_table(r.name):
+                    return []
+                return [dict(row._mapping) for row in conn.execute(query)]
+        except SQLAlchemyError as e:
+            raise StoreError(f"{parsed.description}: reading the registry failed: "
+                             f"{_one_line(e)}") from e
+
     try:
-        while True:
-            try:
-                with engine.connect() as conn:
-                    if not inspect(conn).has_table(r.name):
-                        return []
-                    return [dict(row._mapping) for row in conn.execute(query)]
-            except SQLAlchemyError as e:
-                locked = parsed.dialect == "sqlite" and "database is locked" in str(e)
-                if not locked or time.monotonic() > deadline:
-                    raise StoreError(f"{parsed.description}: reading the registry failed: "
-                                     f"{_one_line(e)}") from e
-                engine.dispose()
-                time.sleep(SQLITE_OPEN_RETRY_PAUSE_S)
+        return _retry_while_locked(engine, parsed.dialect == "sqlite", read)
     finally:
         engine.dispose()
