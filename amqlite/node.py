@@ -56,10 +56,6 @@ RETRY_DELAY = 1.0
 #: Cap of the doubling back-off at start: a store that comes back is noticed within
 #: 10 s, and a node waiting for it logs at most one line per 10 s.
 RETRY_MAX_DELAY = 10.0
-#: kazoo logs each failed connection attempt (several a second while ZooKeeper is
-#: down): let one of its records through per this many seconds.
-KAZOO_LOG_INTERVAL = 10.0
-KAZOO_LOGGERS = ("kazoo.client", "kazoo.protocol.connection")
 #: How often a starting node looks whether its locker's server answered yet.
 REACHABLE_POLL = 0.2
 #: How often a master re-reads its group's members to update clients' URIs.
@@ -81,30 +77,6 @@ class Outcome(enum.Enum):
 
 class Demoted(Exception):
     """Mastership ended (lock lost or store fenced)."""
-
-
-class _RateLimit(logging.Filter):
-    """One record per ``interval`` seconds: kazoo's retry warnings, once per interval."""
-
-    def __init__(self, interval: float) -> None:
-        super().__init__()
-        self.interval = interval
-        self.next_at = 0.0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        if record.levelno >= logging.ERROR or now >= self.next_at:
-            self.next_at = now + self.interval
-            return True
-        return False
-
-
-def quiet_kazoo() -> None:
-    """Rate-limit kazoo's loggers (idempotent): our locker logs the states that matter."""
-    for name in KAZOO_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _RateLimit) for f in logger.filters):
-            logger.addFilter(_RateLimit(KAZOO_LOG_INTERVAL))
 
 
 def check_data_dir(data_dir: str) -> None:
@@ -184,7 +156,6 @@ class Node:
         if refused is not None:
             log.warning("node %s: %s is in use now; this node needs it when it becomes master",
                         s.name, s.bind)
-        quiet_kazoo()
         store = open_store(s.store, s.group)
         locker = open_locker(
             s.locker, s.group, session_timeout=s.zk_session_timeout,

@@ -9,8 +9,10 @@ client is made: reading a URL (the CLI, a file-locked node) does not load it.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -79,8 +81,40 @@ def parse_zk_url(url: str) -> ZkTarget:
     return ZkTarget(",".join(hosts), root)
 
 
+#: kazoo logs each failed connection attempt (several a second while ZooKeeper is
+#: down): let one of its records through per this many seconds. Our locker and
+#: registry log the states that matter themselves.
+KAZOO_LOG_INTERVAL = 10.0
+KAZOO_LOGGERS = ("kazoo.client", "kazoo.protocol.connection")
+
+
+class _RateLimit(logging.Filter):
+    """One record per ``interval`` seconds (errors always pass)."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__()
+        self.interval = interval
+        self.next_at = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if record.levelno >= logging.ERROR or now >= self.next_at:
+            self.next_at = now + self.interval
+            return True
+        return False
+
+
+def quiet_kazoo() -> None:
+    """Rate-limit kazoo's loggers (idempotent)."""
+    for name in KAZOO_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RateLimit) for f in logger.filters):
+            logger.addFilter(_RateLimit(KAZOO_LOG_INTERVAL))
+
+
 def new_zk_client(hosts: str, session_timeout: float, *, ignore_expire: bool = True) -> KazooClient:
-    """A kazoo client (not started) with our retry caps.
+    """A kazoo client (not started) with our retry caps and kazoo's retry chatter
+    rate-limited (every user of ZooKeeper gets both: locker, registry, discovery).
 
     ``ignore_expire=False``: a command does not silently retry in a new session
     (the registry must know its session changed to rewrite its ephemeral node).
@@ -88,6 +122,7 @@ def new_zk_client(hosts: str, session_timeout: float, *, ignore_expire: bool = T
     from kazoo.client import KazooClient
     from kazoo.retry import KazooRetry
 
+    quiet_kazoo()
     return KazooClient(
         hosts=hosts,
         timeout=session_timeout,
