@@ -164,6 +164,9 @@ class Client(Protocol):
 
     def write_frame(self, frame: Frame) -> None: ...
 
+    def write_receipt(self, receipt: str) -> None:
+        """``write_frame`` of a RECEIPT, the frame every persistent SEND waits for."""
+
     def can_write(self) -> bool: ...
 
     def close_with_error(self, message: str, detail: str = "",
@@ -914,7 +917,7 @@ class Broker:
 
     def _disconnected(self, conn: Client, receipt: str | None) -> None:
         if receipt is not None and not conn.closed:
-            conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+            conn.write_receipt(receipt)
         self.detach(conn)
         conn.close()
 
@@ -922,7 +925,7 @@ class Broker:
     def _receipt_now(conn: Client, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
         if receipt is not None:
-            conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+            conn.write_receipt(receipt)
 
     @staticmethod
     def _transaction(session: Session, tx: str) -> Transaction:
@@ -1042,7 +1045,7 @@ class Broker:
                     self._route_now(m, session.conn)  # no durable subscriber: nothing to keep
         if not to_store and not identity_only:
             if receipt is not None:
-                session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+                session.conn.write_receipt(receipt)
             return
         # The frame's own data is a unit: if the store refuses it, only this
         # client is told (see WriteUnit).
@@ -1095,7 +1098,7 @@ class Broker:
                 except Exception:
                     log.exception("publishing message %s failed", m.message_id)
             if receipt is not None and not session.conn.closed:
-                session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+                session.conn.write_receipt(receipt)
 
         self.writes.stage_unit(unit, committed)
 
@@ -1392,7 +1395,7 @@ class Broker:
         def done(ok: bool) -> None:
             session.commit_finished()
             if ok and receipt is not None and not session.conn.closed:
-                session.conn.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+                session.conn.write_receipt(receipt)
 
         unit = self.writes.claim(session.conn)
         if unit is None:

@@ -121,6 +121,9 @@ _CONNECTED = State.CONNECTED
 _DISCONNECTING = State.DISCONNECTING
 #: CONNECTED was sent (server) or received (client), whatever came after.
 _ANSWERED = frozenset({State.CONNECTED, State.DISCONNECTING})
+#: A header value every version sends as it is (nothing to escape, nothing 1.0 cannot
+#: carry): the fast path of ``StompProtocol.receipt``. Receipt ids are client text.
+_PLAIN_VALUE = re.compile(r"[^\\:\r\n\x00]*").fullmatch
 
 
 def _server_name() -> str:
@@ -603,6 +606,15 @@ class StompProtocol:
         if command == "DISCONNECT":
             self._state = _DISCONNECTING
         return data
+
+    def receipt(self, receipt_id: str) -> bytes:
+        """Server side: the RECEIPT for ``receipt_id``, the one frame every persistent
+        SEND is answered with; the same bytes as ``send(Frame("RECEIPT", ...))``
+        without building and checking a frame (see ``_plain_receipt``)."""
+        self._check_open()
+        if self.role == "server" and self._state in _ANSWERED and _PLAIN_VALUE(receipt_id):
+            return b"RECEIPT\nreceipt-id:" + receipt_id.encode() + b"\n\n\x00"
+        return self.send(Frame("RECEIPT", {"receipt-id": receipt_id}))
 
     def heartbeat_data(self) -> bytes:
         """The bytes of one heart-beat (a bare EOL).

@@ -312,7 +312,14 @@ class ClientConnection(asyncio.Protocol):
     def write_frame(self, frame: Frame) -> None:
         if self.closed or self.transport is None:
             return
-        data = self.proto.send(frame)
+        self._write(self.proto.send(frame))
+
+    def write_receipt(self, receipt: str) -> None:
+        if self.closed or self.transport is None:
+            return
+        self._write(self.proto.receipt(receipt))
+
+    def _write(self, data: bytes) -> None:
         self._out.append(data)
         self._out_bytes += len(data)
         if self._flush_handle is None:

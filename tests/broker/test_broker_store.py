@@ -39,6 +39,9 @@ class FrameSink:
     def write_frame(self, frame: Frame) -> None:
         self.frames.append(frame)
 
+    def write_receipt(self, receipt: str) -> None:
+        self.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+
     def can_write(self) -> bool:
         return True
 
