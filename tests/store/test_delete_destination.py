@@ -10,7 +10,18 @@ from collections.abc import Callable
 import pytest
 
 from store import Batch, DeletedDestination, DestinationRow, Fenced, SqlStore, SubscriptionRow
-from tests.helpers.store import DLQ, QUEUE, SUB1, SUB2, TOPIC, assert_counters, master, msg, one, sql
+from tests.helpers.store import (
+    DLQ,
+    QUEUE,
+    SUB1,
+    SUB2,
+    TOPIC,
+    assert_counters,
+    master,
+    msg,
+    one,
+    sql,
+)
 
 MakeStore = Callable[..., SqlStore]
 
