@@ -1602,6 +1602,8 @@ class Broker:
             q.store_id = None  # a new row is allocated by the next write that needs one
             q.store_has_more = False
             gone.memory_only = sum(1 for m in q.drop(lambda m: True) if not m.persistent)
+        if not self.topics.get(name):  # its subscribers left (with some: refused before)
+            self.topics.pop(name, None)
         gone.durables = self.durables_by_topic.pop(name, [])
         for durable in gone.durables:
             self.durables.pop((durable.client_id, durable.sub_name), None)

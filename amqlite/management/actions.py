@@ -141,9 +141,13 @@ class Actions:
         broker = self.broker
         purged = 0
         if self._kind(name) == "queue":
-            q = self.queue(name)
+            # Known in memory only (a subscriber came and went) is still listed: deletable.
+            q = broker.queues.get(name)
+            stored = broker.destination_rows.get(name) is not None
+            if q is None and not stored:
+                raise ActionError(404, f"no destination {name}")
             self._refuse_consumers(name)
-            if len(q) or broker.destination_rows.get(name) is not None:
+            if stored or (q is not None and len(q)):
                 purged = (await self.purge(name))["purged"]
         elif (broker.destination_rows.get(name) is None and name not in broker.topics
               and not broker.durables_by_topic.get(name)):

@@ -143,7 +143,9 @@ def test_delete_is_refused_while_the_destination_has_consumers(
     assert result["messages"] == 2 and result["deleted"] == 1
     assert queue not in _names(api)
     assert api.ok("DELETE", f"/api/v1/destinations{topic}")["deleted"] == 1
+    assert not {queue, topic} & _names(api)
     assert api.delete(f"/api/v1/destinations{queue}")[0] == 404
+    assert api.delete(f"/api/v1/destinations{topic}")[0] == 404
 
 
 def test_a_send_after_the_delete_creates_it_again_from_zero(
