@@ -132,9 +132,10 @@ class Actions:
         """Remove a queue or a topic for good: from memory, and from the store in one
         fenced transaction (its row, its messages, a topic's durable subscriptions), so
         that a new master does not load it again. Refused (409) while it has consumers,
-        like ActiveMQ's removeDestination ("Destination still has an active
-        subscription") and RabbitMQ's queue.delete with if-unused: an operator closes
-        them first rather than leave consumers subscribed to nothing. A queue's waiting
+        like a client's removal in ActiveMQ (AbstractRegion.removeDestination: "Destination
+        still has an active subscription") and RabbitMQ's queue.delete with if-unused: an
+        operator closes them first rather than leave consumers subscribed to nothing
+        (which ActiveMQ's JMX removal does). A queue's waiting
         messages are purged in chunks first (``purge``), so the one transaction that
         removes the rest holds the store lock briefly whatever the backlog."""
         self._check_serving()
