@@ -135,9 +135,9 @@ class Actions:
         like a client's removal in ActiveMQ (AbstractRegion.removeDestination: "Destination
         still has an active subscription") and RabbitMQ's queue.delete with if-unused: an
         operator closes them first rather than leave consumers subscribed to nothing
-        (which ActiveMQ's JMX removal does). A queue's waiting
-        messages are purged in chunks first (``purge``), so the one transaction that
-        removes the rest holds the store lock briefly whatever the backlog."""
+        (which ActiveMQ's JMX removal does). A queue's waiting messages are purged in
+        chunks first (``purge``), so the one transaction that removes the rest holds the
+        store lock briefly whatever the backlog."""
         self._check_serving()
         broker = self.broker
         purged = 0
@@ -159,8 +159,7 @@ class Actions:
         gone = broker.forget_destination(name)
         removed = DeletedDestination(existed=False)
         try:
-            if gone.store_id is not None:
-                assert broker.committer is not None
+            if gone.store_id is not None and broker.committer is not None:
                 removed = await broker.committer.call(
                     broker.committer.store.delete_destination, broker.epoch, gone.store_id)
         except StoreError as e:
