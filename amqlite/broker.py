@@ -721,6 +721,20 @@ class Session:
 # the broker
 
 
+@dataclass
+class ForgottenDestination:
+    """A destination ``Broker.forget_destination`` dropped from memory, for the store's
+    delete and ``Broker.settle_forgotten``."""
+
+    name: str
+    store_id: int | None  # its row; None: it was never stored
+    #: The first message id allocated after the cut: lower ids were sent to the old row.
+    cut: int
+    #: Non-persistent messages dropped from memory (they had no row to delete).
+    memory_only: int = 0
+    durables: list[DurableSource] = field(default_factory=list)
+
+
 class Broker:
     """All destinations of one master. Frames arrive via ``handle``."""
 
@@ -1571,6 +1585,47 @@ class Broker:
             reasons.discard(source)
             if not reasons:
                 del self.blocked_producers_all[producer]
+
+    # -- management: deleting a destination (amqlite.management.actions) -------------------
+    def forget_destination(self, name: str) -> ForgottenDestination:
+        """Drop a destination (with no consumers) from memory and hand the store a
+        clean cut: everything staged so far is submitted now, so the store's delete
+        (queued right after by the caller) comes after every write that names the old
+        row, and every write staged from now on names a new row (a SEND creates the
+        destination again, as in ActiveMQ). Messages still committing into the old row
+        are dropped by ``settle_forgotten`` once they have landed in memory."""
+        gone = ForgottenDestination(name, self.destination_rows.pop(name, None),
+                                    next(self.ids))
+        self.unconfirmed_destinations.pop(name, None)
+        for totals in (self.enqueued, self.dequeued, self.dead_lettered):
+            totals.pop(name, None)
+        self.known_destinations.discard(name)
+        q = self.queues.get(name)
+        if q is not None:
+            q.store_id = None  # a new row is allocated by the next write that needs one
+            q.store_has_more = False
+            gone.memory_only = sum(1 for m in q.drop(lambda m: True) if not m.persistent)
+        if not self.topics.get(name):  # its subscribers left (with some: refused before)
+            self.topics.pop(name, None)
+        gone.durables = self.durables_by_topic.pop(name, [])
+        for durable in gone.durables:
+            self.durables.pop((durable.client_id, durable.sub_name), None)
+            durable.discard()  # its row goes with the destination's, in the same transaction
+        self.writes.flush()
+        return gone
+
+    def settle_forgotten(self, gone: ForgottenDestination) -> None:
+        """After the store's delete: every commit submitted before it has called back,
+        so what those routed into memory (ids below the cut) is dropped, and a queue
+        nobody uses again leaves memory, the listing and the metrics."""
+        q = self.queues.get(gone.name)
+        if q is not None:
+            q.drop(lambda m: m.id < gone.cut)
+            if (not len(q) and not q.consumers and not q.pending_inserts
+                    and gone.name not in self.destination_rows):
+                del self.queues[gone.name]
+        for durable in gone.durables:
+            durable.discard()
 
     # -- flow of the whole broker --------------------------------------------------------
     def pause(self) -> None:

@@ -308,7 +308,8 @@ def queue_retry(destination: str, ids: tuple[int, ...], url: str | None, group: 
 def queue_delete(destination: str, message_id: int | None, url: str | None,
                  group: str | None, registry: str | None, user: str | None,
                  as_json: bool) -> None:
-    """Delete a queue (purged, then forgotten), or one message with --message."""
+    """Delete a destination for good (its messages too; a topic's durable
+    subscriptions too), or one message with --message."""
     t = _target(url, group, registry, user)
     if message_id is not None:
         data = _run(lambda: t.call("DELETE", f"/api/v1/message/{message_id}"))
@@ -316,8 +317,9 @@ def queue_delete(destination: str, message_id: int | None, url: str | None,
                                      f"{data['destination']}")
         return
     data = _run(lambda: t.call("DELETE", f"/api/v1/destinations{_dest_path(destination)}"))
-    _emit(as_json, data, lambda: f"deleted {data['destination']} "
-                                 f"({data['purged']} messages purged)")
+    _emit(as_json, data, lambda: f"deleted {data['destination']}: {data['messages']} messages"
+                                 + (f", {data['subscriptions']} durable subscriptions"
+                                    if data["subscriptions"] else "") + " removed")
 
 
 # --------------------------------------------------------------------------- connections

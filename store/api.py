@@ -221,6 +221,15 @@ class BatchResult:
     rejected: dict[int, StoreRejected] = field(default_factory=dict)
 
 
+@dataclass(slots=True, frozen=True)
+class DeletedDestination:
+    """What ``Store.delete_destination`` removed (counted by the store, not predicted)."""
+
+    existed: bool  # False: there was no such row (nothing was removed)
+    messages: int = 0  # message rows: a queue's, or a topic's kept for its subscriptions
+    subscriptions: int = 0  # durable subscriptions of a topic
+
+
 @dataclass(slots=True)
 class Integrity:
     """The activation check: the counters the last master committed vs. reality."""
@@ -316,6 +325,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def prune_dedup(self, epoch: int, older_than_ms: int, limit: int) -> int:
         """Forget dedup keys older than the window (fenced); return how many."""
+
+    @abc.abstractmethod
+    def delete_destination(self, epoch: int, destination_id: int) -> DeletedDestination:
+        """Remove a destination for good, in one fenced transaction: its row, its
+        messages (in flight or not), and for a topic its durable subscriptions with
+        what they were owed (ActiveMQ removes a topic's durable subscriptions with it).
+        Raises ``Fenced`` (nothing removed) like ``commit_batch``."""
 
     @abc.abstractmethod
     def end_activation(self, epoch: int) -> None:

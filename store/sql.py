@@ -73,6 +73,7 @@ from store import pg_batch, schema
 from store.api import (
     Batch,
     BatchResult,
+    DeletedDestination,
     DestinationRow,
     Fenced,
     Integrity,
@@ -531,6 +532,12 @@ class SqlStore(Store):
         )
         self._s_delete_sub_pending = delete(p).where(p.c.grp == grp, in_(p.c.sub_id, "subs"))
         self._s_delete_subs = delete(s).where(s.c.grp == grp, in_(s.c.id, "subs"))
+        dest = bindparam("d", type_=BigInteger)
+        self._s_delete_destination = delete(d).where(d.c.grp == grp, d.c.id == dest)
+        self._s_destination_subs = select(s.c.id).where(s.c.grp == grp,
+                                                        s.c.destination_id == dest)
+        self._s_delete_destination_messages = delete(m).where(m.c.grp == grp,
+                                                              m.c.destination_id == dest)
         self._s_depth = (
             update(d)
             .where(d.c.grp == grp, d.c.id == bindparam("i"))
@@ -1207,6 +1214,25 @@ class SqlStore(Store):
                         refs.append((None, mid))
             self._write_counters(conn, ch, 0)
         return refs
+
+    def delete_destination(self, epoch: int, destination_id: int) -> DeletedDestination:
+        """One statement per table (the destination index finds the messages); the
+        management action purges a big queue in chunks first, so what is left here
+        is what arrived meanwhile (see ``amqlite.management.actions``)."""
+        params = {"g": self.group, "d": destination_id}
+        with self._tx("delete_destination") as conn:
+            self._fence(conn, epoch)
+            if conn.execute(self._s_delete_destination, params).rowcount == 0:
+                return DeletedDestination(existed=False)
+            sids = conn.scalars(self._s_destination_subs, params).all()
+            for chunk in _chunks(sids, self._chunk):
+                subs = {"g": self.group, "subs": list(chunk)}
+                conn.execute(self._s_delete_sub_pending, subs)
+                conn.execute(self._s_delete_subs, subs)
+            gone = int(conn.execute(self._s_delete_destination_messages, params).rowcount)
+            if gone:
+                conn.execute(self._s_count_fix, {"g": self.group, "delta": -gone})
+        return DeletedDestination(existed=True, messages=gone, subscriptions=len(sids))
 
     def prune_dedup(self, epoch: int, older_than_ms: int, limit: int) -> int:
         with self._tx("prune_dedup") as conn:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from amqlite.broker import Message, now_ms
 from amqlite.management.reads import StoreReader
 from amqlite.validation import BrokerError, check_destination
-from store.api import NewMessage
+from store.api import DeletedDestination, NewMessage, StoreError
 
 if TYPE_CHECKING:
     from amqlite.broker import Broker, Source
@@ -126,6 +126,59 @@ class Actions:
         kept = len(q.inflight_ids())
         q.dispatch()
         return {"destination": name, "purged": purged, "in_flight_kept": kept}
+
+    # -- delete a destination --------------------------------------------------------------
+    async def delete_destination(self, name: str) -> dict[str, Any]:
+        """Remove a queue or a topic for good: from memory, and from the store in one
+        fenced transaction (its row, its messages, a topic's durable subscriptions), so
+        that a new master does not load it again. Refused (409) while it has consumers,
+        like a client's removal in ActiveMQ (AbstractRegion.removeDestination: "Destination
+        still has an active subscription") and RabbitMQ's queue.delete with if-unused: an
+        operator closes them first rather than leave consumers subscribed to nothing
+        (which ActiveMQ's JMX removal does). A queue's waiting messages are purged in
+        chunks first (``purge``), so the one transaction that removes the rest holds the
+        store lock briefly whatever the backlog."""
+        self._check_serving()
+        broker = self.broker
+        purged = 0
+        if self._kind(name) == "queue":
+            # Known in memory only (a subscriber came and went) is still listed: deletable.
+            q = broker.queues.get(name)
+            stored = broker.destination_rows.get(name) is not None
+            if q is None and not stored:
+                raise ActionError(404, f"no destination {name}")
+            self._refuse_consumers(name)
+            if stored or (q is not None and len(q)):
+                purged = (await self.purge(name))["purged"]
+        elif (broker.destination_rows.get(name) is None and name not in broker.topics
+              and not broker.durables_by_topic.get(name)):
+            raise ActionError(404, f"no destination {name}")
+        # purge awaited its commits: check again what may have changed meanwhile.
+        self._check_serving()
+        self._refuse_consumers(name, purged)
+        gone = broker.forget_destination(name)
+        removed = DeletedDestination(existed=False)
+        try:
+            if gone.store_id is not None and broker.committer is not None:
+                removed = await broker.committer.call(
+                    broker.committer.store.delete_destination, broker.epoch, gone.store_id)
+        except StoreError as e:
+            raise ActionError(503, f"the store refused to delete {name} ({e}); "
+                                   f"{purged} messages were purged before") from None
+        finally:
+            broker.settle_forgotten(gone)
+        return {"destination": name, "deleted": 1, "purged": purged,
+                "messages": purged + removed.messages + gone.memory_only,
+                "subscriptions": removed.subscriptions}
+
+    def _refuse_consumers(self, name: str, purged: int = 0) -> None:
+        broker = self.broker
+        q = broker.queues.get(name)
+        n = (len(q.consumers) if q is not None else 0) + len(broker.topics.get(name, [])) \
+            + sum(len(d.consumers) for d in broker.durables_by_topic.get(name, []))
+        if n:
+            done = f" ({purged} messages were purged before it subscribed)" if purged else ""
+            raise ActionError(409, f"{name} has {n} consumers; close them first{done}")
 
     # -- delete one message ----------------------------------------------------------------
     async def delete_message(self, message_id: int) -> dict[str, Any]:

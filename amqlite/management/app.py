@@ -11,7 +11,7 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     GET    /api/v1/group                      every node of the group (registry)
     GET    /api/v1/destinations               name, kind, waiting, in flight, consumers...
     GET    /api/v1/destinations/{kind}/{name}
-    DELETE /api/v1/destinations/queue/{name}  purge it and forget it (see delete_destination)
+    DELETE /api/v1/destinations/{kind}/{name}  remove it for good (see Actions.delete_destination)
     GET    /api/v1/messages/queue/{name}?after=ID&limit=N   browse without consuming
     GET    /api/v1/message/{id}               one whole message
     DELETE /api/v1/message/{id}
@@ -509,20 +509,9 @@ class ManagementServer:
         return self._logged(request, f"purge {name}", result)
 
     async def delete_destination(self, request: web.Request) -> web.Response:
-        """Purge the queue and drop it from the broker's memory. Its row stays in the
-        store (there is no store operation to remove one yet): after a restart or a
-        failover it is listed again, empty."""
         name = self._destination(request)
         self._require(request, name)
-        actions = self._actions()
-        q = actions.queue(name)
-        if q.consumers:
-            raise ActionError(409, f"{name} has {len(q.consumers)} consumers; close them first")
-        result = await actions.purge(name)
-        broker = self.view.broker
-        if not q.consumers and not q.pending_inserts and not len(q):
-            broker.queues.pop(name, None)
-        result["deleted"] = 1
+        result = await self._actions().delete_destination(name)
         return self._logged(request, f"delete {name}", result)
 
     async def delete_message(self, request: web.Request) -> web.Response:

@@ -88,7 +88,7 @@ def test_queue_move_delete_purge(broker: BrokerProcess, clients: ClientPool) -> 
     out = amqlite("queue", "purge", src, "--url", broker.http).stdout  # type: ignore
     assert f"purged 2 messages from {src}" in out
     out = amqlite("queue", "delete", dst, "--url", broker.http).stdout  # type: ignore
-    assert f"deleted {dst} (1 messages purged)" in out
+    assert f"deleted {dst}: 1 messages removed" in out
     assert [m["body"] for m in as_json(broker, "queue", "browse", src)["messages"]] == []
 
 
