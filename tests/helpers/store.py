@@ -96,3 +96,25 @@ def assert_counters(store: SqlStore) -> None:
         assert pending == rows, f"subscription {sub_id}: pending {pending}, rows {rows}"
     count = one(store, "SELECT msg_count FROM amq_groups WHERE grp=:g", g=g)
     assert count == one(store, "SELECT count(*) FROM amq_messages WHERE grp=:g", g=g)
+
+
+def make_v1_store(url: str, group: str, subscriptions: list[SubscriptionRow],
+                  topic: DestinationRow, messages: list[NewMessage]) -> None:
+    """A store as schema v1 left it (before durable subscriptions had an owner), with
+    ``subscriptions`` on ``topic`` owed ``messages``: written by today's code, then
+    the v2 column dropped and the version put back, which leaves exactly v1's
+    tables (v2 added only ``amq_subscriptions.owner``; SQLite >= 3.35 and
+    PostgreSQL drop a column in place)."""
+    s = open_store(url, group)
+    assert isinstance(s, SqlStore)
+    s.open()
+    try:
+        epoch = s.claim_epoch("old-node")
+        s.commit_batch(epoch, Batch(destinations=[topic], subscriptions=subscriptions))
+        if messages:
+            s.commit_batch(epoch, Batch(inserts=messages))
+        s.end_activation(epoch)
+        sql(s, "ALTER TABLE amq_subscriptions DROP COLUMN owner")
+        sql(s, "UPDATE amq_meta SET value = '1' WHERE key = 'schema_version'")
+    finally:
+        s.close()

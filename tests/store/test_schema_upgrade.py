@@ -1,0 +1,85 @@
+"""Schema v1 -> v2 (durable subscriptions' owner) on a real SQLite file and a real
+PostgreSQL: an old store is upgraded in place, keeps its subscriptions and what they
+are owed, and brokers starting at once on it all succeed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from sqlalchemy import inspect
+
+from store import Batch, SqlStore, SubscriptionRow
+from store.schema import SCHEMA_VERSION
+from tests.helpers.store import SUB1, SUB2, TOPIC, make_v1_store, master, msg, one, sql
+
+MakeStore = Callable[..., SqlStore]
+
+
+def columns(store: SqlStore) -> set[str]:
+    return {c["name"] for c in inspect(store.engine).get_columns("amq_subscriptions")}
+
+
+def test_v1_store_is_upgraded_and_keeps_its_subscriptions(store_url: str,
+                                                          make_store: MakeStore) -> None:
+    make_v1_store(store_url, "g1", [SUB1, SUB2], TOPIC,
+                  [msg(1, TOPIC.id, subs=(1, 2)), msg(2, TOPIC.id, subs=(1,))])
+    s = make_store("g1")
+    assert SCHEMA_VERSION == 2
+    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "2"
+    assert "owner" in columns(s)
+    epoch = s.claim_epoch("new-node")
+    subs = s.recover(epoch).subscriptions
+    assert [(r.id, r.client_id, r.name, r.pending, r.owner) for r in subs] == [
+        (1, "c1", "s1", 2, None), (2, "c2", "s2", 1, None)]
+    assert [m.id for m in s.load_subscription_page(SUB1.id, 0, 10)] == [1, 2]
+    # Opening it again (another node, a restart) changes nothing.
+    make_store("g1")
+    assert one(s, "SELECT count(*) FROM amq_meta") == 1
+
+
+def test_an_ownerless_subscription_is_claimed_once(make_store: MakeStore) -> None:
+    s, epoch = master(make_store)  # SUB1, SUB2 without owner
+    s.commit_batch(epoch, Batch(claimed_subscriptions=[(SUB1.id, "alice")]))
+    # A later claim (bob's, or a replay) does not take it over.
+    s.commit_batch(epoch, Batch(claimed_subscriptions=[(SUB1.id, "bob")]))
+    s.commit_batch(epoch, Batch(subscriptions=[SubscriptionRow(7, "c7", "s7", TOPIC.id,
+                                                               owner="carol")]))
+    assert sql(s, "SELECT id, owner FROM amq_subscriptions ORDER BY id") == [
+        (1, "alice"), (2, None), (7, "carol")]
+    assert {r.id: r.owner for r in s.recover(epoch).subscriptions} == {
+        1: "alice", 2: None, 7: "carol"}
+
+
+def test_nodes_starting_at_once_on_a_v1_store_all_succeed(store_url: str) -> None:
+    make_v1_store(store_url, "g1", [SUB1], TOPIC, [msg(1, TOPIC.id, subs=(1,))])
+    barrier = threading.Barrier(3)
+    errors: list[BaseException] = []
+    stores: list[SqlStore] = []
+    lock = threading.Lock()
+
+    def start(i: int) -> None:
+        s = SqlStore(store_url, "g1")
+        with lock:
+            stores.append(s)
+        barrier.wait()
+        try:
+            s.open()
+        except BaseException as e:  # report every failure, not just the first
+            with lock:
+                errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert one(stores[0], "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "2"
+        epoch = stores[0].claim_epoch("node-0")
+        assert [m.id for m in stores[0].load_subscription_page(SUB1.id, 0, 10)] == [1]
+        assert [r.owner for r in stores[0].recover(epoch).subscriptions] == [None]
+    finally:
+        for s in stores:
+            s.close()
