@@ -52,7 +52,7 @@ def start_args(store_url: str, http: int | None = None) -> list[str]:
     args = ["--store", store_url]
     if store_url.startswith("postgresql"):
         args += ["--locker", store_url]
-    return args + ["--http", f"127.0.0.1:{http}" if http else "off"]
+    return [*args, "--http", f"127.0.0.1:{http}" if http else "off"]
 
 
 def connect(clients: ClientPool, broker: BrokerProcess, login: str, client_id: str) -> Client:
@@ -102,7 +102,8 @@ def alice_gets(clients: ClientPool, broker: BrokerProcess, cid: str, topic: str,
 
 
 def subscriptions(api: Api) -> dict[tuple[str, str], dict]:
-    return {(s["client_id"], s["name"]): s for s in api.ok("GET", "/subscriptions")["subscriptions"]}
+    rows = api.ok("GET", "/subscriptions")["subscriptions"]
+    return {(s["client_id"], s["name"]): s for s in rows}
 
 
 def test_only_the_owner_may_reattach_replace_or_remove(
