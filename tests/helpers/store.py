@@ -4,6 +4,7 @@ back, message rows, the usual destinations, and opening stores that are closed a
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -118,3 +119,35 @@ def make_v1_store(url: str, group: str, subscriptions: list[SubscriptionRow],
         sql(s, "UPDATE amq_meta SET value = '1' WHERE key = 'schema_version'")
     finally:
         s.close()
+
+
+def open_at_once(url: str, groups: list[str],
+                 then: Callable[[SqlStore], Any] | None = None,
+                 ) -> tuple[list[SqlStore], list[BaseException]]:
+    """Open one store per group from as many threads released together (brokers
+    starting at once), each then running ``then``; every store (close them) and every
+    failure, not just the first."""
+    barrier = threading.Barrier(len(groups))
+    errors: list[BaseException] = []
+    stores: list[SqlStore] = []
+    lock = threading.Lock()
+
+    def start(group: str) -> None:
+        s = SqlStore(url, group)
+        with lock:
+            stores.append(s)
+        barrier.wait()
+        try:
+            s.open()
+            if then is not None:
+                then(s)
+        except BaseException as e:
+            with lock:
+                errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(g,)) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return stores, errors

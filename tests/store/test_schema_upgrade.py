@@ -4,14 +4,23 @@ are owed, and brokers starting at once on it all succeed."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from sqlalchemy import inspect
 
 from store import Batch, SqlStore, SubscriptionRow
 from store.schema import SCHEMA_VERSION
-from tests.helpers.store import SUB1, SUB2, TOPIC, make_v1_store, master, msg, one, sql
+from tests.helpers.store import (
+    SUB1,
+    SUB2,
+    TOPIC,
+    make_v1_store,
+    master,
+    msg,
+    one,
+    open_at_once,
+    sql,
+)
 
 MakeStore = Callable[..., SqlStore]
 
@@ -53,27 +62,7 @@ def test_an_ownerless_subscription_is_claimed_once(make_store: MakeStore) -> Non
 
 def test_nodes_starting_at_once_on_a_v1_store_all_succeed(store_url: str) -> None:
     make_v1_store(store_url, "g1", [SUB1], TOPIC, [msg(1, TOPIC.id, subs=(1,))])
-    barrier = threading.Barrier(3)
-    errors: list[BaseException] = []
-    stores: list[SqlStore] = []
-    lock = threading.Lock()
-
-    def start(i: int) -> None:
-        s = SqlStore(store_url, "g1")
-        with lock:
-            stores.append(s)
-        barrier.wait()
-        try:
-            s.open()
-        except BaseException as e:  # report every failure, not just the first
-            with lock:
-                errors.append(e)
-
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    stores, errors = open_at_once(store_url, ["g1"] * 3)
     try:
         assert errors == []
         assert one(stores[0], "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "2"
