@@ -174,4 +174,10 @@ def test_a_v1_store_is_upgraded_at_start_by_two_nodes_at_once(
     assert "had no owner: login 'alice' owns it now" in master.log_text()
     alice.close()
     bob_is_refused(clients, master, cid, topic.name, name)
-    alice_gets(clients, master, cid, topic.name, name, [])
+    # The claim is in the store (committed before alice's RECEIPT): the node taking
+    # over knows the owner too.
+    master.kill()
+    slave.wait_serving()
+    bob_is_refused(clients, slave, cid, topic.name, name)
+    assert "owns it now" not in slave.log_text()
+    alice_gets(clients, slave, cid, topic.name, name, [])
