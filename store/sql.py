@@ -127,6 +127,10 @@ SQLITE_MIN_VERSION = (3, 35, 0)
 #: Registry rows older than this are left out by ``read_registry`` (ms): a
 #: node heartbeats every few seconds, so 30 s means it is gone.
 REGISTRY_MAX_AGE_MS = 30_000
+#: How long a schema upgrade's ALTER TABLE waits for its table lock on PostgreSQL
+#: (ms): a healthy master holds it for a commit's milliseconds; the ALTER blocks
+#: the table for everyone while it waits, so it should not wait 15 s.
+UPGRADE_LOCK_TIMEOUT_MS = 2_000
 #: The two-int advisory lock key serialising schema creation: "amql", 1. The
 #: two-int key space is separate from pg_advisory_lock(bigint) used by lockers.
 SCHEMA_LOCK_KEY = (0x616D716C, 1)
@@ -165,6 +169,10 @@ def _add_column(conn: Connection, column: Any) -> None:
     table = column.table.name
     if column.name in {c["name"] for c in inspect(conn).get_columns(table)}:
         return
+    if conn.dialect.name == "postgresql":
+        # While ALTER waits for its lock, every other use of the table queues behind
+        # it (a running master's commits too): give up soon; the node retries opening.
+        conn.execute(text(f"SET LOCAL lock_timeout = {UPGRADE_LOCK_TIMEOUT_MS}"))
     ddl = column.type.compile(dialect=conn.dialect)
     conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{column.name}" {ddl}'))
 

@@ -4,11 +4,14 @@ are owed, and brokers starting at once on it all succeed."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from sqlalchemy import inspect
+import pytest
+from sqlalchemy import create_engine, inspect, text
 
-from store import Batch, SqlStore, SubscriptionRow
+from store import Batch, SqlStore, StoreError, SubscriptionRow
+from store import sql as store_sql
 from store.schema import SCHEMA_VERSION
 from tests.helpers.store import (
     SUB1,
@@ -72,3 +75,29 @@ def test_nodes_starting_at_once_on_a_v1_store_all_succeed(store_url: str) -> Non
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_pg_upgrade_waiting_for_a_busy_table_gives_up_and_retries(pg_url: str) -> None:
+    """An ALTER waiting for its lock blocks the table for everyone: it waits at most
+    UPGRADE_LOCK_TIMEOUT_MS, not the 15 s statement timeout, and changes nothing; the
+    next open (the node retries) upgrades."""
+    make_v1_store(pg_url, "g1", [SUB1], TOPIC, [])
+    holder = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with holder.connect() as conn, conn.begin():
+            conn.execute(text("LOCK TABLE amq_subscriptions IN ROW EXCLUSIVE MODE"))
+            late = SqlStore(pg_url, "g1")
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="lock timeout"):
+                late.open()
+            assert time.monotonic() - started < store_sql.STORE_STATEMENT_TIMEOUT_MS / 1000
+        with holder.connect() as conn:
+            assert conn.scalar(text("SELECT value FROM amq_meta")) == "1"
+    finally:
+        holder.dispose()
+    s = SqlStore(pg_url, "g1")
+    s.open()
+    try:
+        assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "2"
+    finally:
+        s.close()
