@@ -450,11 +450,14 @@ class DurableSource(Source):
     """A durable topic subscription's backlog: stored once, owed per subscription."""
 
     def __init__(self, broker: Broker, name: str, sub_id: int, client_id: str,
-                 sub_name: str, topic: str) -> None:
+                 sub_name: str, topic: str, owner: str | None = None) -> None:
         super().__init__(broker, name, sub_id, stored=True)
         self.client_id = client_id
         self.sub_name = sub_name
         self.topic = topic
+        #: The login that created it: only it may reattach, replace or remove it.
+        #: None: made without authentication, or stored before owners were.
+        self.owner = owner
 
     def ref(self, message: Message) -> Ref:
         return (self.store_id, message.id)
@@ -791,6 +794,9 @@ class Broker:
         #: Destinations used since this node became master (topics leave no row unless
         #: durable): using one of these again is not creating it. Kept only with authz.
         self.known_destinations: set[str] = set()
+        #: CONNECT is authenticated (a users file): a connection's login is proven, so a
+        #: durable subscription belongs to it. Without, a login header proves nothing.
+        self.authenticated = bool(settings.users_file)
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
             if d.kind == "queue":
@@ -798,7 +804,8 @@ class Broker:
         names = {d.id: d.name for d in recovery.destinations}
         for s in recovery.subscriptions:
             topic = names.get(s.destination_id, f"/topic/unknown-{s.destination_id}")
-            self._add_durable(DurableSource(self, topic, s.id, s.client_id, s.name, topic))
+            self._add_durable(DurableSource(self, topic, s.id, s.client_id, s.name, topic,
+                                            s.owner))
 
     # -- connections ------------------------------------------------------------
     def check_client_id(self, client_id: str | None, login: str | None) -> None:
@@ -1253,7 +1260,7 @@ class Broker:
             client_id = session.conn.client_id
             if not client_id:
                 raise BrokerError("a durable subscription needs client-id on CONNECT")
-            source = self._durable(client_id, durable_name, destination)
+            source = self._durable(client_id, durable_name, destination, session.conn.login)
             if source.consumers:
                 raise BrokerError(f"durable subscription {durable_name!r} is already active")
         else:
@@ -1265,8 +1272,11 @@ class Broker:
         session.by_key[sub.key] = sub
         source.add_consumer(sub)
 
-    def _durable(self, client_id: str, name: str, topic: str) -> DurableSource:
+    def _durable(self, client_id: str, name: str, topic: str,
+                 login: str | None) -> DurableSource:
         durable = self.durables.get((client_id, name))
+        if durable is not None:
+            self.check_owner(durable, login)
         if durable is not None and durable.topic != topic:
             # ActiveMQ/JMS: re-subscribing a durable name to another topic replaces it
             self._remove_durable(durable)
@@ -1278,9 +1288,10 @@ class Broker:
             unit.claimable = True  # the SUBSCRIBE's RECEIPT waits for it
             did = self._destination_id(topic, batch)
             sid = next(self.subscription_ids)
-            batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did))
+            owner = login if self.authenticated else None
+            batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did, owner=owner))
             self.writes.end_unit(unit)
-            durable = DurableSource(self, topic, sid, client_id, name, topic)
+            durable = DurableSource(self, topic, sid, client_id, name, topic, owner)
             durable.store_has_more = False
             self._add_durable(durable)
             new = durable
@@ -1295,6 +1306,25 @@ class Broker:
 
             self.writes.stage_unit(unit, created)
         return durable
+
+    def check_owner(self, durable: DurableSource, login: str | None) -> None:
+        """BrokerError (nothing done) unless ``login`` may reattach, replace or remove
+        ``durable``: its owner may; without authentication anyone may (as before owners
+        were stored). An ownerless one (stored before, or made without authentication)
+        becomes the property of the first login that uses it, in the store too."""
+        if not self.authenticated or login is None or durable.owner == login:
+            return
+        if durable.owner is not None:
+            log.warning("durable subscription %r of client-id %r: login %r refused "
+                        "(it belongs to another login)", durable.sub_name, durable.client_id,
+                        login)
+            raise BrokerError(f"durable subscription {durable.sub_name!r} of client-id "
+                              f"{durable.client_id!r} belongs to another login")
+        durable.owner = login
+        if durable.store_id is not None:
+            self.writes.stage().claimed_subscriptions.append((durable.store_id, login))
+        log.warning("durable subscription %r of client-id %r had no owner: login %r owns it "
+                    "now", durable.sub_name, durable.client_id, login)
 
     def _add_durable(self, durable: DurableSource) -> None:
         self.durables[(durable.client_id, durable.sub_name)] = durable
@@ -1314,14 +1344,17 @@ class Broker:
         sub_id = h.get("id") or h.get("destination")
         sub = session.subscriptions.get(sub_id or "")
         durable_name = h.get("activemq.subscriptionName") or h.get("durable-subscription-name")
+        durable = None
+        if durable_name and session.conn.client_id:
+            durable = self.durables.get((session.conn.client_id, durable_name))
+            if durable is not None:
+                self.check_owner(durable, session.conn.login)  # before anything changes
         if sub is not None:
             self._close_subscription(session, sub)
         elif not durable_name:
             raise BrokerError(f"no subscription {sub_id!r}")
-        if durable_name and session.conn.client_id:
-            durable = self.durables.get((session.conn.client_id, durable_name))
-            if durable is not None:
-                self._remove_durable(durable)
+        if durable is not None:
+            self._remove_durable(durable)
 
     def _close_subscription(self, session: Session, sub: Subscription) -> None:
         """Return what the subscriber had not acknowledged; it will be redelivered."""

@@ -91,6 +91,8 @@ class SubscriptionRow:
     destination_id: int
     selector: str | None = None
     pending: int = 0
+    #: The login that created it; None without authentication or from before schema v2.
+    owner: str | None = None
 
 
 #: A reference to one stored delivery: (subscription id or None for a queue, message id).
@@ -109,10 +111,10 @@ class Batch:
     """Writes committed together in one fenced transaction.
 
     Order of application inside the transaction: destinations, subscriptions
-    (created), inserts, undeliveries, deliveries, releases, moves, acks,
-    subscriptions (removed). An insert whose ``dedup_key`` is already in the dedup window
-    (or earlier in the same batch) is skipped and reported in
-    ``BatchResult.duplicates``.
+    (created), subscriptions (claimed), inserts, undeliveries, deliveries,
+    releases, moves, acks, subscriptions (removed). An insert whose
+    ``dedup_key`` is already in the dedup window (or earlier in the same batch)
+    is skipped and reported in ``BatchResult.duplicates``.
 
     Because of that fixed order, one batch must not release or move a message
     and then deliver it again, nor remove a durable subscription and create
@@ -142,6 +144,10 @@ class Batch:
     acks: list[Ref] = field(default_factory=list)
     #: Durable subscriptions removed, with their pending rows.
     removed_subscriptions: list[int] = field(default_factory=list)
+    #: (subscription id, login): an ownerless subscription (from before owners
+    #: were stored, or made without authentication) gets its first owner. Only a
+    #: NULL owner is set, so a replayed claim cannot take one over.
+    claimed_subscriptions: list[tuple[int, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
@@ -155,6 +161,7 @@ class Batch:
             + len(self.moves)
             + len(self.acks)
             + len(self.removed_subscriptions)
+            + len(self.claimed_subscriptions)
         )
 
     def extend(self, other: Batch) -> None:
@@ -168,6 +175,7 @@ class Batch:
         self.moves += other.moves
         self.acks += other.acks
         self.removed_subscriptions += other.removed_subscriptions
+        self.claimed_subscriptions += other.claimed_subscriptions
 
     def carve(self, spans: list[UnitSpan]) -> tuple[Batch, list[Batch]]:
         """Split into the part outside every span and one batch per span

@@ -113,7 +113,8 @@ UPDATE amq_groups SET msg_count = msg_count - (SELECT count(*) FROM del) WHERE g
 
 def fits(batch: Batch) -> bool:
     """True when every write of ``batch`` has a statement here."""
-    if batch.destinations or batch.subscriptions or batch.moves or batch.removed_subscriptions:
+    if (batch.destinations or batch.subscriptions or batch.moves or batch.removed_subscriptions
+            or batch.claimed_subscriptions):
         return False
     size = 0
     for x in batch.inserts:

@@ -27,8 +27,9 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-#: Bumped whenever a table or column changes; ``store`` upgrades older stores.
-SCHEMA_VERSION = 1
+#: Bumped whenever a table or column changes; ``store`` upgrades older stores
+#: (``store.sql.UPGRADES``). v2: ``amq_subscriptions.owner``.
+SCHEMA_VERSION = 2
 
 # Column sizes that bound what a client may send. The broker validates every
 # frame against these (amqlite/validation.py) so that a value the store cannot
@@ -150,6 +151,10 @@ subscriptions = Table(
     Column("selector", Text),
     Column("created_at", BigInteger, nullable=False),
     Column("pending", BigInteger, nullable=False, default=0),  # kept per batch
+    # The login that created it (only it may reattach, replace or remove it); NULL
+    # when authentication was off or the row predates schema v2. Text: a login's
+    # length is bounded by the users file, not by the store.
+    Column("owner", Text),
     PrimaryKeyConstraint("grp", "id"),
     UniqueConstraint("grp", "client_id", "name", name="uq_amq_subscriptions_name"),
 )

@@ -128,6 +128,10 @@ SQLITE_MIN_VERSION = (3, 35, 0)
 #: Registry rows older than this are left out by ``read_registry`` (ms): a
 #: node heartbeats every few seconds, so 30 s means it is gone.
 REGISTRY_MAX_AGE_MS = 30_000
+#: How long a schema upgrade's ALTER TABLE waits for its table lock on PostgreSQL
+#: (ms): a healthy master holds it for a commit's milliseconds; the ALTER blocks
+#: the table for everyone while it waits, so it should not wait 15 s.
+UPGRADE_LOCK_TIMEOUT_MS = 2_000
 #: The two-int advisory lock key serialising schema creation: "amql", 1. The
 #: two-int key space is separate from pg_advisory_lock(bigint) used by lockers.
 SCHEMA_LOCK_KEY = (0x616D716C, 1)
@@ -151,11 +155,35 @@ LOCK_NOT_AVAILABLE = "55P03"
 ANALYZE_AFTER_ROWS = 1000
 HOT_TABLES = ("amq_messages", "amq_dedup", "amq_sub_pending")
 
+
+
+def _add_subscription_owner(conn: Connection) -> None:
+    """v1 -> v2: ``amq_subscriptions.owner``. Existing rows keep NULL (no owner
+    known): the first login that uses such a subscription becomes its owner."""
+    _add_column(conn, schema.subscriptions.c.owner)
+
+
+def _add_column(conn: Connection, column: Any) -> None:
+    """ALTER TABLE ... ADD COLUMN unless it is there (a store a newer amqlite
+    began to upgrade, or a table ``create_all`` has just made with it). Both
+    SQLite and PostgreSQL add a nullable column without rewriting the table."""
+    table = column.table.name
+    if column.name in {c["name"] for c in inspect(conn).get_columns(table)}:
+        return
+    if conn.dialect.name == "postgresql":
+        # While ALTER waits for its lock, every other use of the table queues behind
+        # it (a running master's commits too): give up soon; the node retries opening.
+        conn.execute(text(f"SET LOCAL lock_timeout = {UPGRADE_LOCK_TIMEOUT_MS}"))
+    ddl = column.type.compile(dialect=conn.dialect)
+    conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{column.name}" {ddl}'))
+
+
 #: Schema upgrades: ``UPGRADES[v](conn)`` turns a version-v store into v+1. It
 #: runs inside the schema lock's transaction (advisory xact lock on
 #: PostgreSQL, BEGIN IMMEDIATE on SQLite), after ``create_all`` has added any
-#: new tables. Version 1 is the first: nothing to upgrade yet.
-UPGRADES: dict[int, Callable[[Connection], None]] = {}
+#: new tables, so nodes starting at once upgrade one after the other and the
+#: later ones find the new version. Version 1 was the first.
+UPGRADES: dict[int, Callable[[Connection], None]] = {1: _add_subscription_owner}
 
 
 def _now_ms() -> int:
@@ -543,6 +571,11 @@ class SqlStore(Store):
             .where(d.c.grp == grp, d.c.id == bindparam("i"))
             .values(depth=d.c.depth + bindparam("n"))
         )
+        self._s_claim_sub = (
+            update(s)
+            .where(s.c.grp == grp, s.c.id == bindparam("i"), s.c.owner.is_(None))
+            .values(owner=bindparam("o"))
+        )
         self._s_pending = (
             update(s)
             .where(s.c.grp == grp, s.c.id == bindparam("i"))
@@ -784,10 +817,11 @@ class SqlStore(Store):
                 )
             ]
             subs = [
-                SubscriptionRow(r.id, r.client_id, r.name, r.destination_id, r.selector, r.pending)
+                SubscriptionRow(r.id, r.client_id, r.name, r.destination_id, r.selector, r.pending,
+                                r.owner)
                 for r in conn.execute(
                     select(s.c.id, s.c.client_id, s.c.name, s.c.destination_id, s.c.selector,
-                           s.c.pending)
+                           s.c.pending, s.c.owner)
                     .where(s.c.grp == self.group)
                     .order_by(s.c.id)
                 )
@@ -945,6 +979,8 @@ class SqlStore(Store):
                 self._create_destinations(conn, batch.destinations, now)
             if batch.subscriptions:
                 self._create_subscriptions(conn, batch.subscriptions, now)
+            if batch.claimed_subscriptions:
+                self._claim_subscriptions(conn, batch.claimed_subscriptions)
             if inserts or batch.identities:
                 self._insert(conn, epoch, inserts, batch.identities, now, result, ch)
             for chunk in _chunks(batch.undeliveries, self._chunk):
@@ -1003,10 +1039,13 @@ class SqlStore(Store):
             [
                 {"grp": self.group, "id": r.id, "client_id": r.client_id, "name": r.name,
                  "destination_id": r.destination_id, "selector": r.selector,
-                 "created_at": now, "pending": 0}
+                 "created_at": now, "pending": 0, "owner": r.owner}
                 for r in rows
             ],
         )
+
+    def _claim_subscriptions(self, conn: Connection, claims: Sequence[tuple[int, str]]) -> None:
+        conn.execute(self._s_claim_sub, [{"g": self.group, "i": i, "o": o} for i, o in claims])
 
     def _insert(
         self,

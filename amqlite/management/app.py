@@ -487,8 +487,11 @@ class ManagementServer:
         out = []
         for r in rows:
             durable = broker.durables.get((r.client_id, r.name))
+            # The master's view first: an ownerless subscription just claimed by its
+            # first login may not be committed yet.
+            owner = durable.owner if durable is not None else r.owner
             out.append({"client_id": r.client_id, "name": r.name, "topic": r.topic,
-                        "pending": r.pending,
+                        "pending": r.pending, "owner": owner,
                         "online": bool(durable is not None and durable.consumers)})
         return web.json_response({"subscriptions": out})
 

@@ -41,6 +41,7 @@ class DurableRow:
     name: str
     topic: str
     pending: int
+    owner: str | None  # the login that created it (None: no authentication, or older)
 
 
 class StoreReader:
@@ -97,10 +98,12 @@ class StoreReader:
     def durables(self) -> list[DurableRow]:
         s, d = schema.subscriptions, schema.destinations
         rows = self._rows(
-            select(s.c.id, s.c.client_id, s.c.name, d.c.name.label("topic"), s.c.pending)
+            select(s.c.id, s.c.client_id, s.c.name, d.c.name.label("topic"), s.c.pending,
+                   s.c.owner)
             .join(d, (d.c.grp == s.c.grp) & (d.c.id == s.c.destination_id))
             .where(s.c.grp == self.group).order_by(s.c.client_id, s.c.name))
-        return [DurableRow(r.id, r.client_id, r.name, r.topic, r.pending) for r in rows]
+        return [DurableRow(r.id, r.client_id, r.name, r.topic, r.pending, r.owner)
+                for r in rows]
 
     # -- messages --------------------------------------------------------------------------
     def browse(self, destination_id: int, after_id: int, limit: int) -> list[dict[str, Any]]:

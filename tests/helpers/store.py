@@ -4,6 +4,7 @@ back, message rows, the usual destinations, and opening stores that are closed a
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -96,3 +97,57 @@ def assert_counters(store: SqlStore) -> None:
         assert pending == rows, f"subscription {sub_id}: pending {pending}, rows {rows}"
     count = one(store, "SELECT msg_count FROM amq_groups WHERE grp=:g", g=g)
     assert count == one(store, "SELECT count(*) FROM amq_messages WHERE grp=:g", g=g)
+
+
+def make_v1_store(url: str, group: str, subscriptions: list[SubscriptionRow],
+                  topic: DestinationRow, messages: list[NewMessage]) -> None:
+    """A store as schema v1 left it (before durable subscriptions had an owner), with
+    ``subscriptions`` on ``topic`` owed ``messages``: written by today's code, then
+    the v2 column dropped and the version put back, which leaves exactly v1's
+    tables (v2 added only ``amq_subscriptions.owner``; SQLite >= 3.35 and
+    PostgreSQL drop a column in place)."""
+    s = open_store(url, group)
+    assert isinstance(s, SqlStore)
+    s.open()
+    try:
+        epoch = s.claim_epoch("old-node")
+        s.commit_batch(epoch, Batch(destinations=[topic], subscriptions=subscriptions))
+        if messages:
+            s.commit_batch(epoch, Batch(inserts=messages))
+        s.end_activation(epoch)
+        sql(s, "ALTER TABLE amq_subscriptions DROP COLUMN owner")
+        sql(s, "UPDATE amq_meta SET value = '1' WHERE key = 'schema_version'")
+    finally:
+        s.close()
+
+
+def open_at_once(url: str, groups: list[str],
+                 then: Callable[[SqlStore], Any] | None = None,
+                 ) -> tuple[list[SqlStore], list[BaseException]]:
+    """Open one store per group from as many threads released together (brokers
+    starting at once), each then running ``then``; every store (close them) and every
+    failure, not just the first."""
+    barrier = threading.Barrier(len(groups))
+    errors: list[BaseException] = []
+    stores: list[SqlStore] = []
+    lock = threading.Lock()
+
+    def start(group: str) -> None:
+        s = SqlStore(url, group)
+        with lock:
+            stores.append(s)
+        barrier.wait()
+        try:
+            s.open()
+            if then is not None:
+                then(s)
+        except BaseException as e:
+            with lock:
+                errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(g,)) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return stores, errors

@@ -234,8 +234,9 @@ def test_durable_subscriptions_listed_offline_and_removed(api: Api, broker: Brok
                     None)
 
     row = wait_until(listed, what="the offline durable subscription with 2 pending")
+    # no users file: no login owns it
     assert row == {"client_id": client_id, "name": name, "topic": topic, "pending": 2,
-                   "online": False}
+                   "owner": None, "online": False}
     result = api.ok("DELETE", f"/api/v1/subscriptions/{client_id}/{name}")
     assert result["removed"] == 1 and result["topic"] == topic
     assert all(s["client_id"] != client_id

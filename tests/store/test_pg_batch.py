@@ -220,6 +220,7 @@ COLD = {
     "durable ack": Batch(acks=[(None, 1), (SUB2.id, 4)]),
     "move": Batch(moves=[(1, DLQ.id)]),
     "removed subscription": Batch(removed_subscriptions=[SUB2.id]),
+    "claimed subscription": Batch(claimed_subscriptions=[(SUB2.id, "alice")]),
 }
 
 

@@ -3,7 +3,6 @@ fencing, batches, dedup, paging, counters, activation and housekeeping."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from tests.helpers.store import (
     master,
     msg,
     one,
+    open_at_once,
     sql,
 )
 
@@ -84,28 +84,8 @@ def test_schema_create_is_idempotent(make_store: MakeStore) -> None:
 
 
 def test_concurrent_schema_creation_from_three_brokers(store_url: str) -> None:
-    barrier = threading.Barrier(3)
-    errors: list[BaseException] = []
-    stores: list[SqlStore] = []
-    lock = threading.Lock()
-
-    def start(i: int) -> None:
-        s = SqlStore(store_url, f"g{i}")
-        barrier.wait()
-        try:
-            s.open()
-            s.claim_epoch(f"node-{i}")
-        except BaseException as e:  # report every failure, not just the first
-            with lock:
-                errors.append(e)
-        with lock:
-            stores.append(s)
-
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    stores, errors = open_at_once(store_url, [f"g{i}" for i in range(3)],
+                                  lambda s: s.claim_epoch(f"node-{s.group}"))
     try:
         assert errors == []
         assert one(stores[0], "SELECT count(*) FROM amq_meta") == 1

@@ -173,9 +173,11 @@ async function connections(main) {
 async function subscriptions(main) {
   const data = await api("GET", "/subscriptions");
   main.replaceChildren(el("h2", {}, "Durable subscriptions"),
-    table("subscriptions", ["client-id", "name", "topic", { label: "pending", num: 1 }, "online", ""],
+    table("subscriptions", ["client-id", "name", "topic", "owner", { label: "pending", num: 1 },
+                            "online", ""],
       data.subscriptions.map(s => el("tr", {},
-        el("td", {}, s.client_id), el("td", {}, s.name), el("td", {}, s.topic), num(s.pending),
+        el("td", {}, s.client_id), el("td", {}, s.name), el("td", {}, s.topic),
+        el("td", {}, s.owner ?? ""), num(s.pending),
         el("td", {}, s.online ? "yes" : "no"),
         el("td", {}, el("button", { class: "danger", onclick: () => {
           if (confirm(`Remove ${s.client_id}/${s.name}?`))
