@@ -28,7 +28,7 @@ from store.api import (
 if TYPE_CHECKING:
     from store.group_commit import GroupCommitter
 
-__all__ = ["ResultCallback", "StagedCallback", "WriteBuffer", "WriteUnit"]
+__all__ = ["CommitUnit", "ResultCallback", "StagedCallback", "WriteBuffer", "WriteUnit"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,24 @@ class WriteUnit(Generic[C]):
         return self.span
 
 
+class CommitUnit(WriteUnit[C]):
+    """A COMMIT's unit: its span covers the ack rows of the transaction's ACKs
+    too, so the store takes them with its SENDs or refuses them with them (a
+    refused COMMIT applies nothing). A subclass so that a SEND's unit, on the
+    hot path, stays as it was."""
+
+    __slots__ = ("acks_start",)
+
+    def __init__(self, conn: C | None, index: int, batch: Batch) -> None:
+        super().__init__(conn, index, batch)
+        self.acks_start = len(batch.acks)
+
+    def end(self, batch: Batch) -> UnitSpan:
+        if self.span is None:
+            self.span = (*super().end(batch), self.acks_start, len(batch.acks))
+        return self.span
+
+
 class WriteBuffer(Generic[C]):
     """Gathers every write of one loop iteration into one Batch for the committer.
 
@@ -111,9 +129,12 @@ class WriteBuffer(Generic[C]):
         self._schedule()
         return self.batch
 
-    def begin_unit(self, conn: C | None) -> WriteUnit[C]:
-        """Start staging one frame's data, blamed on ``conn`` if refused."""
-        unit: WriteUnit[C] = WriteUnit(conn, len(self.units), self.batch)
+    def begin_unit(self, conn: C | None, covers_acks: bool = False) -> WriteUnit[C]:
+        """Start staging one frame's data, blamed on ``conn`` if refused;
+        ``covers_acks``: the ack rows staged until ``end_unit`` are the unit's
+        too (a COMMIT's, see ``CommitUnit``)."""
+        unit: WriteUnit[C] = (CommitUnit if covers_acks else WriteUnit)(
+            conn, len(self.units), self.batch)
         self.units.append(unit)
         self.current = unit
         self._schedule()
