@@ -1493,11 +1493,13 @@ class Broker:
             unit.receipt = receipt
             self.writes.stage_unit(unit, lambda result: done(result is not None))
 
-    def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch) -> bool:
-        """Back to ``source``, or past ``max_redeliveries`` to the dead-letter queue.
-        True when it went there (only then is it settled: gone from ``source``)."""
+    def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch,
+                                  dead_letter: bool = True) -> bool:
+        """Back to ``source``, or past ``max_redeliveries`` (unless not ``dead_letter``)
+        to the dead-letter queue. True when it went there (only then is it settled:
+        gone from ``source``)."""
         m = d.message
-        if m.delivery_count <= self.settings.max_redeliveries:
+        if not dead_letter or m.delivery_count <= self.settings.max_redeliveries:
             if d.ref is not None:
                 self.writes.stage_releases([d.ref])
             source.push(m)
@@ -1601,21 +1603,23 @@ class Broker:
     def _unsettle(self, settled: list[Settled]) -> None:
         """The store refused a COMMIT: the messages its ACKs (and NACKs past the
         redelivery limit) settled in memory are not settled in the store. They go
-        back to their destination, redelivered, as an ABORT sends back what its
-        ACKs held. Ack rows cannot be refused on their own (integer ids the
-        master allocated): a SEND of the transaction was, so this is rare."""
+        back to their destination, redelivered: an ACK's as an ABORT sends back
+        what its ACKs held, a NACK's as if the NACK had not come (so not to the
+        dead-letter queue). Ack rows cannot be refused on their own (integer ids
+        the master allocated): a SEND of the transaction was."""
         for command, sub, done in settled:
-            if command == "ACK":
+            acked = command == "ACK"
+            if acked:
                 self.stats["acked"] -= len(done)
                 self.dequeued[sub.destination] -= len(done)
-            else:  # dead-lettered: again, outside the unit (a memory-only copy went already)
+            else:  # dead-lettered; a memory-only copy was routed at once: it stays so
                 done = [d for d in done if d.message.persistent]
                 self.stats["dead_lettered"] -= len(done)
                 self.dead_lettered[sub.destination] -= len(done)
             if not done or (sub.closed and isinstance(sub.source, TopicSubscriptionSource)):
                 continue  # nothing, or memory-only copies for a subscriber that is gone
             for d in done:
-                self._redeliver_or_dead_letter(sub.source, d, self.writes.batch)
+                self._redeliver_or_dead_letter(sub.source, d, self.writes.batch, acked)
             _dispatch_logged(sub.source)
 
     # -- expiry, paging ---------------------------------------------------------------
