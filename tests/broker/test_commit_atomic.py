@@ -23,7 +23,7 @@ from amqlite.codec import Frame
 from amqlite.settings import Settings
 from store import SqlStore
 from tests.broker.test_broker_store import run, until
-from tests.broker.test_hand_over import BACKENDS, QUEUE, Scene, running, seed_queue
+from tests.broker.test_hand_over import BACKENDS, QUEUE, ProbeSink, Scene, running, seed_queue
 from tests.broker.test_store_rejected import poison_message, poison_sends, queue_bodies
 from tests.helpers.store import assert_counters
 
@@ -31,8 +31,10 @@ OTHER_QUEUE = "/queue/commit-atomic"
 TX = {"transaction": "t"}
 
 
-async def delivered(s: Scene, body: str):  # -> (consumer, its MESSAGE frame)
-    """A stored message ``body`` on QUEUE, delivered to a new client-ack consumer."""
+async def delivered(s: Scene, body: str) -> tuple[ProbeSink, Frame]:
+    """A stored message ``body`` on QUEUE, delivered to a new client-ack consumer;
+    from now on a SEND whose body is "poison" carries a value the store refuses."""
+    poison_sends(s.broker, poison_message(s.store.dialect))
     producer = s.client()
     s.send(producer, body, receipt="p")
     await until(lambda: producer.receipts() == ["p"])
@@ -57,7 +59,6 @@ def test_a_refused_commit_applies_none_of_its_acks_and_sends(
 
     async def scenario() -> None:
         async with running(store, settings) as s:
-            poison_sends(s.broker, poison_message(store.dialect))
             consumer, m = await delivered(s, "m")
             watcher = s.client()  # would see what the transaction sent to OTHER_QUEUE
             s.subscribe(watcher, destination=OTHER_QUEUE)
@@ -111,7 +112,6 @@ def test_a_refused_commit_does_not_dead_letter_what_it_nacked(
 
     async def scenario() -> None:
         async with running(store, settings) as s:
-            poison_sends(s.broker, poison_message(store.dialect))
             consumer, m = await delivered(s, "m")
             dlq = s.client()
             s.subscribe(dlq, destination=settings.dead_letter_queue)
@@ -153,7 +153,6 @@ def test_an_ack_only_commit_beside_a_refused_send_commits(
 
     async def scenario() -> None:
         async with running(store, settings) as s:
-            poison_sends(s.broker, poison_message(store.dialect))
             consumer, m = await delivered(s, "m")
             bad = s.client()
 
