@@ -41,7 +41,8 @@ ResultCallback = Callable[[BatchResult | None], None]
 
 class WriteUnit(Generic[C]):
     """The data one client frame brings (a SEND's or COMMIT's inserts and
-    identities, a durable SUBSCRIBE's row, the destination rows they need): a
+    identities, a COMMIT's ack rows too (``CommitUnit``), a durable SUBSCRIBE's
+    row, the destination rows they need): a
     span of the flush's batch. The batch commits whole as long as the store
     takes it; when the store refuses it, the group committer splits it along
     the spans, and only a unit the store refuses on its own fails
