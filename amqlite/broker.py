@@ -616,6 +616,11 @@ class Subscription:
         self.source.broker.stats["delivered"] += 1
 
 
+#: What one ACK or NACK of a COMMIT settled in memory: (command, subscription,
+#: deliveries), kept until the store took the COMMIT (see ``Broker._unsettle``).
+Settled = tuple[str, Subscription, list[Delivery]]
+
+
 def _dispatch_logged(source: Source) -> None:
     """``source.dispatch()`` where a failure must not stop the caller's loop over
     other sources, messages or RECEIPTs: logged, and the message stays queued."""
@@ -1040,9 +1045,15 @@ class Broker:
         parse_send(h, DEFAULT_PRIORITY)
         check_user_headers({k: v for k, v in h.items() if k not in NON_USER_HEADERS})
 
-    def _send(self, session: Session, frames: list[Frame], receipt: str | None) -> None:
+    def _send(self, session: Session, frames: list[Frame], receipt: str | None,
+              acks: list[tuple[str, Frame]] | None = None) -> None:
         """Route messages; the persistent ones (all frames of a transaction at
-        once) commit in one batch before anyone sees them."""
+        once) commit in one batch before anyone sees them.
+
+        ``acks`` (a COMMIT's ACK/NACK frames, maybe none) makes this a COMMIT:
+        the ack rows join the frame's unit, so the store takes the transaction
+        whole or refuses it whole; its non-persistent messages are routed only
+        once the unit committed; a refusal undoes the ACKs (``_unsettle``)."""
         messages = [self._message_from_send(f) for f in frames]
         self.stats["sent"] += len(messages)
         enqueued = self.enqueued
@@ -1050,9 +1061,13 @@ class Broker:
             enqueued[m.destination] += 1
         to_store: list[tuple[Message, list[DurableSource]]] = []
         identity_only: list[Message] = []
+        in_memory: list[Message] = []  # a COMMIT's non-persistent messages
         for m in messages:
             if not m.persistent:
-                self._route_now(m, session.conn)
+                if acks is None:
+                    self._route_now(m, session.conn)
+                else:
+                    in_memory.append(m)
                 continue
             if self.kind_of(m.destination) == "queue":
                 to_store.append((m, []))
@@ -1062,9 +1077,13 @@ class Broker:
                     to_store.append((m, list(durables)))
                 elif m.dedup_key is not None:
                     identity_only.append(m)  # nothing to keep but who sent it
-                else:
+                elif acks is None:
                     self._route_now(m, session.conn)  # no durable subscriber: nothing to keep
-        if not to_store and not identity_only:
+                else:
+                    in_memory.append(m)
+        if not to_store and not identity_only and not acks:
+            for m in in_memory:  # a COMMIT that writes nothing
+                self._route_now(m, session.conn)
             if receipt is not None:
                 session.conn.write_receipt(receipt)
             return
@@ -1072,8 +1091,13 @@ class Broker:
         # client is told (see WriteUnit).
         writes = self.writes
         batch = writes.batch
-        unit = writes.begin_unit(session.conn)
+        unit = writes.begin_unit(session.conn, covers_acks=bool(acks))
         unit.receipt = receipt
+        settled: list[Settled] | None = None
+        if acks:
+            settled = []
+            for command, frame in acks:
+                self._ack(session, command, frame, None, settled)
         handed: list[tuple[Subscription, Delivery] | None] = []
         for m, durables in to_store:
             row = self._new_row(m, batch, durables)
@@ -1095,7 +1119,9 @@ class Broker:
                     for hand in handed:
                         if hand is not None:  # nobody gets what was never stored
                             self._handed_over(*hand, duplicate=True)
-                    self._reject(unit)
+                    self._reject(unit)  # first: nothing is redelivered to its connection
+                    if settled:
+                        self._unsettle(settled)
                 return  # else the store failed: no receipt; the node is demoting
             for (m, durables), hand in zip(to_store, handed, strict=True):
                 duplicate = m.id in result.duplicate_ids
@@ -1118,10 +1144,20 @@ class Broker:
                     self._publish_memory(m)
                 except Exception:
                     log.exception("publishing message %s failed", m.message_id)
+            for m in in_memory:
+                try:
+                    self._route_now(m, session.conn)
+                except Exception:
+                    log.exception("routing message %s failed", m.message_id)
             if receipt is not None and not session.conn.closed:
                 session.conn.write_receipt(receipt)
 
         self.writes.stage_unit(unit, committed)
+        if settled:
+            # The slots the ACKs freed, once the unit is staged whole (a dispatch
+            # may flush the batch: see WriteBuffer.stage_delivery).
+            for _, sub, _ in settled:
+                _dispatch_logged(sub.source)
 
     def _hand_over(self, m: Message, row: NewMessage) -> tuple[Subscription, Delivery] | None:
         """Give a queue message to a waiting consumer in the commit that stores
@@ -1414,7 +1450,11 @@ class Broker:
         raise BrokerError(_ack_miss(session, frame.command, what, message_id, named, sub_name,
                                     version))
 
-    def _ack(self, session: Session, command: str, frame: Frame, receipt: str | None) -> None:
+    def _ack(self, session: Session, command: str, frame: Frame, receipt: str | None,
+             settled: list[Settled] | None = None) -> None:
+        """Apply an ACK/NACK. ``settled``: it is a COMMIT's, whose unit is being
+        staged (see ``_send``): what it settled is noted there, for ``_unsettle``
+        if the store refuses the unit, and the caller dispatches."""
         sub, message_id = self._find_delivery(session, frame)
         if sub.ack_mode == "client":  # cumulative: everything written up to this one
             done = [sub.inflight.pop(mid) for mid in sub.cumulative(message_id)]
@@ -1429,9 +1469,11 @@ class Broker:
             self.stats["acked"] += len(done)
             self.dequeued[sub.destination] += len(done)
             batch.acks.extend(d.ref for d in done if d.ref is not None)
-        else:
-            for d in done:
-                self._redeliver_or_dead_letter(sub.source, d, batch)
+        else:  # what went to the dead-letter queue is settled; the rest is released
+            done = [d for d in done if self._redeliver_or_dead_letter(sub.source, d, batch)]
+        if settled is not None:
+            settled.append((command, sub, done))
+            return
         self._finish_write(session, receipt)
         sub.source.dispatch()
 
@@ -1451,13 +1493,17 @@ class Broker:
             unit.receipt = receipt
             self.writes.stage_unit(unit, lambda result: done(result is not None))
 
-    def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch) -> None:
+    def _redeliver_or_dead_letter(self, source: Source, d: Delivery, batch: Batch,
+                                  dead_letter: bool = True) -> bool:
+        """Back to ``source``, or past ``max_redeliveries`` (unless not ``dead_letter``)
+        to the dead-letter queue. True when it went there (only then is it settled:
+        gone from ``source``)."""
         m = d.message
-        if m.delivery_count <= self.settings.max_redeliveries:
+        if not dead_letter or m.delivery_count <= self.settings.max_redeliveries:
             if d.ref is not None:
                 self.writes.stage_releases([d.ref])
             source.push(m)
-            return
+            return False
         self.stats["dead_lettered"] += 1
         self.dead_lettered[m.destination] += 1
         dlq = self.settings.dead_letter_queue
@@ -1470,7 +1516,7 @@ class Broker:
         copy.headers = {**m.headers, "original-destination": m.destination}
         if not m.persistent:
             self._route_now(copy)
-            return
+            return True
         did = self._destination_id(dlq, batch)
         batch.inserts.append(NewMessage(
             id=copy.id, destination_id=did, message_id=copy.message_id, headers=copy.headers,
@@ -1487,9 +1533,14 @@ class Broker:
             if ok:
                 self._route_committed(copy, [])
 
-        self.writes.stage(stored)
+        unit = self.writes.current
+        if unit is None:
+            self.writes.stage(stored)
+        else:  # a COMMIT's NACK: the move is its unit's, and fails with it
+            self.writes.stage_unit(unit, lambda result: stored(result is not None))
         log.info("message %s moved to %s after %d deliveries", m.message_id, dlq,
                  m.delivery_count)
+        return True
 
     # -- transactions ---------------------------------------------------------------
     @staticmethod
@@ -1542,13 +1593,34 @@ class Broker:
             self._check_send(frame)
 
     def _commit(self, session: Session, tx: Transaction, receipt: str | None) -> None:
-        """Apply a transaction's sends and acks in one batch: all or nothing."""
-        for command, frame in tx.acks:
-            self._ack(session, command, frame, None)
-        if tx.sends:
-            self._send(session, tx.sends, receipt)
+        """Apply a transaction's sends and acks in one unit: all or nothing (see
+        ``_send``)."""
+        if tx.sends or tx.acks:
+            self._send(session, tx.sends, receipt, tx.acks)
         else:
             self._finish_write(session, receipt)
+
+    def _unsettle(self, settled: list[Settled]) -> None:
+        """The store refused a COMMIT: the messages its ACKs (and NACKs past the
+        redelivery limit) settled in memory are not settled in the store. They go
+        back to their destination, redelivered: an ACK's as an ABORT sends back
+        what its ACKs held, a NACK's as if the NACK had not come (so not to the
+        dead-letter queue). Ack rows cannot be refused on their own (integer ids
+        the master allocated): a SEND of the transaction was."""
+        for command, sub, done in settled:
+            acked = command == "ACK"
+            if acked:
+                self.stats["acked"] -= len(done)
+                self.dequeued[sub.destination] -= len(done)
+            else:  # dead-lettered; a memory-only copy was routed at once: it stays so
+                done = [d for d in done if d.message.persistent]
+                self.stats["dead_lettered"] -= len(done)
+                self.dead_lettered[sub.destination] -= len(done)
+            if not done or (sub.closed and isinstance(sub.source, TopicSubscriptionSource)):
+                continue  # nothing, or memory-only copies for a subscriber that is gone
+            for d in done:
+                self._redeliver_or_dead_letter(sub.source, d, self.writes.batch, acked)
+            _dispatch_logged(sub.source)
 
     # -- expiry, paging ---------------------------------------------------------------
     def expire(self, source: Source, message: Message) -> None:

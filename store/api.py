@@ -100,8 +100,10 @@ Ref = tuple[int | None, int]
 
 #: One client frame's part of a batch, which the store may refuse on its own:
 #: [start, end) of ``destinations``, ``subscriptions``, ``inserts`` and
-#: ``identities``, in that order (see ``GroupCommitter.submit``).
-UnitSpan = tuple[int, int, int, int, int, int, int, int]
+#: ``identities``, in that order (see ``GroupCommitter.submit``), and for a
+#: COMMIT (whose ACKs must not apply when its SENDs are refused) also of
+#: ``acks``: 8 or 10 numbers, pairs in ``_UNIT_FIELDS`` order.
+UnitSpan = tuple[int, ...]
 #: ``BatchResult.rejected`` key of the part of a batch outside every unit.
 OUTSIDE_UNITS = -1
 
@@ -180,14 +182,14 @@ class Batch:
     def carve(self, spans: list[UnitSpan]) -> tuple[Batch, list[Batch]]:
         """Split into the part outside every span and one batch per span
         (disjoint spans; only when the store refused the whole)."""
-        inside: list[set[int]] = [set(), set(), set(), set()]
+        inside: list[set[int]] = [set() for _ in _UNIT_FIELDS]
         units = []
         for span in spans:
             unit = Batch()
-            for k, (name, taken) in enumerate(zip(_UNIT_FIELDS, inside, strict=True)):
-                start, end = span[2 * k], span[2 * k + 1]
+            for k in range(len(span) // 2):  # a span without acks covers none
+                name, start, end = _UNIT_FIELDS[k], span[2 * k], span[2 * k + 1]
                 getattr(unit, name).extend(getattr(self, name)[start:end])
-                taken.update(range(start, end))
+                inside[k].update(range(start, end))
             units.append(unit)
         rest = Batch()
         rest.extend(self)  # every list copied, so none is forgotten; the units' filtered below
@@ -213,8 +215,9 @@ class Batch:
         return undone.isdisjoint(later.deliveries)
 
 
-#: The lists of a ``Batch`` a ``UnitSpan`` indexes, in its order.
-_UNIT_FIELDS = ("destinations", "subscriptions", "inserts", "identities")
+#: The lists of a ``Batch`` a ``UnitSpan`` indexes, in its order (``acks``
+#: only in a COMMIT's span: see ``store.write_buffer.CommitUnit``).
+_UNIT_FIELDS = ("destinations", "subscriptions", "inserts", "identities", "acks")
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ from store.api import (
 if TYPE_CHECKING:
     from store.group_commit import GroupCommitter
 
-__all__ = ["ResultCallback", "StagedCallback", "WriteBuffer", "WriteUnit"]
+__all__ = ["CommitUnit", "ResultCallback", "StagedCallback", "WriteBuffer", "WriteUnit"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ ResultCallback = Callable[[BatchResult | None], None]
 
 class WriteUnit(Generic[C]):
     """The data one client frame brings (a SEND's or COMMIT's inserts and
-    identities, a durable SUBSCRIBE's row, the destination rows they need): a
+    identities, a COMMIT's ack rows too (``CommitUnit``), a durable SUBSCRIBE's
+    row, the destination rows they need): a
     span of the flush's batch. The batch commits whole as long as the store
     takes it; when the store refuses it, the group committer splits it along
     the spans, and only a unit the store refuses on its own fails
@@ -69,6 +70,24 @@ class WriteUnit(Generic[C]):
             d, s, i, y = self.start
             self.span = (d, len(batch.destinations), s, len(batch.subscriptions),
                          i, len(batch.inserts), y, len(batch.identities))
+        return self.span
+
+
+class CommitUnit(WriteUnit[C]):
+    """A COMMIT's unit: its span covers the ack rows of the transaction's ACKs
+    too, so the store takes them with its SENDs or refuses them with them (a
+    refused COMMIT applies nothing). A subclass so that a SEND's unit, on the
+    hot path, stays as it was."""
+
+    __slots__ = ("acks_start",)
+
+    def __init__(self, conn: C | None, index: int, batch: Batch) -> None:
+        super().__init__(conn, index, batch)
+        self.acks_start = len(batch.acks)
+
+    def end(self, batch: Batch) -> UnitSpan:
+        if self.span is None:
+            self.span = (*super().end(batch), self.acks_start, len(batch.acks))
         return self.span
 
 
@@ -111,9 +130,12 @@ class WriteBuffer(Generic[C]):
         self._schedule()
         return self.batch
 
-    def begin_unit(self, conn: C | None) -> WriteUnit[C]:
-        """Start staging one frame's data, blamed on ``conn`` if refused."""
-        unit: WriteUnit[C] = WriteUnit(conn, len(self.units), self.batch)
+    def begin_unit(self, conn: C | None, covers_acks: bool = False) -> WriteUnit[C]:
+        """Start staging one frame's data, blamed on ``conn`` if refused;
+        ``covers_acks``: the ack rows staged until ``end_unit`` are the unit's
+        too (a COMMIT's, see ``CommitUnit``)."""
+        unit: WriteUnit[C] = (CommitUnit if covers_acks else WriteUnit)(
+            conn, len(self.units), self.batch)
         self.units.append(unit)
         self.current = unit
         self._schedule()

@@ -221,3 +221,30 @@ def test_a_batch_with_units_is_split_along_them(
     asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
     assert failures == []
     assert_counters(s)
+
+
+def test_a_commit_unit_takes_its_acks_with_it(
+    case: Case, make_store: Callable[..., SqlStore]
+) -> None:
+    """A COMMIT's span covers ack rows too (10 numbers): refused, its ack is not
+    applied with the rest; the ack outside every unit and the good unit are."""
+    s, e = master(make_store)
+    s.commit_batch(e, Batch(inserts=[msg(1), msg(2)]))
+    failures: list[BaseException] = []
+    bad = case.bad(3)
+    nd = len(bad.destinations)
+    batch = Batch(destinations=list(bad.destinations), inserts=[*bad.inserts, msg(4)],
+                  acks=[(None, 1), (None, 2)])
+    spans = [(0, nd, 0, 0, 0, 1, 0, 0, 1, 2), (nd, nd, 0, 0, 1, 2, 0, 0)]
+
+    async def scenario() -> None:
+        gc = GroupCommitter(s, e, asyncio.get_running_loop(), failures.append)
+        result = await gc.submit(batch, spans)
+        assert list(result.rejected) == [0]
+        assert await gc.call(_ids, s) == [2, 4]  # 1 acked outside; 2's ack refused with 3
+        gc.close()
+        await gc.wait_closed()
+
+    asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
+    assert failures == []
+    assert_counters(s)
