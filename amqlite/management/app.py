@@ -52,7 +52,13 @@ from amqlite.management.security import (
     Forbidden,
     Unauthorized,
 )
-from amqlite.registry import Member, RegistryError, read_members, registry_url
+from amqlite.registry import (
+    Member,
+    RegistryError,
+    current_master,
+    read_members,
+    registry_url,
+)
 from amqlite.settings import HTTP_OFF, parse_bind
 from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
@@ -142,12 +148,11 @@ class NodeView:
         return self._group
 
     async def master(self) -> dict[str, Any] | None:
-        """The group's master as the registry sees it (highest epoch), or None."""
-        masters = [m for m in await self.group() if m.role == "master"
-                   and m.name != self.settings.name]
-        if not masters:
+        """The group's master as the registry sees it (``registry.current_master``) other
+        than this node, or None."""
+        m = current_master(m for m in await self.group() if m.name != self.settings.name)
+        if m is None:
             return None
-        m = max(masters, key=lambda m: m.epoch or -1)
         return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch}
 
     def destination_rows(self, depths: dict[str, DestinationDepth]) -> list[dict[str, Any]]:
