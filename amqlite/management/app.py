@@ -24,7 +24,8 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     DELETE /api/v1/subscriptions/{client_id}/{name}
 
 Errors are JSON ``{"error": "..."}`` with the status: 400 malformed, 401 login, 403 not
-an administrator or a failed CSRF check, 404 unknown, 409 conflict, 503 not the master.
+an administrator or a failed CSRF check, 404 unknown, 409 conflict, 429 too many failed
+logins (with Retry-After), 503 not the master or the login check queue full.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from amqlite.management.security import (
     REALM,
     Access,
     Forbidden,
+    Throttled,
     Unauthorized,
 )
 from amqlite.registry import (
@@ -257,6 +259,7 @@ class ManagementServer:
             runner, self._runner = self._runner, None
             with contextlib.suppress(Exception):
                 await runner.cleanup()
+        self.access.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.view.reader.close)
 
@@ -298,7 +301,8 @@ class ManagementServer:
         try:
             login = None
             if path not in OPEN_PATHS:
-                login = await self.access.login(request.headers.get("Authorization"))
+                login = await self.access.login(request.headers.get("Authorization"),
+                                                request.remote or "")
             request["login"] = login
             if request.method not in ("GET", "HEAD"):
                 if not (self.access.per_destination and _destination_scoped(request)):
@@ -309,6 +313,10 @@ class ManagementServer:
             return await handler(request)
         except Unauthorized as e:
             return _error(401, str(e))
+        except Throttled as e:
+            response = _error(e.status, str(e))
+            response.headers["Retry-After"] = str(e.retry_after)
+            return response
         except Forbidden as e:
             return _error(403, str(e))
         except ActionError as e:
