@@ -48,6 +48,8 @@ THROTTLE_SECONDS = 10.0
 #: Login/address pairs remembered at most (a few hundred bytes each): a bound against
 #: someone cycling logins; past it idle pairs, then the oldest, are forgotten.
 MAX_TRACKED_FAILURES = 10_000
+#: A login name in the log is cut to this many characters (it is whatever was sent).
+LOGGED_LOGIN_CHARS = 64
 #: ``Retry-After`` of a 503 when the password check queue was full (s).
 BUSY_RETRY_AFTER = 1
 
@@ -89,16 +91,22 @@ class FailedLogins:
                  max_tracked: int = MAX_TRACKED_FAILURES) -> None:
         self.limit, self.window, self.throttle = limit, window, throttle
         self.max_tracked = max_tracked
-        self._pairs: dict[tuple[str, str], _Failures] = {}
+        self._pairs: dict[tuple[str, bytes], _Failures] = {}
+
+    @staticmethod
+    def _key(peer: str, login: str) -> tuple[str, bytes]:
+        """A login is whatever a request sent (up to a header's 8 KiB): 16 bytes of its
+        hash keep every entry small."""
+        return peer, hashlib.blake2b(login.encode(), digest_size=16).digest()
 
     def retry_after(self, peer: str, login: str, now: float) -> float:
         """Seconds this pair is still refused (0: it may try)."""
-        entry = self._pairs.get((peer, login))
+        entry = self._pairs.get(self._key(peer, login))
         return max(0.0, entry.blocked_until - now) if entry is not None else 0.0
 
     def failed(self, peer: str, login: str, now: float) -> bool:
         """Count a failure; True when it starts a throttle (worth one log line)."""
-        key = (peer, login)
+        key = self._key(peer, login)
         entry = self._pairs.pop(key, None)  # re-inserted last: the dict is oldest first
         if entry is None or now - entry.since > self.window:
             entry = _Failures(0, now, entry.blocked_until if entry else 0.0)
@@ -112,7 +120,7 @@ class FailedLogins:
         return started
 
     def succeeded(self, peer: str, login: str) -> None:
-        self._pairs.pop((peer, login), None)
+        self._pairs.pop(self._key(peer, login), None)
 
     def _forget(self, now: float) -> None:
         idle = [k for k, e in self._pairs.items()
@@ -216,7 +224,7 @@ class Access:
         if outcome is not CheckOutcome.ACCEPTED:
             if self.failures.failed(peer, login, time.monotonic()):
                 log.warning("management: %d failed logins for %r from %s; refusing it for "
-                            "%gs", self.failures.limit, login, peer or "?",
+                            "%gs", self.failures.limit, login[:LOGGED_LOGIN_CHARS], peer or "?",
                             self.failures.throttle)
             raise Unauthorized("wrong login or password")
         self.failures.succeeded(peer, login)

@@ -6,18 +6,17 @@ and no password check. A flood of bad logins cannot keep an administrator out.""
 from __future__ import annotations
 
 import base64
+import contextlib
 import random
 import select
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess, password_hash
-from tests.helpers.mgmt import Api
-from tests.helpers.servers import free_port
+from tests.helpers.mgmt import Api, start_with_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -43,11 +42,7 @@ def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def broker(broker_factory: BrokerFactory, users_file: Path) -> BrokerProcess:
     """A fresh broker per test: neither a queue of checks nor a throttle carries over."""
-    http = free_port()
-    b = broker_factory.start(name="mgmtflood", extra_args=["--http", f"{HOST}:{http}"],
-                             env={"AMQLITE_USERS_FILE": str(users_file)})
-    b.http = f"http://{HOST}:{http}"  # type: ignore[attr-defined]
-    return b
+    return start_with_http(broker_factory, "mgmtflood", users_file)
 
 
 def basic(login: str, password: str) -> str:
@@ -89,21 +84,16 @@ class Flood:
             sock.close()
 
 
-@pytest.fixture
-def floods() -> Iterator[list[Flood]]:
-    made: list[Flood] = []
-    yield made
-    for flood in made:
-        flood.close()
-
-
 def test_valid_login_within_a_second_during_a_bad_login_flood(
-        broker: BrokerProcess, floods: list[Flood]) -> None:
+        broker: BrokerProcess) -> None:
     """Hundreds of bad Basic logins in flight from the administrator's own address delay
     a valid login by a couple of password checks at most."""
     port = int(broker.http.rsplit(":", 1)[1])  # type: ignore[attr-defined]
-    flood = Flood(port, FLOOD_REQUESTS)
-    floods.append(flood)
+    with contextlib.closing(Flood(port, FLOOD_REQUESTS)) as flood:
+        check_flood(broker, flood)
+
+
+def check_flood(broker: BrokerProcess, flood: Flood) -> None:
     assert flood.wait_first_answer(10.0), "no bad login was answered within 10s"
 
     start = time.monotonic()
