@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from amqlite.pidfile import pid_runs
 from amqlite.registry import (
     GroupView,
     Member,
@@ -137,24 +138,9 @@ class Container:
 
 
 def broker_runs(pid: int, marker: str) -> bool:
-    """True if ``pid`` is alive (not a zombie: a broker started from this very
-    process and not reaped yet is dead) and its command line names ``marker``
-    (so a pid reused by another program is not taken for the broker)."""
-    if Path("/proc/self").exists():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            return False
-        state = stat.rsplit(")", 1)[-1].split()[0]
-        return state not in ("Z", "X") and marker in cmdline.split("\0")
-    try:  # no procfs: the pid file is all we have
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """True if ``pid`` is alive and its command line names ``marker`` (the container's
+    config file), so a pid reused by another program is not taken for the broker."""
+    return pid_runs(pid, lambda argv: marker in argv)
 
 
 def list_containers(home: Path) -> list[Container]:

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -76,16 +77,33 @@ def read_all(data_dir: str | Path) -> list[PidInfo]:
     return [i for i in map(_read, paths) if i is not None]
 
 
-def process_alive(pid: int) -> bool:
-    """True when ``pid`` runs and is an amqlite node (a reused pid is not ours)."""
-    try:
+def pid_runs(pid: int, is_ours: Callable[[list[str]], bool]) -> bool:
+    """True if ``pid`` runs (a zombie, dead but not reaped by a parent that started it,
+    does not) and ``is_ours(its argv)`` says it is the program we look for, so a pid
+    reused by another program is not taken for it. The one liveness check of pid files
+    (``amqlite stop|status``) and containers (``amqlite container``)."""
+    if Path("/proc/self").exists():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+        state = stat.rsplit(")", 1)[-1].split()[0]
+        return state not in ("Z", "X") and is_ours(cmdline.split("\0"))
+    try:  # no procfs (macOS): the signal check is all we have
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # someone else's process: cannot tell, do not claim it is gone
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return True  # no /proc (macOS): trust the signal check
-    return b"start" in cmdline and (any(b"amqlite" in a for a in cmdline) or b"cli" in cmdline)
+    return True
+
+
+def _is_node(argv: list[str]) -> bool:
+    """``amqlite start ...`` or ``python -m cli start ...``."""
+    return "start" in argv and (any("amqlite" in a for a in argv) or "cli" in argv)
+
+
+def process_alive(pid: int) -> bool:
+    """True when ``pid`` runs and is an amqlite node (a reused pid is not ours)."""
+    return pid_runs(pid, _is_node)

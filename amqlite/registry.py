@@ -41,6 +41,7 @@ from typing import Any
 
 from amqlite.settings import Settings
 from lockers.blocking import run_blocking
+from lockers.one_line import one_line
 from lockers.zk_connect import (
     ZkTarget,
     ZkUrlError,
@@ -204,7 +205,8 @@ class GroupView:
                 "members": [m.to_json() for m in self.members]}
 
 
-def _master_order(m: Member) -> tuple[int, str]:
+def master_order(m: Member) -> tuple[int, str]:
+    """Sort key of master entries: highest epoch first, then by name."""
     return (-(m.epoch if m.epoch is not None else -1), m.name)
 
 
@@ -213,33 +215,53 @@ def heartbeat_stale(m: Member, now_ms: int) -> bool:
     return m.heartbeat_at is not None and now_ms - m.heartbeat_at > STALE_AFTER_MS
 
 
+def _sort_out(entries: list[Member], now_ms: int) -> tuple[list[Member], list[Member], set[str]]:
+    """One group's entries as (masters, live slaves, stale names): the one rule for who
+    is master (see ``GroupView``), used by every reader of the registry."""
+    live: list[Member] = []
+    stale: set[str] = set()
+    for m in entries:
+        if heartbeat_stale(m, now_ms):
+            stale.add(m.name)
+        else:
+            live.append(m)
+    masters = sorted((m for m in live if m.role == Role.MASTER), key=master_order)
+    if masters:
+        top = masters[0].epoch
+        stale |= {m.name for m in masters if m.epoch != top}
+        masters = [m for m in masters if m.epoch == top]
+    slaves = [m for m in live if m.role != Role.MASTER and m.name not in stale]
+    return masters, slaves, stale
+
+
+def _now_ms(now_ms: int | None) -> int:
+    return int(time.time() * 1000) if now_ms is None else now_ms
+
+
+def current_master(members: Iterable[Member], now_ms: int | None = None) -> Member | None:
+    """The real master among one group's entries (the first of ``GroupView.masters``),
+    None when no live master announces itself. ``cluster-list``, the management API and
+    the management CLI all ask this, so a stale entry is never anybody's master."""
+    masters = _sort_out(list(members), _now_ms(now_ms))[0]
+    return masters[0] if masters else None
+
+
 def group_views(members: Iterable[Member], registry: str = "",
                 now_ms: int | None = None) -> list[GroupView]:
     """Fold the entries of one registry into one view per group, sorted by group
     name; stale entries (see ``GroupView``) are set apart, never listed as master."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = _now_ms(now_ms)
     by_group: dict[str, list[Member]] = {}
     for m in members:
         by_group.setdefault(m.group, []).append(m)
     views = []
     for group in sorted(by_group):
         entries = by_group[group]
-        live: list[Member] = []
-        stale: set[str] = set()
-        for m in entries:
-            if heartbeat_stale(m, now):
-                stale.add(m.name)
-            else:
-                live.append(m)
-        masters = sorted((m for m in live if m.role == Role.MASTER), key=_master_order)
-        if masters:
-            top = masters[0].epoch
-            stale |= {m.name for m in masters if m.epoch != top}
-            masters = [m for m in masters if m.epoch == top]
-        slaves = sorted(m.name for m in live if m.role != Role.MASTER and m.name not in stale)
+        masters, slaves, stale = _sort_out(entries, now)
         services = list(masters[0].services) if masters else []
-        views.append(GroupView(group, [m.name for m in masters], slaves, services,
-                               sorted(entries, key=lambda m: m.name), sorted(stale), registry))
+        views.append(GroupView(group, [m.name for m in masters], sorted(m.name for m in slaves),
+                               services, sorted(entries, key=lambda m: m.name), sorted(stale),
+                               registry))
     return views
 
 
@@ -413,7 +435,7 @@ class _BackgroundRegistry(Registry):
         except Exception as e:
             if not self._failing:
                 log.warning("%s: cannot update %s's entry (%s); retrying every %gs",
-                            self.description, self.name, _one_line(e), self.period)
+                            self.description, self.name, one_line(e), self.period)
             self._failing = True
             return False, self.period
         if self._failing:
@@ -601,7 +623,7 @@ def open_registry(settings: Settings, store: Any | None = None) -> Registry:
             return ZooKeeperRegistry(settings, target.hosts, target.root)
         return StoreRegistry(settings, store)
     except Exception as e:
-        log.error("no registry for node %s: %s", settings.name, _one_line(e))
+        log.error("no registry for node %s: %s", settings.name, one_line(e))
         return NullRegistry()
 
 
@@ -691,8 +713,3 @@ def poll_cluster(predicate: Callable[[list[GroupView]], bool], url: str, group: 
         if time.monotonic() >= deadline:
             return None
         time.sleep(interval)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -216,7 +216,13 @@ class Settings:
             s.locker = f"file://{Path(s.data_dir).resolve() / 'amqlite.lock'}"
         if not s.plain_enabled and not s.ssl_bind:
             raise SettingsError("bind = off needs ssl_bind: a broker needs one listener")
-        if (s.ssl_bind or s.ssl_ca or s.ssl_cert) and not (s.ssl_cert and s.ssl_key):
+        from amqlite.tls import TlsError, check_pair
+
+        try:
+            check_pair(s.ssl_cert, s.ssl_key, "--ssl-cert (ssl_cert)", "--ssl-key (ssl_key)")
+        except TlsError as e:
+            raise SettingsError(str(e)) from None
+        if (s.ssl_bind or s.ssl_ca) and not s.ssl_cert:
             raise SettingsError("TLS needs both ssl_cert and ssl_key (--ssl-cert, --ssl-key)")
         if s.ssl_cert:
             s.ssl_context()  # a bad file stops the start here, in one line

@@ -41,6 +41,17 @@ def _check_validity(cert_file: str) -> None:
         raise TlsError(f"certificate {cert_file} is not valid before {info['notBefore']}")
 
 
+def check_pair(cert_file: str, key_file: str, cert_name: str = "--ssl-cert",
+               key_name: str = "--ssl-key") -> None:
+    """Refuse a certificate without its key or a key without its certificate, in one line
+    naming both: the one rule for the broker's settings and every client command (half a
+    pair is a typo or a forgotten option, never meant; ignoring it would hide it)."""
+    if bool(cert_file) != bool(key_file):
+        given, missing = (cert_name, key_name) if cert_file else (key_name, cert_name)
+        raise TlsError(f"{given} is given without {missing}: a certificate and its key "
+                       "go together")
+
+
 def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str | None, what: str) -> None:
     for path in (cert_file, key_file):
         if path:
@@ -105,11 +116,12 @@ def client_context(ca_file: str = "", cert_file: str = "", key_file: str = "",
                    verify_hostname: bool = True) -> ssl.SSLContext:
     """A client's context: server certificates always verified (against ``ca_file`` or
     the system store), hostname checked unless ``verify_hostname`` is False."""
+    check_pair(cert_file, key_file)
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     ctx.minimum_version = MINIMUM_TLS_VERSION
     if ca_file:
         _load_ca(ctx, ca_file, "--ssl-ca")
     if cert_file:
-        _load_chain(ctx, cert_file, key_file or None, "--ssl-cert")
+        _load_chain(ctx, cert_file, key_file, "--ssl-cert")
     ctx.check_hostname = verify_hostname
     return ctx

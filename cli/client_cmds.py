@@ -226,8 +226,6 @@ def _with_common(fn: Any) -> Any:
                 no_verify_hostname: bool, **kwargs: Any) -> Any:
         tls = None
         if ssl_ca or ssl_cert or ssl_key or no_verify_hostname:
-            if bool(ssl_cert) != bool(ssl_key):
-                _fail("--ssl-cert and --ssl-key go together")
             try:
                 tls = ClientTls(ssl_ca or "", ssl_cert or "", ssl_key or "",
                                 not no_verify_hostname).context()

@@ -27,7 +27,13 @@ from typing import Any, NoReturn
 
 import click
 
-from amqlite.registry import Member, RegistryError, read_members, registry_url
+from amqlite.registry import (
+    Member,
+    RegistryError,
+    current_master,
+    read_members,
+    registry_url,
+)
 from amqlite.settings import SettingsError, load_settings
 from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT
 
@@ -73,10 +79,13 @@ class Target:
             return self.url.rstrip("/")
         if not self.group and not self.registry:
             return DEFAULT_URL
-        masters = [m for m in self.members() if m.role == "master" and m.http]
-        if not masters:
-            _fail(f"no master with a management API in group {self.group or 'default'}")
-        return max(masters, key=lambda m: m.epoch or -1).http.rstrip("/")  # type: ignore
+        master = current_master(self.members())
+        if master is None:
+            _fail(f"no master registered in group {self.group or 'default'}")
+        if not master.http:
+            _fail(f"the master {master.name} of group {self.group or 'default'} has no "
+                  "management API")
+        return master.http.rstrip("/")
 
     def call(self, method: str, path: str, body: Any = None, base: str | None = None) -> Any:
         base = base or self.master_url()

@@ -37,6 +37,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import errors
 
+from lockers.one_line import one_line
 from lockers.pg_tuning import idle_session_unlimited
 
 log = logging.getLogger(__name__)
@@ -122,11 +123,6 @@ WHERE l.pid = %(pid)s AND {_HOLDS} AND NOT EXISTS (
     AND ls.holder_pid = l.pid AND ls.lease_until >= clock_timestamp())"""
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 class _LeaseThread(threading.Thread):
     """A daemon thread with its own autocommit connection for the lease table."""
 
@@ -173,7 +169,7 @@ class _LeaseThread(threading.Thread):
     def _failed(self, what: str, e: BaseException) -> None:
         self._drop()
         if not self._failing:
-            log.warning("%s: %s: %s; retrying", self.description, what, _first_line(e))
+            log.warning("%s: %s: %s; retrying", self.description, what, one_line(e))
             self._failing = True
 
     def _recovered(self, what: str) -> None:
@@ -302,7 +298,7 @@ class LeaseWatcher(_LeaseThread):
                     denied.add(pid)
                     log.error("%s: cannot end the session of lock holder (backend pid %s): %s;"
                               " give the locker role pg_signal_backend or use one role for"
-                              " every node", self.description, pid, _first_line(e))
+                              " every node", self.description, pid, one_line(e))
                     continue
                 except psycopg.Error as e:
                     self._failed("ending the lock holder's session", e)

@@ -46,6 +46,7 @@ from lockers.base import (
     LockState,
 )
 from lockers.blocking import collect_outcome, run_blocking
+from lockers.one_line import one_line
 from lockers.pg_lease import LEASE_APPLICATION_PREFIX, PG_LEASE, LeaseKeeper, LeaseWatcher
 from lockers.pg_tuning import (
     PG_DEAD_PEER_TIMEOUT,
@@ -124,11 +125,6 @@ def key_parts(key: int) -> tuple[int, int]:
     return unsigned >> 32, unsigned & 0xFFFF_FFFF
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def strip_driver(url: str) -> str:
     """``postgresql+psycopg://`` (SQLAlchemy's form of the store URL) -> ``postgresql://``."""
     scheme, sep, rest = url.partition("://")
@@ -139,7 +135,7 @@ def strip_driver(url: str) -> str:
 
 def _redacted(e: BaseException) -> str:
     """libpq's URL errors quote the offending token, which may be the password."""
-    return re.sub(r'"[^"]*"', '"..."', _first_line(e))
+    return re.sub(r'"[^"]*"', '"..."', one_line(e))
 
 
 class _Aborted(Exception):
@@ -402,7 +398,7 @@ class PostgresLocker(Locker):
             )
             raise
         except psycopg.Error as e:
-            raise LockerError(f"{self.description}: cannot connect: {_first_line(e)}") from None
+            raise LockerError(f"{self.description}: cannot connect: {one_line(e)}") from None
         self._session = s
         return s
 
@@ -450,7 +446,7 @@ class PostgresLocker(Locker):
                     # A lock call that failed may still have been granted: only
                     # ending the session makes sure nothing is left behind.
                     self._detach(s)
-                raise LockerError(f"{self.description}: {_first_line(e)}") from None
+                raise LockerError(f"{self.description}: {one_line(e)}") from None
             except _Aborted:
                 raise LockerError(f"{self.description}: connection abandoned") from None
         finally:

@@ -63,6 +63,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.pool import QueuePool
 
+from lockers.one_line import one_line
 from lockers.pg_tuning import (
     STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     STORE_POOL_TUNING,
@@ -156,7 +157,6 @@ ANALYZE_AFTER_ROWS = 1000
 HOT_TABLES = ("amq_messages", "amq_dedup", "amq_sub_pending")
 
 
-
 def _add_subscription_owner(conn: Connection) -> None:
     """v1 -> v2: ``amq_subscriptions.owner``. Existing rows keep NULL (no owner
     known): the first login that uses such a subscription becomes its owner."""
@@ -193,13 +193,6 @@ def _now_ms() -> int:
 def _chunks(seq: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(seq), size):
         yield seq[i : i + size]
-
-
-def _one_line(exc: BaseException) -> str:
-    """A driver error as one line (psycopg messages carry DETAIL/HINT lines)."""
-    orig = getattr(exc, "orig", None) or exc
-    text_ = str(orig).strip().splitlines()
-    return text_[0] if text_ else type(orig).__name__
 
 
 #: Headers as compact JSON; one encoder, not one per call as json.dumps with
@@ -274,7 +267,7 @@ def _is_permanent(exc: StoreError) -> bool:
 def _store_error(description: str, what: str, exc: BaseException) -> StoreError:
     """``StoreRejected`` or ``StoreError`` for a failed ``what``, caused by ``exc``."""
     cls = StoreRejected if _is_rejection(exc) else StoreError
-    err = cls(f"{description}: {what} failed: {_one_line(exc)}")
+    err = cls(f"{description}: {what} failed: {one_line(exc)}")
     err.__cause__ = exc
     return err
 
@@ -867,7 +860,7 @@ class SqlStore(Store):
                         select(a.c.expected_count).where(a.c.grp == self.group, a.c.epoch == epoch)
                     )
         except SQLAlchemyError as e:
-            raise StoreError(f"{self.description}: integrity check failed: {_one_line(e)}") from e
+            raise StoreError(f"{self.description}: integrity check failed: {one_line(e)}") from e
         result = Integrity(
             expected_count=int(counters.msg_count),
             expected_max_id=int(counters.max_msg_id),
@@ -1349,7 +1342,7 @@ def read_registry(
                 return [dict(row._mapping) for row in conn.execute(query)]
         except SQLAlchemyError as e:
             raise StoreError(f"{parsed.description}: reading the registry failed: "
-                             f"{_one_line(e)}") from e
+                             f"{one_line(e)}") from e
 
     try:
         return _retry_while_locked(engine, parsed.dialect == "sqlite", read)

@@ -24,7 +24,14 @@ from urllib.parse import parse_qsl, urlencode
 
 from amqlite.client.errors import ConnectionFailedError
 from amqlite.client.uri import TcpURI, URIError, parse_tcp_uri
-from amqlite.registry import Member, RegistryError, Role, read_members
+from amqlite.registry import (
+    Member,
+    RegistryError,
+    Role,
+    current_master,
+    master_order,
+    read_members,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +80,11 @@ def parse(uri: str) -> tuple[str, str]:
 
 
 def order_services(members: list[Member]) -> list[str]:
-    """Client URIs, the real master's first (highest epoch), then other
-    masters', then slaves'; each URI once."""
-    masters = sorted((m for m in members if m.role == Role.MASTER),
-                     key=lambda m: (-(m.epoch if m.epoch is not None else -1), m.name))
+    """Client URIs, the real master's first (``registry.current_master``), then other
+    masters' (highest epoch first), then slaves'; each URI once."""
+    master = current_master(members)
+    masters = ([master] if master is not None else []) + sorted(
+        (m for m in members if m.role == Role.MASTER and m is not master), key=master_order)
     slaves = sorted((m for m in members if m.role != Role.MASTER), key=lambda m: m.name)
     out: list[str] = []
     for m in (*masters, *slaves):

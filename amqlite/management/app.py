@@ -24,7 +24,8 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     DELETE /api/v1/subscriptions/{client_id}/{name}
 
 Errors are JSON ``{"error": "..."}`` with the status: 400 malformed, 401 login, 403 not
-an administrator or a failed CSRF check, 404 unknown, 409 conflict, 503 not the master.
+an administrator or a failed CSRF check, 404 unknown, 409 conflict, 429 too many failed
+logins (with Retry-After), 503 not the master or the login check queue full.
 """
 
 from __future__ import annotations
@@ -50,9 +51,16 @@ from amqlite.management.security import (
     REALM,
     Access,
     Forbidden,
+    Throttled,
     Unauthorized,
 )
-from amqlite.registry import Member, RegistryError, read_members, registry_url
+from amqlite.registry import (
+    Member,
+    RegistryError,
+    current_master,
+    read_members,
+    registry_url,
+)
 from amqlite.settings import HTTP_OFF, parse_bind
 from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
@@ -142,12 +150,11 @@ class NodeView:
         return self._group
 
     async def master(self) -> dict[str, Any] | None:
-        """The group's master as the registry sees it (highest epoch), or None."""
-        masters = [m for m in await self.group() if m.role == "master"
-                   and m.name != self.settings.name]
-        if not masters:
+        """The group's master as the registry sees it (``registry.current_master``) other
+        than this node, or None."""
+        m = current_master(m for m in await self.group() if m.name != self.settings.name)
+        if m is None:
             return None
-        m = max(masters, key=lambda m: m.epoch or -1)
         return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch}
 
     def destination_rows(self, depths: dict[str, DestinationDepth]) -> list[dict[str, Any]]:
@@ -252,6 +259,7 @@ class ManagementServer:
             runner, self._runner = self._runner, None
             with contextlib.suppress(Exception):
                 await runner.cleanup()
+        self.access.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.view.reader.close)
 
@@ -293,7 +301,8 @@ class ManagementServer:
         try:
             login = None
             if path not in OPEN_PATHS:
-                login = await self.access.login(request.headers.get("Authorization"))
+                login = await self.access.login(request.headers.get("Authorization"),
+                                                request.remote or "")
             request["login"] = login
             if request.method not in ("GET", "HEAD"):
                 if not (self.access.per_destination and _destination_scoped(request)):
@@ -304,6 +313,10 @@ class ManagementServer:
             return await handler(request)
         except Unauthorized as e:
             return _error(401, str(e))
+        except Throttled as e:
+            response = _error(e.status, str(e))
+            response.headers["Retry-After"] = str(e.retry_after)
+            return response
         except Forbidden as e:
             return _error(403, str(e))
         except ActionError as e:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from lockers.one_line import one_line
 from store import StoreError, open_store, schema
 
 #: Bytes of a body shown when browsing; the whole body comes with one message.
@@ -75,9 +76,7 @@ class StoreReader:
         except StoreError:
             raise
         except Exception as e:  # SQLAlchemy's errors, one line for the API
-            first = str(e).strip().splitlines()
-            raise StoreError(f"store read failed: {first[0] if first else type(e).__name__}") \
-                from e
+            raise StoreError(f"store read failed: {one_line(e)}") from e
 
     # -- destinations and subscriptions ----------------------------------------------------
     def depths(self, max_age: float = DEPTH_CACHE_SECONDS) -> dict[str, DestinationDepth]:

@@ -8,9 +8,12 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess
 from tests.helpers.poll import poll
+from tests.helpers.servers import free_port
 
 #: Per-request timeout: generous for a loaded 2-core machine.
 HTTP_TIMEOUT = 10.0
@@ -86,3 +89,17 @@ def wait_until(predicate: Callable[[], Any], timeout: float = WAIT,
                what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; that value."""
     return poll(predicate, timeout=timeout, what=what, interval=0.05)[0]
+
+
+def start_with_http(factory: BrokerFactory, name: str, users_file: Path | None = None,
+                    **kwargs: Any) -> BrokerProcess:
+    """A serving broker with its management API on a free loopback port (its URL in
+    ``broker.http``), logins checked against ``users_file`` when given."""
+    http = free_port()
+    env = dict(kwargs.pop("env", None) or {})
+    if users_file is not None:
+        env["AMQLITE_USERS_FILE"] = str(users_file)
+    extra = [*kwargs.pop("extra_args", []), "--http", f"{HOST}:{http}"]
+    b = factory.start(name=name, extra_args=extra, env=env, **kwargs)
+    b.http = f"http://{HOST}:{http}"  # type: ignore[attr-defined]
+    return b

@@ -20,8 +20,7 @@ from tests.helpers.broker_proc import (
     ConnectRefused,
     unique,
 )
-from tests.helpers.mgmt import Api, wait_until
-from tests.helpers.servers import free_port
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 
 #: Distinctive passwords, so the log can be searched for them.
 PASSWORDS = {"alice": "alice-Secret-7Q2", "bob": "bob-Secret-9Z4", "carol": "carol-Secret-3K8",
@@ -82,11 +81,7 @@ def users_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory, users_path: Path) -> BrokerProcess:
-    http = free_port()
-    b = module_factory.start(name="authz", extra_args=["--http", f"127.0.0.1:{http}"],
-                             env={"AMQLITE_USERS_FILE": str(users_path)})
-    b.http = f"http://127.0.0.1:{http}"  # type: ignore[attr-defined]
-    return b
+    return start_with_http(module_factory, "authz", users_path)
 
 
 def connect(clients: ClientPool, broker: BrokerProcess, login: str, **headers: str):

@@ -35,3 +35,13 @@ def test_ssl_uris_parse_inside_failover() -> None:
     assert [(u.scheme, u.tls) for u in url.uris] == [("ssl", True), ("tcp", False),
                                                       ("stomp+ssl", True)]
     assert str(url.uris[0]) == "ssl://a:61612"
+
+
+@pytest.mark.parametrize(("cert", "key", "given"), [("/x/c.pem", "", "ssl_cert"),
+                                                    ("", "/x/k.pem", "ssl_key")])
+def test_half_a_pair_is_refused_even_without_a_tls_listener(cert: str, key: str,
+                                                            given: str) -> None:
+    """The same rule as every client command's (tls.check_pair), and before any file is
+    read: a key without its certificate is not silently ignored."""
+    with pytest.raises(SettingsError, match=rf"\({given}\) is given without .*go together"):
+        Settings(ssl_cert=cert, ssl_key=key, data_dir="/tmp/x").resolved()
