@@ -587,7 +587,18 @@ class Subscription:
         depth; SEND validation keeps such messages out). The consumer is closed
         with an ERROR and what it holds unacknowledged goes back to the source."""
         try:
-            self._write_frame(message, previous_deliveries)
+            headers = {
+                "subscription": self.id,
+                "message-id": message.message_id,
+                "destination": message.destination,
+            }
+            headers.update(message.headers)
+            if self.ack_mode != ACK_AUTO:
+                headers["ack"] = f"{self.key}:{message.message_id}"
+            if previous_deliveries:
+                headers["redelivered"] = "true"
+                headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
+            self.conn.write_frame(Frame("MESSAGE", headers, message.body))
         except Exception as exc:
             if not self.closed:
                 self.closed = True  # no credit: dispatch skips it from now on
@@ -598,22 +609,8 @@ class Subscription:
                     f"message {message.message_id} cannot be sent to subscription "
                     f"{self.id}: {exc}")
             return False
-        return True
-
-    def _write_frame(self, message: Message, previous_deliveries: int) -> None:
-        headers = {
-            "subscription": self.id,
-            "message-id": message.message_id,
-            "destination": message.destination,
-        }
-        headers.update(message.headers)
-        if self.ack_mode != ACK_AUTO:
-            headers["ack"] = f"{self.key}:{message.message_id}"
-        if previous_deliveries:
-            headers["redelivered"] = "true"
-            headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
-        self.conn.write_frame(Frame("MESSAGE", headers, message.body))
         self.source.broker.stats["delivered"] += 1
+        return True
 
 
 #: What one ACK or NACK of a COMMIT settled in memory: (command, subscription,

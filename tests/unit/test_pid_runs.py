@@ -37,9 +37,13 @@ def test_an_exited_child_is_not_running_even_before_it_is_reaped() -> None:
 
 
 def test_an_amqlite_start_command_line_is_a_node() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "start",
-                              "--config", "/x/amqlite.toml"], stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()",
+         "start", "--config", "/x/amqlite.toml"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        # Its own argv only once it has exec'd: right after fork it is still a copy of us.
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
         assert process_alive(child.pid)
         assert broker_runs(child.pid, "/x/amqlite.toml")
     finally:
