@@ -615,7 +615,7 @@ def _trims_values(command: str, headers: dict[str, str]) -> bool:
     if command not in HANDSHAKE_COMMANDS:
         return True
     offered = headers.get("accept-version", headers.get("version"))
-    return offered is None or offered.strip(TRIMMED_1_0) == "1.0"
+    return offered is None or offered.strip(TRIMMED_1_0) == STOMP_1_0
 
 
 def _receipt_line(raw: bytes) -> bytes | None:

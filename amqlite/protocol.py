@@ -610,7 +610,8 @@ class StompProtocol:
     def receipt(self, receipt_id: str) -> bytes:
         """Server side: the RECEIPT for ``receipt_id``, the one frame every persistent
         SEND is answered with; the same bytes as ``send(Frame("RECEIPT", ...))``
-        without building and checking a frame (see ``_plain_receipt``)."""
+        without building and checking a frame when the id needs no escaping
+        (``_PLAIN_VALUE``)."""
         self._check_open()
         if self.role == "server" and self._state in _ANSWERED and _PLAIN_VALUE(receipt_id):
             return b"RECEIPT\nreceipt-id:" + receipt_id.encode() + b"\n\n\x00"

@@ -444,9 +444,10 @@ class ClientConnection(asyncio.Protocol):
     def _accept(self, frame: Frame) -> None:
         assert self.transport is not None
         session = f"{self.server.session_prefix}-{next(self.server.session_ids)}"
+        client_id = frame.headers.get("client-id") or None
+        login = frame.headers.get("login") or None
         try:
-            self.broker.check_client_id(frame.headers.get("client-id") or None,
-                                        frame.headers.get("login") or None)
+            self.broker.check_client_id(client_id, login)
         except BrokerError as exc:
             self.close_with_error(str(exc), receipt=frame.headers.get("receipt"))
             return
@@ -461,8 +462,8 @@ class ClientConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self._protocol_failed(exc)
             return
-        self.client_id = frame.headers.get("client-id") or None
-        self.login = frame.headers.get("login") or None
+        self.client_id = client_id
+        self.login = login
         self.connected_at = time.time()
         self._forget_handshake()
         for t in self.timers:

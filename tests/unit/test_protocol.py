@@ -396,6 +396,25 @@ def test_server_sends_message_and_receipt_with_negotiated_escaping() -> None:
         "receipt-id": "r"}
 
 
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
+@pytest.mark.parametrize("receipt_id", ["r7", "", "a:b", "back\\slash", "new\nline",
+                                        "cr\r", "message-12 x"])
+def test_receipt_shortcut_writes_what_send_would(version: str, receipt_id: str) -> None:
+    """StompProtocol.receipt skips building a frame for ids with nothing to escape; for
+    every id and version it must give send()'s bytes, or send()'s error."""
+    proto = connected_server(accept_version=version)
+    try:
+        expected: bytes | type[ProtocolError] = proto.send(
+            Frame("RECEIPT", {"receipt-id": receipt_id}))
+    except ProtocolError:
+        expected = ProtocolError
+    if expected is ProtocolError:
+        with pytest.raises(ProtocolError):
+            proto.receipt(receipt_id)
+    else:
+        assert proto.receipt(receipt_id) == expected
+
+
 @pytest.mark.parametrize("command", ["SEND", "CONNECT", "SUBSCRIBE", "CONNECTED", "BOGUS"])
 def test_server_sending_a_non_server_frame_is_a_local_error(command: str) -> None:
     proto = connected_server()
