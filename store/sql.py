@@ -872,21 +872,12 @@ class SqlStore(Store):
             # running master has changed them since by exactly
             # (msg_count - expected_count), so shift the count back.
             at_activation = result.actual_count - (result.expected_count - activation_count)
-            try:
-                with self._tx("integrity record") as conn:
-                    # Through the fence like every write: a deposed master's
-                    # late check must not overwrite its successor's view.
-                    self._fence(conn, epoch)
-                    conn.execute(
-                        update(a)
-                        .where(a.c.grp == self.group, a.c.epoch == epoch)
-                        .values(
-                            actual_count=at_activation,
-                            actual_max_id=result.actual_max_id,
-                            mismatch=result.mismatch,
-                        )
-                    )
-            except Fenced:
+            # Through the fence like every write: a deposed master's late check
+            # must not overwrite its successor's view.
+            if not self._update_activation(epoch, "integrity record",
+                                           actual_count=at_activation,
+                                           actual_max_id=result.actual_max_id,
+                                           mismatch=result.mismatch):
                 log.warning("%s: group %r is no longer at epoch %d: integrity result not "
                             "recorded", self.description, self.group, epoch)
         if result.mismatch:
@@ -899,17 +890,21 @@ class SqlStore(Store):
         return result
 
     def end_activation(self, epoch: int) -> None:
+        self._update_activation(epoch, "end_activation", ended_at=_now_ms())
+
+    def _update_activation(self, epoch: int, what: str, **values: Any) -> bool:
+        """Set ``values`` on the activation row of ``epoch``, through the fence;
+        False (nothing written) when the group has moved on to another epoch."""
         a = schema.activations
         try:
-            with self._tx("end_activation") as conn:
+            with self._tx(what) as conn:
                 self._fence(conn, epoch)
                 conn.execute(
-                    update(a)
-                    .where(a.c.grp == self.group, a.c.epoch == epoch)
-                    .values(ended_at=_now_ms())
+                    update(a).where(a.c.grp == self.group, a.c.epoch == epoch).values(**values)
                 )
         except Fenced:
-            pass
+            return False
+        return True
 
     # -- the batch ---------------------------------------------------------
     def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:
