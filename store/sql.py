@@ -111,10 +111,8 @@ POOL_OVERFLOW = 2
 #: How long a thread waits for a pooled connection before giving up (s).
 POOL_TIMEOUT_S = 10.0
 #: The pool's libpq keepalives, connect timeout and server-side statement and
-#: idle-in-transaction timeouts live in lockers.pg_tuning, beside the lock
-#: session's, with the reason they differ.
-STATEMENT_TIMEOUT_MS = STORE_STATEMENT_TIMEOUT_MS
-IDLE_IN_TRANSACTION_TIMEOUT_MS = STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS
+#: idle-in-transaction timeouts (STORE_*) live in lockers.pg_tuning, beside the
+#: lock session's, with the reason they differ.
 #: The integrity check counts every row: allow it 10 minutes (0 = no limit).
 INTEGRITY_STATEMENT_TIMEOUT_MS = 600_000
 #: SQLite: how long a writer waits for another process's write lock (ms).
@@ -325,8 +323,9 @@ def _make_engine(parsed: StoreURL, opts: dict[str, Any]) -> Engine:
     if parsed.dialect == "sqlite":
         return _make_sqlite_engine(parsed, opts, pool)
     query = parsed.url.query
-    statement_timeout = opts.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS)
-    idle_timeout = opts.get("idle_in_transaction_timeout_ms", IDLE_IN_TRANSACTION_TIMEOUT_MS)
+    statement_timeout = opts.get("statement_timeout_ms", STORE_STATEMENT_TIMEOUT_MS)
+    idle_timeout = opts.get("idle_in_transaction_timeout_ms",
+                            STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS)
     # A RECEIPT promises the message survives a crash: never inherit a server or
     # role default of synchronous_commit = off.
     server = "-c synchronous_commit=on " + server_options(statement_timeout, idle_timeout)
