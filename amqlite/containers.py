@@ -27,7 +27,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amqlite.pidfile import pid_runs
+from amqlite.pidfile import pid_runs, stop_process
 from amqlite.registry import (
     GroupView,
     Member,
@@ -412,15 +411,6 @@ def start_container(home: Path, name: str, *, wait: float = START_WAIT,
         time.sleep(POLL)
 
 
-def _wait_gone(pid: int, marker: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while broker_runs(pid, marker):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL)
-    return True
-
-
 @dataclass(frozen=True)
 class Stopped:
     """A stopped container: its pid, the role it had in the registry ("-": not
@@ -467,13 +457,8 @@ def stop_container(home: Path, name: str, *, kill: bool = False,
                 else me.role if me is not None else "-")
     marker = str(c.config)
     signalled = time.monotonic()  # takeover time counts from here, as a client sees it
-    with contextlib.suppress(ProcessLookupError):
-        if kill:
-            os.kill(pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGCONT)  # a paused broker cannot handle SIGTERM
-            os.kill(pid, signal.SIGTERM)
-    if not _wait_gone(pid, marker, KILL_WAIT if kill else STOP_WAIT):
+    if not stop_process(pid, lambda: broker_runs(pid, marker),
+                        KILL_WAIT if kill else STOP_WAIT, kill=kill):
         raise ContainerError(f"container {name} (pid {pid}) still runs after "
                              f"{KILL_WAIT if kill else STOP_WAIT:g}s"
                              + ("" if kill else "; try --kill"))

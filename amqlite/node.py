@@ -71,7 +71,7 @@ class Outcome(enum.Enum):
     """How a term as master (``Node._serve_as_master``) ended."""
 
     RETRY = "retry"  # activation failed; the lock is released, wait for it again
-    STOPPED = "stopped"  # a stop was asked for (or we cannot listen): the node ends
+    STOPPED = "stopped"  # a stop was asked for: the node ends
     LOST = "lost"  # mastership lost: exit (demoted) or, with --rejoin, slave again
     CANNOT_SERVE = "cannot serve"  # the listener cannot open: the node ends with an error
 

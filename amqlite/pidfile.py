@@ -12,6 +12,8 @@ import contextlib
 import json
 import os
 import re
+import signal
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -107,3 +109,27 @@ def _is_node(argv: list[str]) -> bool:
 def process_alive(pid: int) -> bool:
     """True when ``pid`` runs and is an amqlite node (a reused pid is not ours)."""
     return pid_runs(pid, _is_node)
+
+
+#: How often ``stop_process`` looks whether the process is gone (s).
+STOP_POLL = 0.05
+
+
+def stop_process(pid: int, running: Callable[[], bool], timeout: float, *,
+                 kill: bool = False) -> bool:
+    """SIGTERM ``pid`` (SIGCONT first: a paused process cannot handle SIGTERM), or
+    SIGKILL with ``kill``; then wait up to ``timeout`` s for ``running()`` (the caller's
+    check that it is still the process meant) to turn false. True when it did. The one
+    stop of ``amqlite stop`` and ``amqlite container stop``."""
+    with contextlib.suppress(ProcessLookupError):
+        if kill:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while running():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(STOP_POLL)
+    return True

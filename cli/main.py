@@ -89,8 +89,6 @@ def start(config_file: str | None, **options: Any) -> None:
 #: How long ``amqlite stop`` waits for a node to finish: a graceful stop drains the
 #: group commit in flight (node.GRACEFUL_DRAIN_TIMEOUT, 10 s) and closes the store.
 STOP_TIMEOUT = 30.0
-#: How often ``amqlite stop`` looks whether the process is gone.
-STOP_POLL = 0.1
 
 
 def node_data_dir(group: str | None, data_dir: str | None) -> str:
@@ -113,8 +111,6 @@ def stop(group: str | None, data_dir: str | None, name: str | None, timeout: flo
     """Stop foreground nodes (started with ``amqlite start``) found by their pid files:
     SIGTERM, a graceful stop, and wait. Exit 1 when no node was running."""
     import os
-    import signal
-    import time
 
     from amqlite import pidfile
 
@@ -131,12 +127,7 @@ def stop(group: str | None, data_dir: str | None, name: str | None, timeout: flo
         fail(f"no running node in {directory}", EXIT_FAILED)
     failed = False
     for n in running:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(n.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while n.alive and time.monotonic() < deadline:
-            time.sleep(STOP_POLL)
-        if n.alive:
+        if not pidfile.stop_process(n.pid, lambda n=n: n.alive, timeout):
             click.echo(f"amqlite: error: node {n.name} (pid {n.pid}) still running after "
                        f"{timeout:g} s", err=True)
             failed = True

@@ -111,10 +111,8 @@ POOL_OVERFLOW = 2
 #: How long a thread waits for a pooled connection before giving up (s).
 POOL_TIMEOUT_S = 10.0
 #: The pool's libpq keepalives, connect timeout and server-side statement and
-#: idle-in-transaction timeouts live in lockers.pg_tuning, beside the lock
-#: session's, with the reason they differ.
-STATEMENT_TIMEOUT_MS = STORE_STATEMENT_TIMEOUT_MS
-IDLE_IN_TRANSACTION_TIMEOUT_MS = STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS
+#: idle-in-transaction timeouts (STORE_*) live in lockers.pg_tuning, beside the
+#: lock session's, with the reason they differ.
 #: The integrity check counts every row: allow it 10 minutes (0 = no limit).
 INTEGRITY_STATEMENT_TIMEOUT_MS = 600_000
 #: SQLite: how long a writer waits for another process's write lock (ms).
@@ -325,8 +323,9 @@ def _make_engine(parsed: StoreURL, opts: dict[str, Any]) -> Engine:
     if parsed.dialect == "sqlite":
         return _make_sqlite_engine(parsed, opts, pool)
     query = parsed.url.query
-    statement_timeout = opts.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS)
-    idle_timeout = opts.get("idle_in_transaction_timeout_ms", IDLE_IN_TRANSACTION_TIMEOUT_MS)
+    statement_timeout = opts.get("statement_timeout_ms", STORE_STATEMENT_TIMEOUT_MS)
+    idle_timeout = opts.get("idle_in_transaction_timeout_ms",
+                            STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS)
     # A RECEIPT promises the message survives a crash: never inherit a server or
     # role default of synchronous_commit = off.
     server = "-c synchronous_commit=on " + server_options(statement_timeout, idle_timeout)
@@ -872,21 +871,12 @@ class SqlStore(Store):
             # running master has changed them since by exactly
             # (msg_count - expected_count), so shift the count back.
             at_activation = result.actual_count - (result.expected_count - activation_count)
-            try:
-                with self._tx("integrity record") as conn:
-                    # Through the fence like every write: a deposed master's
-                    # late check must not overwrite its successor's view.
-                    self._fence(conn, epoch)
-                    conn.execute(
-                        update(a)
-                        .where(a.c.grp == self.group, a.c.epoch == epoch)
-                        .values(
-                            actual_count=at_activation,
-                            actual_max_id=result.actual_max_id,
-                            mismatch=result.mismatch,
-                        )
-                    )
-            except Fenced:
+            # Through the fence like every write: a deposed master's late check
+            # must not overwrite its successor's view.
+            if not self._update_activation(epoch, "integrity record",
+                                           actual_count=at_activation,
+                                           actual_max_id=result.actual_max_id,
+                                           mismatch=result.mismatch):
                 log.warning("%s: group %r is no longer at epoch %d: integrity result not "
                             "recorded", self.description, self.group, epoch)
         if result.mismatch:
@@ -899,17 +889,21 @@ class SqlStore(Store):
         return result
 
     def end_activation(self, epoch: int) -> None:
+        self._update_activation(epoch, "end_activation", ended_at=_now_ms())
+
+    def _update_activation(self, epoch: int, what: str, **values: Any) -> bool:
+        """Set ``values`` on the activation row of ``epoch``, through the fence;
+        False (nothing written) when the group has moved on to another epoch."""
         a = schema.activations
         try:
-            with self._tx("end_activation") as conn:
+            with self._tx(what) as conn:
                 self._fence(conn, epoch)
                 conn.execute(
-                    update(a)
-                    .where(a.c.grp == self.group, a.c.epoch == epoch)
-                    .values(ended_at=_now_ms())
+                    update(a).where(a.c.grp == self.group, a.c.epoch == epoch).values(**values)
                 )
         except Fenced:
-            pass
+            return False
+        return True
 
     # -- the batch ---------------------------------------------------------
     def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:

@@ -12,9 +12,12 @@ from sqlalchemy import text
 
 from store import Batch, DestinationRow, NewMessage, SqlStore, SubscriptionRow, open_store
 
+#: The ``make_store`` fixture: opens a store on the test's URL (``store_opener``).
+MakeStore = Callable[..., SqlStore]
+
 
 @contextlib.contextmanager
-def store_opener(url: str) -> Iterator[Callable[..., SqlStore]]:
+def store_opener(url: str) -> Iterator[MakeStore]:
     """Open stores on ``url`` (several = several brokers); all closed at the end."""
     opened: list[SqlStore] = []
 
@@ -74,7 +77,7 @@ SUB1 = SubscriptionRow(1, "c1", "s1", TOPIC.id)
 SUB2 = SubscriptionRow(2, "c2", "s2", TOPIC.id)
 
 
-def master(make_store: Callable[..., SqlStore], group: str = "g1") -> tuple[SqlStore, int]:
+def master(make_store: MakeStore, group: str = "g1") -> tuple[SqlStore, int]:
     """An opened store that claimed the group, with the standard destinations
     and two durable subscriptions on the topic."""
     s = make_store(group)

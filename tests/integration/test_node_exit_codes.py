@@ -215,6 +215,21 @@ def test_stop_and_status_find_a_foreground_node_by_its_pid_file(
     assert again.returncode == 1 and "no running node" in again.stderr
 
 
+def test_stop_ends_a_paused_node(broker_factory: BrokerFactory) -> None:
+    """A SIGSTOPped node cannot handle SIGTERM: ``amqlite stop`` wakes it first (as
+    ``container stop`` does) instead of waiting out its timeout."""
+    broker = broker_factory.new(extra_args=["--http", "off"]).start()
+    broker.wait_serving()
+    broker.pause()
+    try:
+        stopped = run_cli("stop", "--data-dir", str(broker.data_dir), "--timeout", "20")
+    finally:
+        broker.resume()  # harmless once it is gone; lets it stop if stop failed
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"pid {broker.pid}" in stopped.stdout
+    assert broker.wait_exit(5) == 0
+
+
 def test_status_reports_the_pid_file_nodes_management_api(
         broker_factory: BrokerFactory) -> None:
     http = f"{HOST}:{free_port()}"

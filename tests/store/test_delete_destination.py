@@ -5,25 +5,22 @@ not recover what was deleted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
-from store import Batch, DeletedDestination, DestinationRow, Fenced, SqlStore, SubscriptionRow
+from store import Batch, DeletedDestination, DestinationRow, Fenced, SubscriptionRow
 from tests.helpers.store import (
     DLQ,
     QUEUE,
     SUB1,
     SUB2,
     TOPIC,
+    MakeStore,
     assert_counters,
     master,
     msg,
     one,
     sql,
 )
-
-MakeStore = Callable[..., SqlStore]
 
 
 def test_a_queue_goes_with_its_messages_and_the_others_stay(make_store: MakeStore) -> None:

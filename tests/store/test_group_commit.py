@@ -9,10 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from store import Batch, Fenced, GroupCommitter, SqlStore, StoreError
-from tests.helpers.store import QUEUE, assert_counters, master, msg, one, sql
-
-MakeStore = Callable[..., SqlStore]
+from store import Batch, Fenced, GroupCommitter, StoreError
+from tests.helpers.store import QUEUE, MakeStore, assert_counters, master, msg, one, sql
 
 #: Upper bound for any single wait in these tests; they end as soon as done.
 DEADLINE_S = 30.0

@@ -8,7 +8,7 @@ the store usable with a fresh writer connection."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -34,6 +34,7 @@ from tests.helpers.store import (
     SUB1,
     SUB2,
     TOPIC,
+    MakeStore,
     assert_counters,
     master,
     msg,
@@ -43,8 +44,6 @@ from tests.helpers.store import (
 from tests.store.test_fencing_race import DEADLINE_S, Runner, wait_until
 
 pytestmark = pytest.mark.integration
-
-MakeStore = Callable[..., SqlStore]
 Rows = dict[str, list[tuple[Any, ...]]]
 
 #: Header values that a text-format array would have to quote or escape.

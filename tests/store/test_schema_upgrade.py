@@ -5,7 +5,6 @@ are owed, and brokers starting at once on it all succeed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 from sqlalchemy import create_engine, inspect, text
@@ -17,6 +16,7 @@ from tests.helpers.store import (
     SUB1,
     SUB2,
     TOPIC,
+    MakeStore,
     make_v1_store,
     master,
     msg,
@@ -24,8 +24,6 @@ from tests.helpers.store import (
     open_at_once,
     sql,
 )
-
-MakeStore = Callable[..., SqlStore]
 
 
 def columns(store: SqlStore) -> set[str]:

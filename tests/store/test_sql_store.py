@@ -3,7 +3,6 @@ fencing, batches, dedup, paging, counters, activation and housekeeping."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from tests.helpers.store import (
     SUB1,
     SUB2,
     TOPIC,
+    MakeStore,
     assert_counters,
     master,
     msg,
@@ -34,9 +34,6 @@ from tests.helpers.store import (
     open_at_once,
     sql,
 )
-
-MakeStore = Callable[..., SqlStore]
-
 
 # -- URLs --------------------------------------------------------------------
 
