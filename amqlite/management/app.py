@@ -164,30 +164,41 @@ class NodeView:
             return []
         names = set(depths) | set(broker.queues) | set(broker.topics) \
             | set(broker.durables_by_topic)
-        rows = []
-        for name in sorted(names):
-            d = depths.get(name)
-            kind = d.kind if d is not None else ("queue" if name.startswith("/queue/")
-                                                 else "topic")
-            if kind == "queue":
-                q = broker.queues.get(name)
-                inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
-                stored = d.depth if d is not None else 0
-                waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
-                consumers = len(q.consumers) if q is not None else 0
-            else:
-                durables = broker.durables_by_topic.get(name, [])
-                inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
-                waiting = sum(len(dur) for dur in durables)
-                consumers = len(broker.topics.get(name, [])) + sum(
-                    len(dur.consumers) for dur in durables)
-            rows.append({
-                "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
-                "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
-                "dequeued": broker.dequeued.get(name, 0),
-                "dead_lettered": broker.dead_lettered.get(name, 0),
-            })
-        return rows
+        return [self._row(broker, name, depths.get(name)) for name in sorted(names)]
+
+    def destination_row(self, name: str,
+                        depths: dict[str, DestinationDepth]) -> dict[str, Any] | None:
+        """``destination_rows``' row of ``name`` alone (None when unknown), without
+        building every other destination's."""
+        broker = self.broker
+        if broker is None or not (name in depths or name in broker.queues
+                                  or name in broker.topics
+                                  or name in broker.durables_by_topic):
+            return None
+        return self._row(broker, name, depths.get(name))
+
+    @staticmethod
+    def _row(broker: Any, name: str, d: DestinationDepth | None) -> dict[str, Any]:
+        kind = d.kind if d is not None else ("queue" if name.startswith("/queue/")
+                                             else "topic")
+        if kind == "queue":
+            q = broker.queues.get(name)
+            inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
+            stored = d.depth if d is not None else 0
+            waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
+            consumers = len(q.consumers) if q is not None else 0
+        else:
+            durables = broker.durables_by_topic.get(name, [])
+            inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
+            waiting = sum(len(dur) for dur in durables)
+            consumers = len(broker.topics.get(name, [])) + sum(
+                len(dur.consumers) for dur in durables)
+        return {
+            "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
+            "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
+            "dequeued": broker.dequeued.get(name, 0),
+            "dead_lettered": broker.dead_lettered.get(name, 0),
+        }
 
 
 class ManagementServer:
@@ -426,10 +437,10 @@ class ManagementServer:
 
     async def _destination_row(self, name: str) -> dict[str, Any]:
         await self.view.refresh_depths()
-        for row in self.view.destination_rows(self.view.depths):
-            if row["name"] == name:
-                return row
-        raise ActionError(404, f"no destination {name}")
+        row = self.view.destination_row(name, self.view.depths)
+        if row is None:
+            raise ActionError(404, f"no destination {name}")
+        return row
 
     async def destination(self, request: web.Request) -> web.Response:
         return web.json_response(await self._destination_row(self._destination(request)))
@@ -532,11 +543,8 @@ class ManagementServer:
 
     async def delete_message(self, request: web.Request) -> web.Response:
         mid = self._message_id(request)
-        if self.access.per_destination:
-            row = await asyncio.to_thread(self.view.reader.message, mid)
-            if row is not None:
-                self._require(request, row["destination"])
-        result = await self._actions().delete_message(mid)
+        result = await self._actions().delete_message(
+            mid, lambda destination: self._require(request, destination))
         return self._logged(request, f"delete message {mid}", result)
 
     async def move(self, request: web.Request) -> web.Response:
