@@ -8,8 +8,7 @@ import re
 import pytest
 
 from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
-from tests.helpers.mgmt import Api, wait_until
-from tests.helpers.servers import free_port
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -17,11 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
     """max_redeliveries=0: the first NACK dead-letters (for the retry test)."""
-    http = free_port()
-    b = module_factory.start(name="mgmt", extra_args=["--http", f"127.0.0.1:{http}"],
-                             env={"AMQLITE_MAX_REDELIVERIES": "0"})
-    b.http = f"http://127.0.0.1:{http}"  # type: ignore[attr-defined]
-    return b
+    return start_with_http(module_factory, "mgmt", env={"AMQLITE_MAX_REDELIVERIES": "0"})
 
 
 @pytest.fixture

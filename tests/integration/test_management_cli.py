@@ -17,7 +17,7 @@ from tests.helpers.broker_proc import (
     amqlite_command,
     unique,
 )
-from tests.helpers.mgmt import Api, wait_until
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 from tests.helpers.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -28,11 +28,7 @@ CLI_TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
-    http = free_port()
-    b = module_factory.start(name="mgmtcli", extra_args=["--http", f"127.0.0.1:{http}"],
-                             env={"AMQLITE_MAX_REDELIVERIES": "0"})
-    b.http = f"http://127.0.0.1:{http}"  # type: ignore[attr-defined]
-    return b
+    return start_with_http(module_factory, "mgmtcli", env={"AMQLITE_MAX_REDELIVERIES": "0"})
 
 
 def amqlite(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
