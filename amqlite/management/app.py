@@ -399,7 +399,7 @@ class ManagementServer:
 
     async def readyz(self, request: web.Request) -> web.Response:
         # What an operator accepted but should not forget (e.g. fsync = off).
-        warnings = {"warnings": list(w)} if (w := getattr(self.node, "warnings", None)) else {}
+        warnings = {"warnings": list(w)} if (w := self.node.warnings) else {}
         if self.view.serving:
             return web.json_response({"ready": True, "role": "master",
                                       "name": self.settings.name,
@@ -421,8 +421,7 @@ class ManagementServer:
             "name": self.settings.name, "group": self.settings.group, "role": node.role,
             "ready": self.view.serving, "epoch": broker.epoch if broker is not None else None,
             "stomp": self.settings.advertise, "http": self.url,
-            "takeovers": getattr(node, "takeovers", 0),
-            "master_since": getattr(node, "master_since", None),
+            "takeovers": node.takeovers, "master_since": node.master_since,
             "master": None if self.view.serving else await self.view.master(),
         })
 
@@ -486,15 +485,16 @@ class ManagementServer:
     async def connections(self, request: web.Request) -> web.Response:
         server, broker = self.view.server, self.view.broker
         out = []
+        # Sockets still logging in (connected_at None) first, then by connection time.
         for conn in sorted(server.connections if server is not None else (),
-                           key=lambda c: getattr(c, "connected_at", 0)):
+                           key=lambda c: c.connected_at or 0.0):
             session = broker.sessions.get(conn) if broker is not None else None
             subs = list(session.subscriptions.values()) if session is not None else []
             out.append({
-                "address": conn.peer, "login": getattr(conn, "login", None),
+                "address": conn.peer, "login": conn.login,
                 "client_id": conn.client_id, "version": conn.version,
                 "connected": conn.connected,
-                "connected_since": getattr(conn, "connected_at", None),
+                "connected_since": conn.connected_at,
                 "subscriptions": [{"id": s.id, "destination": s.destination,
                                    "ack": s.ack_mode, "unacked": len(s.inflight)}
                                   for s in subs],
