@@ -208,7 +208,7 @@ class ManagementServer:
         self.node = node
         self.settings = node.settings
         self.view = NodeView(node)
-        self.access = Access.from_file(node.settings.users_file)
+        self.access = Access.from_users_file(node.users_file)
         self.metrics = Metrics(self.view)
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
