@@ -212,11 +212,12 @@ class CheckQueue:
         if len(queue) >= self.max_per_peer:
             self._drop(queue.popleft())
         elif self.pending >= self.max_pending:
-            fullest = max(self.waiting.values(), key=len)
-            self._drop(fullest.popleft())
+            fullest = max(self.waiting, key=lambda p: len(self.waiting[p]))
+            self._drop(self.waiting[fullest].popleft())
+            if fullest != peer:  # this peer's queue gets the new check just below
+                self._prune(fullest)
         queue.append(check)
         self.pending += 1
-        self._prune()
         self._start_next()
         return check
 
@@ -230,7 +231,7 @@ class CheckQueue:
             queue.remove(check)  # at most max_per_peer entries
             self.pending -= 1
             self.counts["dropped"] += 1
-            self._prune()
+            self._prune(check.peer)
 
     def close(self) -> None:
         self.closed = True
@@ -263,8 +264,10 @@ class CheckQueue:
         except Exception:
             log.exception("handling the outcome of a login check for %s failed", check.peer)
 
-    def _prune(self) -> None:
-        for peer in [p for p, q in self.waiting.items() if not q]:
+    def _prune(self, peer: str) -> None:
+        """Forget ``peer``'s queue once empty: only the queue just taken from can be."""
+        queue = self.waiting.get(peer)
+        if queue is not None and not queue:
             del self.waiting[peer]
 
     def _start_next(self) -> None:

@@ -209,7 +209,3 @@ def load_users_file(path: str) -> UsersFile:
             member_of.setdefault(m, set()).add(name)
     policy = Policy(entries, {k: frozenset(v) for k, v in member_of.items()})
     return UsersFile(dict(users), groups, policy)
-
-
-def removed_logins(old: UsersFile | None, new: UsersFile) -> set[str]:
-    return set(old.users) - set(new.users) if old is not None else set()

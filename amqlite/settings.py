@@ -230,10 +230,7 @@ class Settings:
         if s.plain_enabled:
             listeners.append(("tcp", parse_bind(s.bind)))
         if s.ssl_bind:
-            try:
-                listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT)))
-            except SettingsError as e:
-                raise SettingsError(str(e).replace("--bind", "--ssl-bind")) from None
+            listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT, "--ssl-bind")))
         parse_heartbeat(s.heartbeat)
         if not s.advertise:
             uris = []
@@ -260,11 +257,7 @@ class Settings:
         if s.http_bind and s.http_bind.lower() != HTTP_OFF:
             if ":" not in s.http_bind:
                 raise SettingsError(f"http_bind: expected HOST:PORT or off, got {s.http_bind!r}")
-            try:
-                parse_bind(s.http_bind)
-            except SettingsError as e:
-                raise SettingsError(f"http_bind: {e}".replace("--bind: ", "")) from None
-            host, _ = parse_bind(s.http_bind)
+            host, _ = parse_bind(s.http_bind, option="http_bind")
             if not s.users_file and not s.http_allow_remote and not is_loopback(host):
                 raise SettingsError(
                     f"http_bind {s.http_bind}: without a users_file the management API stays "
@@ -282,7 +275,9 @@ class Settings:
         return s
 
 
-def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT) -> tuple[str, int]:
+def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT,
+               option: str = "--bind") -> tuple[str, int]:
+    """``HOST:PORT`` (or ``HOST``) -> (host, port); SettingsError naming ``option``."""
     host, sep, port = bind.rpartition(":")
     if not sep:
         host, port = bind, str(default_port)
@@ -290,13 +285,13 @@ def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT) -> tuple[str, 
     try:
         p = int(port)
     except ValueError:
-        raise SettingsError(f"--bind: port must be a number in {bind!r}") from None
+        raise SettingsError(f"{option}: port must be a number in {bind!r}") from None
     if host.isdigit():
         # "61613" alone would be the IPv4 address 0.0.240.173 to the resolver.
-        raise SettingsError(f"--bind: {bind!r} is not HOST:PORT (for a port, write "
+        raise SettingsError(f"{option}: {bind!r} is not HOST:PORT (for a port, write "
                             f"127.0.0.1:{host} or 0.0.0.0:{host})")
     if not 0 <= p <= 65535:
-        raise SettingsError(f"--bind: port out of range in {bind!r}")
+        raise SettingsError(f"{option}: port out of range in {bind!r}")
     return host, p
 
 

@@ -115,10 +115,6 @@ class Target:
             raise ApiError(f"{base}: cannot connect: {reason}") from None
 
 
-def _api(ctx: click.Context) -> Target:
-    return ctx.obj  # type: ignore[no-any-return]
-
-
 def _run(fn: Callable[[], Any]) -> Any:
     try:
         return fn()

@@ -181,11 +181,16 @@ class Actions:
             raise ActionError(409, f"{name} has {n} consumers; close them first{done}")
 
     # -- delete one message ----------------------------------------------------------------
-    async def delete_message(self, message_id: int) -> dict[str, Any]:
+    async def delete_message(self, message_id: int,
+                             require: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """``require`` (the API's per-destination check) is called with the message's
+        destination before anything changes: the one read serves both."""
         self._check_serving()
         row = await asyncio.to_thread(self.reader.message, message_id)
         if row is None:
             raise ActionError(404, f"no message {message_id}")
+        if require is not None:
+            require(row["destination"])
         if row["kind"] != "queue":
             raise ActionError(409, f"message {message_id} belongs to topic "
                                    f"{row['destination']}: remove the durable subscription")

@@ -164,30 +164,41 @@ class NodeView:
             return []
         names = set(depths) | set(broker.queues) | set(broker.topics) \
             | set(broker.durables_by_topic)
-        rows = []
-        for name in sorted(names):
-            d = depths.get(name)
-            kind = d.kind if d is not None else ("queue" if name.startswith("/queue/")
-                                                 else "topic")
-            if kind == "queue":
-                q = broker.queues.get(name)
-                inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
-                stored = d.depth if d is not None else 0
-                waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
-                consumers = len(q.consumers) if q is not None else 0
-            else:
-                durables = broker.durables_by_topic.get(name, [])
-                inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
-                waiting = sum(len(dur) for dur in durables)
-                consumers = len(broker.topics.get(name, [])) + sum(
-                    len(dur.consumers) for dur in durables)
-            rows.append({
-                "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
-                "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
-                "dequeued": broker.dequeued.get(name, 0),
-                "dead_lettered": broker.dead_lettered.get(name, 0),
-            })
-        return rows
+        return [self._row(broker, name, depths.get(name)) for name in sorted(names)]
+
+    def destination_row(self, name: str,
+                        depths: dict[str, DestinationDepth]) -> dict[str, Any] | None:
+        """``destination_rows``' row of ``name`` alone (None when unknown), without
+        building every other destination's."""
+        broker = self.broker
+        if broker is None or not (name in depths or name in broker.queues
+                                  or name in broker.topics
+                                  or name in broker.durables_by_topic):
+            return None
+        return self._row(broker, name, depths.get(name))
+
+    @staticmethod
+    def _row(broker: Any, name: str, d: DestinationDepth | None) -> dict[str, Any]:
+        kind = d.kind if d is not None else ("queue" if name.startswith("/queue/")
+                                             else "topic")
+        if kind == "queue":
+            q = broker.queues.get(name)
+            inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
+            stored = d.depth if d is not None else 0
+            waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
+            consumers = len(q.consumers) if q is not None else 0
+        else:
+            durables = broker.durables_by_topic.get(name, [])
+            inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
+            waiting = sum(len(dur) for dur in durables)
+            consumers = len(broker.topics.get(name, [])) + sum(
+                len(dur.consumers) for dur in durables)
+        return {
+            "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
+            "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
+            "dequeued": broker.dequeued.get(name, 0),
+            "dead_lettered": broker.dead_lettered.get(name, 0),
+        }
 
 
 class ManagementServer:
@@ -197,7 +208,7 @@ class ManagementServer:
         self.node = node
         self.settings = node.settings
         self.view = NodeView(node)
-        self.access = Access.from_file(node.settings.users_file)
+        self.access = Access.from_users_file(node.users_file)
         self.metrics = Metrics(self.view)
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
@@ -388,7 +399,7 @@ class ManagementServer:
 
     async def readyz(self, request: web.Request) -> web.Response:
         # What an operator accepted but should not forget (e.g. fsync = off).
-        warnings = {"warnings": list(w)} if (w := getattr(self.node, "warnings", None)) else {}
+        warnings = {"warnings": list(w)} if (w := self.node.warnings) else {}
         if self.view.serving:
             return web.json_response({"ready": True, "role": "master",
                                       "name": self.settings.name,
@@ -410,8 +421,7 @@ class ManagementServer:
             "name": self.settings.name, "group": self.settings.group, "role": node.role,
             "ready": self.view.serving, "epoch": broker.epoch if broker is not None else None,
             "stomp": self.settings.advertise, "http": self.url,
-            "takeovers": getattr(node, "takeovers", 0),
-            "master_since": getattr(node, "master_since", None),
+            "takeovers": node.takeovers, "master_since": node.master_since,
             "master": None if self.view.serving else await self.view.master(),
         })
 
@@ -426,10 +436,10 @@ class ManagementServer:
 
     async def _destination_row(self, name: str) -> dict[str, Any]:
         await self.view.refresh_depths()
-        for row in self.view.destination_rows(self.view.depths):
-            if row["name"] == name:
-                return row
-        raise ActionError(404, f"no destination {name}")
+        row = self.view.destination_row(name, self.view.depths)
+        if row is None:
+            raise ActionError(404, f"no destination {name}")
+        return row
 
     async def destination(self, request: web.Request) -> web.Response:
         return web.json_response(await self._destination_row(self._destination(request)))
@@ -475,15 +485,16 @@ class ManagementServer:
     async def connections(self, request: web.Request) -> web.Response:
         server, broker = self.view.server, self.view.broker
         out = []
+        # Sockets still logging in (connected_at None) first, then by connection time.
         for conn in sorted(server.connections if server is not None else (),
-                           key=lambda c: getattr(c, "connected_at", 0)):
+                           key=lambda c: c.connected_at or 0.0):
             session = broker.sessions.get(conn) if broker is not None else None
             subs = list(session.subscriptions.values()) if session is not None else []
             out.append({
-                "address": conn.peer, "login": getattr(conn, "login", None),
+                "address": conn.peer, "login": conn.login,
                 "client_id": conn.client_id, "version": conn.version,
                 "connected": conn.connected,
-                "connected_since": getattr(conn, "connected_at", None),
+                "connected_since": conn.connected_at,
                 "subscriptions": [{"id": s.id, "destination": s.destination,
                                    "ack": s.ack_mode, "unacked": len(s.inflight)}
                                   for s in subs],
@@ -532,11 +543,8 @@ class ManagementServer:
 
     async def delete_message(self, request: web.Request) -> web.Response:
         mid = self._message_id(request)
-        if self.access.per_destination:
-            row = await asyncio.to_thread(self.view.reader.message, mid)
-            if row is not None:
-                self._require(request, row["destination"])
-        result = await self._actions().delete_message(mid)
+        result = await self._actions().delete_message(
+            mid, lambda destination: self._require(request, destination))
         return self._logged(request, f"delete message {mid}", result)
 
     async def move(self, request: web.Request) -> web.Response:

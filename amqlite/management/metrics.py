@@ -44,11 +44,11 @@ class BrokerCollector(Collector):
         yield epoch
         takeovers = CounterMetricFamily("amqlite_takeovers",
                                         "Times this node became master")
-        takeovers.add_metric([], float(getattr(node, "takeovers", 0)))
+        takeovers.add_metric([], float(node.takeovers))
         yield takeovers
         errors = CounterMetricFamily("amqlite_store_errors",
                                      "Store failures that made this node demote")
-        errors.add_metric([], float(getattr(node, "store_errors", 0)))
+        errors.add_metric([], float(node.store_errors))
         yield errors
         server = view.server
         conns = GaugeMetricFamily("amqlite_connections", "Open STOMP connections")

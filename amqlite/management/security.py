@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from amqlite.auth import Authenticator, CheckOutcome, CheckQueue
-from amqlite.authz import ADMIN_GROUP, Permission, Policy, UsersFile, load_users_file
+from amqlite.authz import ADMIN_GROUP, Permission, Policy, UsersFile
 
 log = logging.getLogger("amqlite.management")
 
@@ -150,11 +150,12 @@ class Access:
         self._auth.users = self.users  # the check must see the users this Access has
 
     @classmethod
-    def from_file(cls, users_file: str) -> Access:
-        if not users_file:
-            return cls(None)
+    def from_users_file(cls, users_file: UsersFile | None) -> Access:
+        """The node's loaded users file (None: no logins), so the API and the STOMP
+        listener start from the same read of it."""
         access = cls(None)
-        access.apply(load_users_file(users_file))
+        if users_file is not None:
+            access.apply(users_file)
         return access
 
     def apply(self, users_file: UsersFile) -> None:

@@ -4,12 +4,12 @@ JSON reads, every action, and bad input. Each test uses its own destinations."""
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
-from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
-from tests.helpers.mgmt import Api, wait_until
-from tests.helpers.servers import free_port
+from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess, ClientPool, unique
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -17,11 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
     """max_redeliveries=0: the first NACK dead-letters (for the retry test)."""
-    http = free_port()
-    b = module_factory.start(name="mgmt", extra_args=["--http", f"127.0.0.1:{http}"],
-                             env={"AMQLITE_MAX_REDELIVERIES": "0"})
-    b.http = f"http://127.0.0.1:{http}"  # type: ignore[attr-defined]
-    return b
+    return start_with_http(module_factory, "mgmt", env={"AMQLITE_MAX_REDELIVERIES": "0"})
 
 
 @pytest.fixture
@@ -215,6 +211,23 @@ def test_connections_list_and_close(api: Api, broker: BrokerProcess,
     wait_until(lambda: all(c["client_id"] != client_id
                            for c in api.ok("GET", "/api/v1/connections")["connections"]),
                what="the closed connection to leave the list")
+
+
+def test_connections_list_with_a_socket_still_logging_in(api: Api, broker: BrokerProcess,
+                                                        clients: ClientPool) -> None:
+    """A socket that has not sent CONNECT yet (no connected_since) is listed beside
+    connected clients: sorting by connection time must not fail on it."""
+    clients(broker.port)
+    with socket.create_connection((HOST, broker.port), timeout=10) as raw:
+        host, port = raw.getsockname()[:2]
+        address = f"{host}:{port}"
+        conns = wait_until(
+            lambda: (cs := api.ok("GET", "/api/v1/connections")["connections"])
+            and any(c["address"] == address for c in cs) and cs,
+            what="the raw socket in the connection list")
+        [pending] = [c for c in conns if c["address"] == address]
+        assert pending["connected"] is False and pending["connected_since"] is None
+        assert any(c["connected"] for c in conns)
 
 
 def test_durable_subscriptions_listed_offline_and_removed(api: Api, broker: BrokerProcess,

@@ -3,42 +3,32 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from typing import Any
 
 import pytest
 
 from tests.helpers.broker_proc import (
-    REPO_ROOT,
     BrokerFactory,
     BrokerProcess,
     ClientPool,
-    amqlite_command,
     unique,
 )
-from tests.helpers.mgmt import Api, wait_until
+from tests.helpers.cluster import amqlite as run_amqlite
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 from tests.helpers.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-#: A CLI run imports the package and makes one or two HTTP calls; generous when loaded.
-CLI_TIMEOUT = 60
-
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
-    http = free_port()
-    b = module_factory.start(name="mgmtcli", extra_args=["--http", f"127.0.0.1:{http}"],
-                             env={"AMQLITE_MAX_REDELIVERIES": "0"})
-    b.http = f"http://127.0.0.1:{http}"  # type: ignore[attr-defined]
-    return b
+    return start_with_http(module_factory, "mgmtcli", env={"AMQLITE_MAX_REDELIVERIES": "0"})
 
 
 def amqlite(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMQLITE_")}
-    proc = subprocess.run([*amqlite_command(), *args], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT, cwd=REPO_ROOT, env=env, check=False)
+    """``helpers.cluster.amqlite`` (no stray AMQLITE_* settings), checked."""
+    proc = run_amqlite(*args)
     if check:
         assert proc.returncode == 0, f"amqlite {' '.join(args)}: {proc.stderr}"
     assert "Traceback" not in proc.stderr

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
-from tests.helpers.mgmt import Api, wait_until
-from tests.helpers.servers import free_port
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -39,11 +38,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
-    http = free_port()
-    b = module_factory.start(name="console", extra_args=["--http", f"127.0.0.1:{http}"],
-                             env={"AMQLITE_MAX_REDELIVERIES": "0"})
-    b.http = f"http://127.0.0.1:{http}"  # type: ignore[attr-defined]
-    return b
+    return start_with_http(module_factory, "console", env={"AMQLITE_MAX_REDELIVERIES": "0"})
 
 
 @pytest.fixture(scope="module")

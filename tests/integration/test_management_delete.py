@@ -12,8 +12,7 @@ import pytest
 
 from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, Client, ClientPool, unique
 from tests.helpers.cluster import amqlite
-from tests.helpers.mgmt import Api, wait_until
-from tests.helpers.servers import free_port
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -24,12 +23,9 @@ QUIET = 0.5
 
 def _node(factory: BrokerFactory, name: str, data: Path | None, store: str | None,
           wait: bool = True) -> tuple[BrokerProcess, Api]:
-    http = free_port()
-    args = ["--http", f"127.0.0.1:{http}"]
-    if store is not None:
-        args += ["--store", store, "--locker", store]
-    broker = factory.start(name=name, data_dir=data, extra_args=args, wait=wait)
-    return broker, Api(f"http://127.0.0.1:{http}")
+    args = ["--store", store, "--locker", store] if store is not None else []
+    broker = start_with_http(factory, name, data_dir=data, extra_args=args, wait=wait)
+    return broker, Api(broker.http)  # type: ignore[attr-defined]
 
 
 def _names(api: Api) -> set[str]:

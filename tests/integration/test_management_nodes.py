@@ -11,7 +11,7 @@ import pytest
 
 from amqlite.auth import hash_password
 from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
-from tests.helpers.mgmt import Api, wait_until
+from tests.helpers.mgmt import Api, start_with_http, wait_until
 from tests.helpers.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -35,10 +35,8 @@ def test_login_required_and_actions_need_an_administrator(broker_factory: Broker
         f'bob = "{hash_password("bob-pw")}"\n'
         "[groups]\n"
         'admins = ["alice"]\n')
-    http = free_port()
-    broker = broker_factory.start(name="authn", extra_args=[
-        "--http", f"127.0.0.1:{http}"], env={"AMQLITE_USERS_FILE": str(users)})
-    base = f"http://127.0.0.1:{http}"
+    broker = start_with_http(broker_factory, "authn", users)
+    base = broker.http  # type: ignore[attr-defined]
 
     assert Api(base).get("/healthz")[0] == 200  # health checks carry no credentials
     status, body, headers = Api(base).call("GET", "/api/v1/destinations")
@@ -113,10 +111,9 @@ def test_http_off(broker_factory: BrokerFactory) -> None:
 
 def test_purge_and_move_on_postgresql(broker_factory: BrokerFactory, pg_url: str,
                                       clients: ClientPool) -> None:
-    http = free_port()
-    broker = broker_factory.start(name="pgm", extra_args=[
-        "--store", pg_url, "--locker", pg_url, "--http", f"127.0.0.1:{http}"])
-    api = Api(f"http://127.0.0.1:{http}")
+    broker = start_with_http(broker_factory, "pgm",
+                             extra_args=["--store", pg_url, "--locker", pg_url])
+    api = Api(broker.http)  # type: ignore[attr-defined]
     src, dst = f"/queue/{unique('pg-src')}", f"/queue/{unique('pg-dst')}"
     producer = clients(broker.port)
     for i in range(5):

@@ -32,6 +32,7 @@ from tests.helpers.broker_proc import (
     password_hash,
     unique,
 )
+from tests.helpers.poll import poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -182,12 +183,13 @@ def test_check_of_a_closed_socket_never_runs(auth_broker: BrokerProcess) -> None
         for sock in [first, *kept]:
             sock.close()
     # The newer, kept sockets go first (newest first): the closed ones were still waiting.
-    deadline = time.monotonic() + CLOSE_DEADLINE
-    while (dropped := dropped_unrun(auth_broker)) < len(doomed) - 2:
-        assert time.monotonic() < deadline, (
-            f"only {dropped} of {len(doomed)} closed sockets' checks reported dropped unrun\n"
-            + auth_broker.log_tail())
-        time.sleep(0.05)  # polling the broker's log file for the condition, with a deadline
+    try:
+        poll(lambda: dropped_unrun(auth_broker), lambda n: n >= len(doomed) - 2,
+             timeout=CLOSE_DEADLINE,
+             what=f"{len(doomed) - 2} of {len(doomed)} closed sockets' checks reported "
+                  "dropped unrun")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{auth_broker.log_tail()}") from None
 
 
 def dropped_unrun(broker: BrokerProcess) -> int:

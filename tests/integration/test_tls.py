@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import stomp
@@ -25,6 +25,7 @@ from tests.helpers.broker_proc import (
     unique,
     wait_one_serving,
 )
+from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 from tests.integration.tls_helpers import Pki, make_pki
 
@@ -165,16 +166,15 @@ def test_https_management_api(broker_factory: BrokerFactory, pki: Pki) -> None:
         "--http", f"{HOST}:{http_port}"])
     url = f"https://{HOST}:{http_port}/api/v1/node"
     context = ssl.create_default_context(cafile=str(pki.ca))
-    deadline = time.monotonic() + WAIT
-    while True:
+
+    def get_node() -> dict[str, Any] | None:
         try:
             with urllib.request.urlopen(url, context=context, timeout=WAIT) as resp:
-                node = json.loads(resp.read())
-            break
+                return json.loads(resp.read())  # type: ignore[no-any-return]
         except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            return None
+
+    node, _ = poll(get_node, timeout=WAIT, what=f"the HTTPS management API at {url}")
     assert node["http"] == f"https://{HOST}:{http_port}"
     # The CLI's --url https with --ssl-ca.
     out = subprocess.run(

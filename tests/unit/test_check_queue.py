@@ -153,3 +153,27 @@ def test_global_cap_drops_oldest_of_the_fullest_peer() -> None:
         assert auth.ran == ["running", "a2", "b0", "c0", "a1"]
         queue.close()
     run(main())
+
+
+def test_global_cap_over_single_check_peers_forgets_emptied_ones_and_keeps_the_newcomer(
+        ) -> None:
+    """With one waiting check per address, the full queue empties an address: it is
+    forgotten, and when the emptied address is the newcomer's own its check still runs."""
+    async def main() -> None:
+        auth = GatedAuth()
+        queue = CheckQueue(auth, threads=1, max_pending=2, max_per_peer=10)
+        outcomes = Outcomes()
+        submit = submitter(queue, outcomes)
+        submit("a", "running")
+        submit("b", "b0")
+        submit("c", "c0")
+        submit("d", "d0")  # full: b (the first fullest) loses b0 and is forgotten
+        assert outcomes == {"b0": CheckOutcome.BUSY}
+        assert list(queue.waiting) == ["c", "d"]
+        submit("c", "c1")  # full again: c is the fullest, and the newcomer's own address
+        assert outcomes == {"b0": CheckOutcome.BUSY, "c0": CheckOutcome.BUSY}
+        assert queue.pending == 2 and sum(map(len, queue.waiting.values())) == 2
+        await settle(queue, outcomes, 5)
+        assert sorted(auth.ran[1:]) == ["c1", "d0"]
+        queue.close()
+    run(main())
