@@ -569,14 +569,25 @@ class Subscription:
         previous = message.delivery_count
         message.delivery_count += 1
         delivery = Delivery(message, ref)
-        self.inflight[message.message_id] = delivery
-        self.inflight_bytes += message.size
+        self.track(delivery)
         if ref is None:
             self.write(delivery, previous)
             return
         # Record the delivery before the client can see it (see module docstring).
         broker.writes.stage_delivery(
             ref, lambda ok: self._delivery_recorded(delivery, previous, ok))
+
+    def track(self, delivery: Delivery) -> None:
+        """Awaiting acknowledgement: in ``inflight``, its bytes in ``inflight_bytes``."""
+        self.inflight[delivery.message.message_id] = delivery
+        self.inflight_bytes += delivery.message.size
+
+    def untrack(self, message_ids: list[str]) -> list[Delivery]:
+        """Settled or returned: out of ``inflight``, with their bytes."""
+        taken = [self.inflight.pop(mid) for mid in message_ids]
+        for d in taken:
+            self.inflight_bytes -= d.message.size
+        return taken
 
     def _delivery_recorded(self, delivery: Delivery, previous: int, ok: bool) -> None:
         if ok:
@@ -592,9 +603,12 @@ class Subscription:
         delivery.written_seq = self.written_count
         self._write(delivery.message, previous_deliveries)
 
-    def cumulative(self, message_id: str) -> list[str]:
-        """The message ids a ``client``-mode ACK of ``message_id`` settles: every
-        delivery written up to it, in the order the client saw them."""
+    def covered(self, message_id: str) -> list[str]:
+        """The message ids an ACK or NACK of ``message_id`` settles: in ``client``
+        mode (cumulative) every delivery written up to it, in the order the client
+        saw them; else just it."""
+        if self.ack_mode != "client":
+            return [message_id]
         last = self.inflight[message_id].written_seq
         return [mid for mid, d in self.inflight.items() if d.written and d.written_seq <= last]
 
@@ -1156,8 +1170,7 @@ class Broker:
             q.pending_inserts += 1
             return None
         delivery = Delivery(m, (None, m.id), pending=True)
-        sub.inflight[m.message_id] = delivery
-        sub.inflight_bytes += m.size
+        sub.track(delivery)
         m.delivery_count = row.delivery_count = 1
         # Nothing is ahead of it (hand_over_to), so the pager's cursor may pass it: a
         # later page must not load it again while it is in flight (a second delivery).
@@ -1180,8 +1193,7 @@ class Broker:
             sub.write(delivery, 0)  # never raises: Subscription._write catches
         elif sub.inflight.get(m.message_id) is delivery:
             # already stored: the copy we hold is not, so nobody gets it
-            del sub.inflight[m.message_id]
-            sub.inflight_bytes -= m.size
+            sub.untrack([m.message_id])
             sub.source.dispatch()
 
     def _new_row(self, m: Message, batch: Batch,
@@ -1444,14 +1456,10 @@ class Broker:
         staged (see ``_send``): what it settled is noted there, for ``_unsettle``
         if the store refuses the unit, and the caller dispatches."""
         sub, message_id = self._find_delivery(session, frame)
-        if sub.ack_mode == "client":  # cumulative: everything written up to this one
-            done = [sub.inflight.pop(mid) for mid in sub.cumulative(message_id)]
-        else:
-            done = [sub.inflight.pop(message_id)]
-        for d in done:
-            sub.inflight_bytes -= d.message.size
+        ids = sub.covered(message_id)
+        done = sub.untrack(ids)
         if sub.held:
-            sub.held.difference_update(d.message.message_id for d in done)
+            sub.held.difference_update(ids)
         batch = self.writes.batch
         if command == "ACK":
             self.stats["acked"] += len(done)
@@ -1536,7 +1544,7 @@ class Broker:
         """An ACK inside a transaction: free the prefetch slots of what it covers now,
         apply it at COMMIT (ActiveMQ: a consumer with prefetch 1 acking in a transaction
         gets its next message before the COMMIT)."""
-        ids = sub.cumulative(message_id) if sub.ack_mode == "client" else [message_id]
+        ids = sub.covered(message_id)
         sub.held.update(ids)
         tx.held.append((sub, ids))
         sub.source.dispatch()
@@ -1547,13 +1555,11 @@ class Broker:
         another message, so it cannot just stay with the consumer)."""
         batch = self.writes.batch
         for sub, ids in tx.held:
-            returned = [sub.inflight.pop(mid) for mid in ids
-                        if mid in sub.held and mid in sub.inflight]
+            returned = sub.untrack([mid for mid in ids
+                                    if mid in sub.held and mid in sub.inflight])
             if not returned:
                 continue
             sub.held.difference_update(ids)
-            for d in returned:
-                sub.inflight_bytes -= d.message.size
             if not sub.closed:
                 for d in returned:
                     self._redeliver_or_dead_letter(sub.source, d, batch)
@@ -1573,10 +1579,7 @@ class Broker:
             if (id(sub), message_id) in settled:
                 raise BrokerError(f"message {message_id!r} is acknowledged twice in "
                                   "the transaction")
-            if sub.ack_mode == "client":
-                settled.update((id(sub), mid) for mid in sub.cumulative(message_id))
-            else:
-                settled.add((id(sub), message_id))
+            settled.update((id(sub), mid) for mid in sub.covered(message_id))
 
     def _commit(self, session: Session, tx: Transaction, receipt: str | None) -> None:
         """Apply a transaction's sends and acks in one unit: all or nothing (see
