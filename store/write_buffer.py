@@ -48,14 +48,13 @@ class WriteUnit(Generic[C]):
     the spans, and only a unit the store refuses on its own fails
     (``rejected``), so only that frame's client gets an ERROR."""
 
-    __slots__ = ("claimable", "conn", "index", "receipt", "rejected", "span", "start")
+    __slots__ = ("claimable", "conn", "receipt", "rejected", "span", "start")
 
-    def __init__(self, conn: C | None, index: int, batch: Batch) -> None:
+    def __init__(self, conn: C | None, batch: Batch) -> None:
         #: The client to blame when the store refuses the unit, and the
         #: receipt its frame asked for (the ERROR carries it).
         self.conn = conn
         self.receipt: str | None = None
-        self.index = index  # in the flush's spans
         self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
                       len(batch.identities))
         self.span: UnitSpan | None = None
@@ -81,8 +80,8 @@ class CommitUnit(WriteUnit[C]):
 
     __slots__ = ("acks_start",)
 
-    def __init__(self, conn: C | None, index: int, batch: Batch) -> None:
-        super().__init__(conn, index, batch)
+    def __init__(self, conn: C | None, batch: Batch) -> None:
+        super().__init__(conn, batch)
         self.acks_start = len(batch.acks)
 
     def end(self, batch: Batch) -> UnitSpan:
@@ -135,7 +134,7 @@ class WriteBuffer(Generic[C]):
         ``covers_acks``: the ack rows staged until ``end_unit`` are the unit's
         too (a COMMIT's, see ``CommitUnit``)."""
         unit: WriteUnit[C] = (CommitUnit if covers_acks else WriteUnit)(
-            conn, len(self.units), self.batch)
+            conn, self.batch)
         self.units.append(unit)
         self.current = unit
         self._schedule()
