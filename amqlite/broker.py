@@ -690,17 +690,16 @@ def _awaits_ack(sub: Subscription, message_id: str) -> bool:
 class Transaction:
     sends: list[Frame] = field(default_factory=list)
     acks: list[tuple[str, Frame]] = field(default_factory=list)  # ("ACK"|"NACK", frame)
-    frames: int = 0
     size: int = 0  # bytes of bodies and headers held
     #: Deliveries its ACKs cover, by subscription: their prefetch slots are free (as in
     #: ActiveMQ) though the ACKs apply only at COMMIT; ABORT redelivers them.
     held: list[tuple[Subscription, list[str]]] = field(default_factory=list)
 
     def add(self, frame: Frame, name: str) -> None:
-        """Count a frame against the transaction's limits; BrokerError past them."""
-        self.frames += 1
+        """Count a frame (not yet in ``sends`` or ``acks``) against the transaction's
+        limits; BrokerError past them."""
         self.size += len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers.items())
-        if self.frames > MAX_TRANSACTION_FRAMES:
+        if len(self.sends) + len(self.acks) >= MAX_TRANSACTION_FRAMES:
             raise BrokerError(f"transaction {name[:60]!r}: more than "
                               f"{MAX_TRANSACTION_FRAMES} frames")
         if self.size > MAX_TRANSACTION_BYTES:
