@@ -1257,7 +1257,7 @@ class Broker:
         return Message(
             m.id, m.destination, m.message_id, m.headers, m.body, m.priority, m.expires_at,
             m.persistent if persistent is None else persistent, m.delivery_count,
-            m.enqueued_at, m.producer_id, m.producer_seq,
+            m.enqueued_at, m.producer_id, m.producer_seq, m.size,
         )
 
     def _route_committed(self, m: Message, durables: list[DurableSource]) -> None:
@@ -1509,6 +1509,7 @@ class Broker:
         copy.delivery_count = 0
         copy.producer_id = copy.producer_seq = None  # identity stays with the original
         copy.headers = {**m.headers, "original-destination": m.destination}
+        copy.size = message_size(copy.headers, copy.body)
         if not m.persistent:
             self._route_now(copy)
             return True
