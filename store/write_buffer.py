@@ -97,7 +97,7 @@ class WriteBuffer(Generic[C]):
     ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
     order, once the batch committed (``ok=True``) or failed (``ok=False``;
     for a unit's own callbacks also when the store refused that unit).
-    ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
+    ``stage_unit`` callbacks get the ``BatchResult`` (for dedup) or None.
     """
 
     def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
@@ -170,11 +170,6 @@ class WriteBuffer(Generic[C]):
         if ref in self._released:
             self.flush()  # release first, in its own batch, then the new delivery
         self.stage(callback).deliveries.append(ref)
-
-    def stage_result(self, callback: ResultCallback) -> Batch:
-        self.callbacks.append((None, callback))
-        self._schedule()
-        return self.batch
 
     def _schedule(self) -> None:
         if not self._flush_scheduled:
