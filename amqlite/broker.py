@@ -1212,14 +1212,9 @@ class Broker:
         covered is redelivered."""
         if tx.held:
             self._redeliver_held(tx)
-        identities = []
-        for frame in tx.sends:
-            try:
-                m = self._message_from_send(frame)
-            except BrokerError:
-                continue  # never a valid message, so never numbered
-            if m.persistent and m.dedup_key is not None:
-                identities.append(m)
+        # Every SEND was checked when it arrived: building its message cannot fail.
+        identities = [m for m in map(self._message_from_send, tx.sends)
+                      if m.persistent and m.dedup_key is not None]
         if identities:
             batch = self.writes.batch
             unit = self.writes.begin_unit(session.conn)
