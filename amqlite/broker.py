@@ -48,6 +48,7 @@ from amqlite.validation import (
     check_destination,
     check_subscribe,
     check_user_headers,
+    destination_kind,
     parse_ack_key,
     parse_send,
 )
@@ -181,6 +182,22 @@ class Client(Protocol):
 
 # ---------------------------------------------------------------------------
 # messages and sources
+
+
+def checked_send(frame: Frame) -> Message:
+    """The message a SEND asks for, without its ids (``Broker._message_from_send``
+    allocates them; a transaction's SEND is only checked on arrival, its ids follow
+    commit order); BrokerError when a header does not fit the store or a consumer's
+    STOMP version."""
+    h = frame.headers
+    destination = h["destination"]
+    check_destination(destination)
+    persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
+    headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
+    size = message_size(headers, frame.body, check_user_headers(headers))
+    return Message(0, destination, "", headers, frame.body, priority, expires, persistent,
+                   enqueued_at=now_ms(), producer_id=producer_id, producer_seq=producer_seq,
+                   size=size)
 
 
 def message_size(headers: dict[str, str], body: bytes, header_chars: int = -1) -> int:
@@ -552,14 +569,25 @@ class Subscription:
         previous = message.delivery_count
         message.delivery_count += 1
         delivery = Delivery(message, ref)
-        self.inflight[message.message_id] = delivery
-        self.inflight_bytes += message.size
+        self.track(delivery)
         if ref is None:
             self.write(delivery, previous)
             return
         # Record the delivery before the client can see it (see module docstring).
         broker.writes.stage_delivery(
             ref, lambda ok: self._delivery_recorded(delivery, previous, ok))
+
+    def track(self, delivery: Delivery) -> None:
+        """Awaiting acknowledgement: in ``inflight``, its bytes in ``inflight_bytes``."""
+        self.inflight[delivery.message.message_id] = delivery
+        self.inflight_bytes += delivery.message.size
+
+    def untrack(self, message_ids: list[str]) -> list[Delivery]:
+        """Settled or returned: out of ``inflight``, with their bytes."""
+        taken = [self.inflight.pop(mid) for mid in message_ids]
+        for d in taken:
+            self.inflight_bytes -= d.message.size
+        return taken
 
     def _delivery_recorded(self, delivery: Delivery, previous: int, ok: bool) -> None:
         if ok:
@@ -575,9 +603,12 @@ class Subscription:
         delivery.written_seq = self.written_count
         self._write(delivery.message, previous_deliveries)
 
-    def cumulative(self, message_id: str) -> list[str]:
-        """The message ids a ``client``-mode ACK of ``message_id`` settles: every
-        delivery written up to it, in the order the client saw them."""
+    def covered(self, message_id: str) -> list[str]:
+        """The message ids an ACK or NACK of ``message_id`` settles: in ``client``
+        mode (cumulative) every delivery written up to it, in the order the client
+        saw them; else just it."""
+        if self.ack_mode != "client":
+            return [message_id]
         last = self.inflight[message_id].written_seq
         return [mid for mid, d in self.inflight.items() if d.written and d.written_seq <= last]
 
@@ -659,17 +690,16 @@ def _awaits_ack(sub: Subscription, message_id: str) -> bool:
 class Transaction:
     sends: list[Frame] = field(default_factory=list)
     acks: list[tuple[str, Frame]] = field(default_factory=list)  # ("ACK"|"NACK", frame)
-    frames: int = 0
     size: int = 0  # bytes of bodies and headers held
     #: Deliveries its ACKs cover, by subscription: their prefetch slots are free (as in
     #: ActiveMQ) though the ACKs apply only at COMMIT; ABORT redelivers them.
     held: list[tuple[Subscription, list[str]]] = field(default_factory=list)
 
     def add(self, frame: Frame, name: str) -> None:
-        """Count a frame against the transaction's limits; BrokerError past them."""
-        self.frames += 1
+        """Count a frame (not yet in ``sends`` or ``acks``) against the transaction's
+        limits; BrokerError past them."""
         self.size += len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers.items())
-        if self.frames > MAX_TRANSACTION_FRAMES:
+        if len(self.sends) + len(self.acks) >= MAX_TRANSACTION_FRAMES:
             raise BrokerError(f"transaction {name[:60]!r}: more than "
                               f"{MAX_TRANSACTION_FRAMES} frames")
         if self.size > MAX_TRANSACTION_BYTES:
@@ -855,7 +885,7 @@ class Broker:
             tx = frame.headers.get("transaction")
             if tx is not None:
                 transaction = self._transaction(session, tx)
-                self._check_send(frame)  # an invalid SEND is refused now, not at COMMIT
+                checked_send(frame)  # an invalid SEND is refused now, not at COMMIT
                 transaction.add(frame, tx)
                 transaction.sends.append(frame)
                 self._receipt_now(conn, frame)
@@ -958,22 +988,12 @@ class Broker:
             raise BrokerError(f"unknown transaction {tx}") from None
 
     # -- destinations -------------------------------------------------------------
-    @staticmethod
-    def kind_of(destination: str) -> str:
-        if destination.startswith("/queue/") and len(destination) > 7:
-            return "queue"
-        if destination.startswith("/topic/") and len(destination) > 7:
-            return "topic"
-        raise BrokerError(
-            f"destination {destination!r}: use /queue/NAME or /topic/NAME"
-        )
-
     def _destination_id(self, name: str, batch: Batch) -> int:
         """The store id of a destination, staging its row in ``batch`` until a
         batch that carried it committed (``_destinations_committed``)."""
         did = self.destination_rows.get(name)
         if did is None:
-            row = DestinationRow(next(self.destination_ids), name, self.kind_of(name))
+            row = DestinationRow(next(self.destination_ids), name, destination_kind(name))
             did = row.id
             self.destination_rows[name] = did
             self.unconfirmed_destinations[name] = row
@@ -1020,27 +1040,10 @@ class Broker:
     def _message_from_send(self, frame: Frame) -> Message:
         """The message a SEND asks for; BrokerError (nothing allocated, nothing staged)
         when a header does not fit the store or a consumer's STOMP version."""
-        h = frame.headers
-        destination = h["destination"]
-        check_destination(destination)
-        persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
-        headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
-        size = message_size(headers, frame.body, check_user_headers(headers))
-        mid = next(self.ids)
-        return Message(
-            mid, destination, f"ID:{self.group}:{mid}", headers, frame.body, priority,
-            expires, persistent, enqueued_at=now_ms(),
-            producer_id=producer_id, producer_seq=producer_seq, size=size,
-        )
-
-    @staticmethod
-    def _check_send(frame: Frame) -> None:
-        """Validate a SEND like ``_message_from_send`` without allocating an id (a
-        transaction's messages get theirs at COMMIT: ids follow commit order)."""
-        h = frame.headers
-        check_destination(h["destination"])
-        parse_send(h, DEFAULT_PRIORITY)
-        check_user_headers({k: v for k, v in h.items() if k not in NON_USER_HEADERS})
+        m = checked_send(frame)
+        m.id = mid = next(self.ids)
+        m.message_id = f"ID:{self.group}:{mid}"
+        return m
 
     def _send(self, session: Session, frames: list[Frame], receipt: str | None,
               acks: list[tuple[str, Frame]] | None = None) -> None:
@@ -1051,77 +1054,78 @@ class Broker:
         the ack rows join the frame's unit, so the store takes the transaction
         whole or refuses it whole; its non-persistent messages are routed only
         once the unit committed; a refusal undoes the ACKs (``_unsettle``)."""
+        conn = session.conn
         messages = [self._message_from_send(f) for f in frames]
         self.stats["sent"] += len(messages)
         enqueued = self.enqueued
+        to_store: list[tuple[Message, list[DurableSource]]] = []  # no durables: a queue's
+        identity_only: list[Message] = []  # nothing to keep but who sent it
+        in_memory: list[Message] = []  # nothing to keep (no durable subscriber)
         for m in messages:
             enqueued[m.destination] += 1
-        to_store: list[tuple[Message, list[DurableSource]]] = []
-        identity_only: list[Message] = []
-        in_memory: list[Message] = []  # a COMMIT's non-persistent messages
-        for m in messages:
             if not m.persistent:
-                if acks is None:
-                    self._route_now(m, session.conn)
-                else:
-                    in_memory.append(m)
-                continue
-            if self.kind_of(m.destination) == "queue":
+                in_memory.append(m)
+            elif destination_kind(m.destination) == "queue":
                 to_store.append((m, []))
             else:
-                durables = self.durables_by_topic.get(m.destination, [])
+                durables = self.durables_by_topic.get(m.destination)
                 if durables:
                     to_store.append((m, list(durables)))
                 elif m.dedup_key is not None:
-                    identity_only.append(m)  # nothing to keep but who sent it
-                elif acks is None:
-                    self._route_now(m, session.conn)  # no durable subscriber: nothing to keep
+                    identity_only.append(m)
                 else:
                     in_memory.append(m)
-        if not to_store and not identity_only and not acks:
-            for m in in_memory:  # a COMMIT that writes nothing
-                self._route_now(m, session.conn)
-            if receipt is not None:
-                session.conn.write_receipt(receipt)
-            return
+        writes_nothing = not to_store and not identity_only and not acks
+        if acks is None or writes_nothing:  # else a COMMIT's: once its unit committed
+            for m in in_memory:
+                self._route_now(m, conn)
+            in_memory = []
+            if writes_nothing:
+                if receipt is not None:
+                    conn.write_receipt(receipt)
+                return
         # The frame's own data is a unit: if the store refuses it, only this
         # client is told (see WriteUnit).
         writes = self.writes
         batch = writes.batch
-        unit = writes.begin_unit(session.conn, covers_acks=bool(acks))
+        unit = writes.begin_unit(conn, covers_acks=bool(acks))
         unit.receipt = receipt
         settled: list[Settled] | None = None
         if acks:
             settled = []
             for command, frame in acks:
                 self._ack(session, command, frame, None, settled)
-        handed: list[tuple[Subscription, Delivery] | None] = []
+        #: (message, its durables, the consumer it was handed over to if any)
+        stored: list[tuple[Message, list[DurableSource],
+                           tuple[Subscription, Delivery] | None]] = []
+        pending_bytes = 0
         for m, durables in to_store:
             row = self._new_row(m, batch, durables)
             batch.inserts.append(row)
-            handed.append(None if durables else self._hand_over(m, row))
+            stored.append((m, durables, None if durables else self._hand_over(m, row)))
+            pending_bytes += m.size
         for m in identity_only:
             batch.identities.append(self._new_row(m, batch))
         writes.end_unit(unit)
-        pending_bytes = sum(m.size for m, _ in to_store)
         session.commit_started(pending_bytes)
 
         def committed(result: BatchResult | None) -> None:
             session.commit_finished(pending_bytes)
-            for (m, durables), hand in zip(to_store, handed, strict=True):
+            for m, durables, hand in stored:
                 if hand is None and not durables:
                     self.queue(m.destination).pending_inserts -= 1
             if result is None:
                 if unit.rejected is not None:  # nothing was stored
-                    for hand in handed:
+                    for _, _, hand in stored:
                         if hand is not None:  # nobody gets what was never stored
                             self._handed_over(*hand, duplicate=True)
                     self._reject(unit)  # first: nothing is redelivered to its connection
                     if settled:
                         self._unsettle(settled)
                 return  # else the store failed: no receipt; the node is demoting
-            for (m, durables), hand in zip(to_store, handed, strict=True):
-                duplicate = m.id in result.duplicate_ids
+            duplicate_ids = result.duplicate_ids
+            for m, durables, hand in stored:
+                duplicate = m.id in duplicate_ids
                 if duplicate:
                     self.stats["duplicates"] += 1
                 try:
@@ -1134,7 +1138,7 @@ class Broker:
                     # the other messages of the batch and the RECEIPT still go out.
                     log.exception("routing committed message %s failed", m.message_id)
             for m in identity_only:
-                if m.id in result.duplicate_ids:
+                if m.id in duplicate_ids:
                     self.stats["duplicates"] += 1
                     continue
                 try:
@@ -1143,13 +1147,13 @@ class Broker:
                     log.exception("publishing message %s failed", m.message_id)
             for m in in_memory:
                 try:
-                    self._route_now(m, session.conn)
+                    self._route_now(m, conn)
                 except Exception:
                     log.exception("routing message %s failed", m.message_id)
-            if receipt is not None and not session.conn.closed:
-                session.conn.write_receipt(receipt)
+            if receipt is not None and not conn.closed:
+                conn.write_receipt(receipt)
 
-        self.writes.stage_unit(unit, committed)
+        writes.stage_unit(unit, committed)
         if settled:
             # The slots the ACKs freed, once the unit is staged whole (a dispatch
             # may flush the batch: see WriteBuffer.stage_delivery).
@@ -1165,8 +1169,7 @@ class Broker:
             q.pending_inserts += 1
             return None
         delivery = Delivery(m, (None, m.id), pending=True)
-        sub.inflight[m.message_id] = delivery
-        sub.inflight_bytes += m.size
+        sub.track(delivery)
         m.delivery_count = row.delivery_count = 1
         # Nothing is ahead of it (hand_over_to), so the pager's cursor may pass it: a
         # later page must not load it again while it is in flight (a second delivery).
@@ -1189,8 +1192,7 @@ class Broker:
             sub.write(delivery, 0)  # never raises: Subscription._write catches
         elif sub.inflight.get(m.message_id) is delivery:
             # already stored: the copy we hold is not, so nobody gets it
-            del sub.inflight[m.message_id]
-            sub.inflight_bytes -= m.size
+            sub.untrack([m.message_id])
             sub.source.dispatch()
 
     def _new_row(self, m: Message, batch: Batch,
@@ -1210,14 +1212,9 @@ class Broker:
         covered is redelivered."""
         if tx.held:
             self._redeliver_held(tx)
-        identities = []
-        for frame in tx.sends:
-            try:
-                m = self._message_from_send(frame)
-            except BrokerError:
-                continue  # never a valid message, so never numbered
-            if m.persistent and m.dedup_key is not None:
-                identities.append(m)
+        # Every SEND was checked when it arrived: building its message cannot fail.
+        identities = [m for m in map(self._message_from_send, tx.sends)
+                      if m.persistent and m.dedup_key is not None]
         if identities:
             batch = self.writes.batch
             unit = self.writes.begin_unit(session.conn)
@@ -1232,7 +1229,7 @@ class Broker:
             self.writes.stage_unit(unit, stored)
 
     def _route_now(self, m: Message, producer: Client | None = None) -> None:
-        if self.kind_of(m.destination) == "queue":
+        if destination_kind(m.destination) == "queue":
             q = self.queue(m.destination)
             q.add_nonpersistent(m, producer)
             q.dispatch()
@@ -1255,7 +1252,7 @@ class Broker:
         return Message(
             m.id, m.destination, m.message_id, m.headers, m.body, m.priority, m.expires_at,
             m.persistent if persistent is None else persistent, m.delivery_count,
-            m.enqueued_at, m.producer_id, m.producer_seq,
+            m.enqueued_at, m.producer_id, m.producer_seq, m.size,
         )
 
     def _route_committed(self, m: Message, durables: list[DurableSource]) -> None:
@@ -1453,14 +1450,10 @@ class Broker:
         staged (see ``_send``): what it settled is noted there, for ``_unsettle``
         if the store refuses the unit, and the caller dispatches."""
         sub, message_id = self._find_delivery(session, frame)
-        if sub.ack_mode == "client":  # cumulative: everything written up to this one
-            done = [sub.inflight.pop(mid) for mid in sub.cumulative(message_id)]
-        else:
-            done = [sub.inflight.pop(message_id)]
-        for d in done:
-            sub.inflight_bytes -= d.message.size
+        ids = sub.covered(message_id)
+        done = sub.untrack(ids)
         if sub.held:
-            sub.held.difference_update(d.message.message_id for d in done)
+            sub.held.difference_update(ids)
         batch = self.writes.batch
         if command == "ACK":
             self.stats["acked"] += len(done)
@@ -1511,6 +1504,7 @@ class Broker:
         copy.delivery_count = 0
         copy.producer_id = copy.producer_seq = None  # identity stays with the original
         copy.headers = {**m.headers, "original-destination": m.destination}
+        copy.size = message_size(copy.headers, copy.body)
         if not m.persistent:
             self._route_now(copy)
             return True
@@ -1545,7 +1539,7 @@ class Broker:
         """An ACK inside a transaction: free the prefetch slots of what it covers now,
         apply it at COMMIT (ActiveMQ: a consumer with prefetch 1 acking in a transaction
         gets its next message before the COMMIT)."""
-        ids = sub.cumulative(message_id) if sub.ack_mode == "client" else [message_id]
+        ids = sub.covered(message_id)
         sub.held.update(ids)
         tx.held.append((sub, ids))
         sub.source.dispatch()
@@ -1556,13 +1550,11 @@ class Broker:
         another message, so it cannot just stay with the consumer)."""
         batch = self.writes.batch
         for sub, ids in tx.held:
-            returned = [sub.inflight.pop(mid) for mid in ids
-                        if mid in sub.held and mid in sub.inflight]
+            returned = sub.untrack([mid for mid in ids
+                                    if mid in sub.held and mid in sub.inflight])
             if not returned:
                 continue
             sub.held.difference_update(ids)
-            for d in returned:
-                sub.inflight_bytes -= d.message.size
             if not sub.closed:
                 for d in returned:
                     self._redeliver_or_dead_letter(sub.source, d, batch)
@@ -1574,20 +1566,15 @@ class Broker:
 
         Each ACK/NACK must still name a message awaiting acknowledgement once the
         earlier ones of the transaction are applied (a cumulative ACK settles the
-        messages before it too); each SEND was validated when it arrived and is
-        checked again (cheap, and the rules must hold at COMMIT)."""
+        messages before it too). Each SEND was checked when it arrived (``checked_send``
+        depends on the frame alone), so it is not checked again."""
         settled: set[tuple[int, str]] = set()
         for _command, frame in tx.acks:
             sub, message_id = self._find_delivery(session, frame)
             if (id(sub), message_id) in settled:
                 raise BrokerError(f"message {message_id!r} is acknowledged twice in "
                                   "the transaction")
-            if sub.ack_mode == "client":
-                settled.update((id(sub), mid) for mid in sub.cumulative(message_id))
-            else:
-                settled.add((id(sub), message_id))
-        for frame in tx.sends:
-            self._check_send(frame)
+            settled.update((id(sub), mid) for mid in sub.covered(message_id))
 
     def _commit(self, session: Session, tx: Transaction, receipt: str | None) -> None:
         """Apply a transaction's sends and acks in one unit: all or nothing (see

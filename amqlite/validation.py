@@ -36,6 +36,7 @@ __all__ = [
     "check_destination",
     "check_subscribe",
     "check_user_headers",
+    "destination_kind",
     "parse_ack_key",
     "parse_send",
 ]
@@ -77,6 +78,12 @@ def check_destination(destination: str) -> str:
                           f"{DESTINATION_NAME_LENGTH}")
     if "\r" in destination or "\n" in destination or "\x00" in destination:
         raise BrokerError(f"destination {_shown(destination)}: CR, LF and NUL are not allowed")
+    return destination_kind(destination)
+
+
+def destination_kind(destination: str) -> str:
+    """``"queue"`` or ``"topic"`` by the name's prefix alone (for a name already
+    checked); BrokerError for neither."""
     if len(destination) > 7:
         if destination.startswith("/queue/"):
             return "queue"

@@ -48,14 +48,13 @@ class WriteUnit(Generic[C]):
     the spans, and only a unit the store refuses on its own fails
     (``rejected``), so only that frame's client gets an ERROR."""
 
-    __slots__ = ("claimable", "conn", "index", "receipt", "rejected", "span", "start")
+    __slots__ = ("claimable", "conn", "receipt", "rejected", "span", "start")
 
-    def __init__(self, conn: C | None, index: int, batch: Batch) -> None:
+    def __init__(self, conn: C | None, batch: Batch) -> None:
         #: The client to blame when the store refuses the unit, and the
         #: receipt its frame asked for (the ERROR carries it).
         self.conn = conn
         self.receipt: str | None = None
-        self.index = index  # in the flush's spans
         self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
                       len(batch.identities))
         self.span: UnitSpan | None = None
@@ -81,8 +80,8 @@ class CommitUnit(WriteUnit[C]):
 
     __slots__ = ("acks_start",)
 
-    def __init__(self, conn: C | None, index: int, batch: Batch) -> None:
-        super().__init__(conn, index, batch)
+    def __init__(self, conn: C | None, batch: Batch) -> None:
+        super().__init__(conn, batch)
         self.acks_start = len(batch.acks)
 
     def end(self, batch: Batch) -> UnitSpan:
@@ -98,7 +97,7 @@ class WriteBuffer(Generic[C]):
     ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
     order, once the batch committed (``ok=True``) or failed (``ok=False``;
     for a unit's own callbacks also when the store refused that unit).
-    ``stage_result`` callbacks also get the ``BatchResult`` (for dedup).
+    ``stage_unit`` callbacks get the ``BatchResult`` (for dedup) or None.
     """
 
     def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
@@ -135,7 +134,7 @@ class WriteBuffer(Generic[C]):
         ``covers_acks``: the ack rows staged until ``end_unit`` are the unit's
         too (a COMMIT's, see ``CommitUnit``)."""
         unit: WriteUnit[C] = (CommitUnit if covers_acks else WriteUnit)(
-            conn, len(self.units), self.batch)
+            conn, self.batch)
         self.units.append(unit)
         self.current = unit
         self._schedule()
@@ -171,11 +170,6 @@ class WriteBuffer(Generic[C]):
         if ref in self._released:
             self.flush()  # release first, in its own batch, then the new delivery
         self.stage(callback).deliveries.append(ref)
-
-    def stage_result(self, callback: ResultCallback) -> Batch:
-        self.callbacks.append((None, callback))
-        self._schedule()
-        return self.batch
 
     def _schedule(self) -> None:
         if not self._flush_scheduled:

@@ -35,6 +35,15 @@ def subscribe(broker: Broker, client: FrameSink, dest: str, **headers: str) -> N
                                               "ack": "client-individual", **headers}))
 
 
+def slow_topic_subscriber(broker: Broker, topic: str) -> FrameSink:
+    """A subscriber of ``topic`` whose connection never drains: what is published
+    waits in its source."""
+    slow = connect(broker)
+    slow.can_write = lambda: False  # type: ignore[method-assign]
+    broker.handle(slow, Frame("SUBSCRIBE", {"destination": topic, "id": "s"}))
+    return slow
+
+
 def ack_all(broker: Broker, client: FrameSink, done: set[str]) -> int:
     """ACK every MESSAGE not acknowledged yet; returns how many were."""
     n = 0
@@ -170,9 +179,7 @@ def test_slow_topic_subscriber_drops_past_its_byte_budget(store: Store,
                                                          settings: Settings) -> None:
     async def scenario() -> None:
         async with Master(store, settings, "a") as broker:
-            slow = connect(broker)
-            slow.can_write = lambda: False  # type: ignore[method-assign]
-            broker.handle(slow, Frame("SUBSCRIBE", {"destination": "/topic/t", "id": "s"}))
+            slow_topic_subscriber(broker, "/topic/t")
             producer = connect(broker)
             for _ in range(10):
                 send(broker, producer, "/topic/t", BODY, persistent="false")
@@ -188,9 +195,7 @@ def test_a_closed_topic_subscription_gives_its_bytes_back(store: Store,
                                                           settings: Settings) -> None:
     async def scenario() -> None:
         async with Master(store, settings, "a") as broker:
-            slow = connect(broker)
-            slow.can_write = lambda: False  # type: ignore[method-assign]
-            broker.handle(slow, Frame("SUBSCRIBE", {"destination": "/topic/gone", "id": "s"}))
+            slow = slow_topic_subscriber(broker, "/topic/gone")
             producer = connect(broker)
             for _ in range(3):
                 send(broker, producer, "/topic/gone", BODY, persistent="false")
