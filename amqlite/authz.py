@@ -42,7 +42,8 @@ from amqlite.auth import AuthError, check_hash
 #: Cached decisions at most; past it the cache starts over (it holds
 #: (login, destination, permission) triples, a few hundred bytes each).
 DECISION_CACHE_SIZE = 65_536
-#: Destination prefixes a pattern may start with (STOMP names, see amqlite.validation.destination_kind).
+#: Destination prefixes a pattern may start with (STOMP names, see
+#: amqlite.validation.destination_kind).
 PREFIXES = ("/queue/", "/topic/")
 #: The ``[groups]`` entry that lists administrators of the management API.
 ADMIN_GROUP = "admins"
