@@ -206,11 +206,14 @@ class AsyncClient(FailoverSupervisor):
         frame = Frame("SEND", frame_headers, data)
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         result = SendResult(self.producer_id, seq, dest, receipt)
-        size = len(data) + sum(len(k) + len(v) + 2 for k, v in frame_headers.items())
+        # Only tracked non-persistent sends count against maxCacheSize: size the rest 0.
+        tracked = not persistent and receipt is not None
+        size = len(data) + sum(len(k) + len(v) + 2 for k, v in frame_headers.items()) \
+            if tracked else 0
         pending = PendingSend(receipt, frame, future, result, persistent, size)
         key = receipt or f"n-{seq}"
         self._requests.sends[key] = pending
-        if not persistent and receipt is not None:
+        if tracked:
             self._requests.tracked_bytes += size
             self._requests.evict_tracked(self.options.max_cache_size)
         self._write_send(key, pending)
@@ -266,7 +269,6 @@ class AsyncClient(FailoverSupervisor):
             return
         if pending.ever_written:
             self.resent += 1
-        pending.ever_written = True
         pending.written_gen = self._generation
         if not pending.needs_receipt:
             self._requests.forget_send(key)
@@ -533,9 +535,8 @@ class AsyncClient(FailoverSupervisor):
             self._cluster_update(frame)
 
     def _on_receipt(self, receipt: str) -> None:
-        pending = self._requests.sends.get(receipt)
+        pending = self._requests.forget_send(receipt)
         if pending is not None:
-            self._requests.forget_send(receipt)
             if not pending.future.done():
                 pending.future.set_result(pending.result)
             return
@@ -560,9 +561,8 @@ class AsyncClient(FailoverSupervisor):
         if not receipt:
             return
         error = BrokerRefusedError(frame)
-        pending = self._requests.sends.get(receipt)
+        pending = self._requests.forget_send(receipt)
         if pending is not None:
-            self._requests.forget_send(receipt)
             if not pending.future.done():
                 pending.future.set_exception(error)
             return

@@ -27,13 +27,17 @@ class PendingSend:
     future: asyncio.Future[SendResult]
     result: SendResult
     persistent: bool
-    size: int
+    size: int  # bytes counted against maxCacheSize (tracked non-persistent sends), else 0
     written_gen: int = 0  # generation it was last written on; 0: never written
-    ever_written: bool = False
 
     @property
     def needs_receipt(self) -> bool:
         return self.receipt is not None
+
+    @property
+    def ever_written(self) -> bool:
+        """Written on some connection (generations count from 1)."""
+        return self.written_gen > 0
 
 
 @dataclass(eq=False, slots=True)
@@ -74,10 +78,12 @@ class RequestBook:
 
     # -- sends ------------------------------------------------------------------------
 
-    def forget_send(self, key: str) -> None:
+    def forget_send(self, key: str) -> PendingSend | None:
+        """Drop the send under ``key``; return it (None if it was not there)."""
         pending = self.sends.pop(key, None)
         if pending is not None and not pending.persistent and pending.needs_receipt:
             self.tracked_bytes -= pending.size
+        return pending
 
     def evict_tracked(self, max_cache_size: int) -> None:
         """trackMessages: keep at most maxCacheSize bytes of non-persistent sends."""
