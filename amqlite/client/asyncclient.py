@@ -134,11 +134,10 @@ class AsyncClient(FailoverSupervisor):
         """DISCONNECT with a RECEIPT (a flush), then close everything. Idempotent."""
         if self.closed:
             return
-        was_connected = self.connected
+        conn = self._live
         self.state = ClientState.CLOSING
         self._closing.set()
-        conn = self._conn
-        if was_connected and conn is not None:
+        if conn is not None:
             receipt = self._next_id("d")
             future = asyncio.get_running_loop().create_future()
             frame = Frame("DISCONNECT", {"receipt": receipt})
@@ -255,8 +254,8 @@ class AsyncClient(FailoverSupervisor):
         return SendResult(self.producer_id, seq, frame.headers["destination"], None)
 
     def _write_send(self, key: str, pending: PendingSend) -> None:
-        conn = self._conn
-        if conn is None or self.state is not ClientState.CONNECTED:
+        conn = self._live
+        if conn is None:
             return  # written by _activate after the reconnect
         try:
             conn.write(pending.frame)
@@ -311,8 +310,9 @@ class AsyncClient(FailoverSupervisor):
         sub = Subscription(self, sub_id, dest, ack, sub_headers, callback)
         sub._active = asyncio.get_running_loop().create_future()
         self._subs[sub_id] = sub
-        if self.state is ClientState.CONNECTED and self._conn is not None:
-            self._write_subscribe(self._conn, sub)
+        conn = self._live
+        if conn is not None:
+            self._write_subscribe(conn, sub)
         try:
             async with asyncio.timeout(self._timeout_s()):
                 await asyncio.shield(sub._active)
@@ -351,7 +351,8 @@ class AsyncClient(FailoverSupervisor):
         if remove_durable and subscription.durable_name:
             headers["activemq.subscriptionName"] = subscription.durable_name
         replay = "activemq.subscriptionName" in headers
-        if not replay and not self.connected:
+        conn = self._live
+        if not replay and conn is None:
             return  # the next connection will simply not have it
         receipt = self._next_id("unsub")
         frame = Frame("UNSUBSCRIBE", {**headers, "receipt": receipt})
@@ -360,8 +361,8 @@ class AsyncClient(FailoverSupervisor):
             self._generation, replay=replay,
         )
         self._requests.controls[receipt] = control
-        if self.connected and self._conn is not None:
-            self._write_control(self._conn, control)
+        if conn is not None:
+            self._write_control(conn, control)
         async with asyncio.timeout(self._timeout_s()):
             await asyncio.shield(control.future)
 
@@ -380,8 +381,8 @@ class AsyncClient(FailoverSupervisor):
         self._check_open()
         if message.subscription.ack == ACK_AUTO:
             raise ValueError(f"{message.subscription} uses ack=auto: nothing to acknowledge")
-        conn = self._conn
-        if message.generation != self._generation or conn is None or not self.connected:
+        conn = self._live
+        if message.generation != self._generation or conn is None:
             self._unconfirmed(message, "the connection that delivered it is gone")
             return False
         headers = self._ack_headers(conn, message)
@@ -457,8 +458,9 @@ class AsyncClient(FailoverSupervisor):
         )
         tx.end = control
         self._requests.controls[receipt] = control
-        if self.connected and self._conn is not None:
-            self._requests.write_tx_end(self._conn, tx)
+        conn = self._live
+        if conn is not None:
+            self._requests.write_tx_end(conn, tx)
         try:
             async with asyncio.timeout(self._timeout_s()):
                 await asyncio.shield(control.future)
@@ -484,8 +486,8 @@ class AsyncClient(FailoverSupervisor):
 
     def _write_quietly(self, frame: Frame) -> None:
         """Write if connected; otherwise the reconnect restores it (transactions)."""
-        conn = self._conn
-        if conn is not None and self.state is ClientState.CONNECTED:
+        conn = self._live
+        if conn is not None:
             with contextlib.suppress(ConnectionError):
                 conn.write(frame)
 

@@ -294,6 +294,12 @@ class FailoverSupervisor:
         return self.state is ClientState.CONNECTED and conn is not None and not conn.closed
 
     @property
+    def _live(self) -> Connection | None:
+        """The active connection while ``connected``, else None: where a request is
+        written now (otherwise the reconnect restores or re-sends it)."""
+        return self._conn if self.connected else None
+
+    @property
     def closed(self) -> bool:
         """Disconnected or failed (or disconnecting): no call is accepted."""
         return self.state in _ENDED
