@@ -141,9 +141,7 @@ class AsyncClient(FailoverSupervisor):
             receipt = self._next_id("d")
             future = asyncio.get_running_loop().create_future()
             frame = Frame("DISCONNECT", {"receipt": receipt})
-            self._requests.controls[receipt] = Control(
-                "disconnect", frame, future, self._generation
-            )
+            self._requests.controls[receipt] = Control("disconnect", frame, future)
             with contextlib.suppress(ConnectionError, ProtocolError):
                 conn.write(frame)
                 with contextlib.suppress(TimeoutError):
@@ -333,7 +331,7 @@ class AsyncClient(FailoverSupervisor):
         frame = Frame("SUBSCRIBE", {**sub.headers, "receipt": receipt})
         future = asyncio.get_running_loop().create_future()
         self._requests.controls[receipt] = Control(
-            "subscribe", frame, future, self._generation, subscription=sub
+            "subscribe", frame, future, subscription=sub
         )
         try:
             conn.write(frame)
@@ -357,8 +355,7 @@ class AsyncClient(FailoverSupervisor):
         receipt = self._next_id("unsub")
         frame = Frame("UNSUBSCRIBE", {**headers, "receipt": receipt})
         control = Control(
-            "unsubscribe", frame, asyncio.get_running_loop().create_future(),
-            self._generation, replay=replay,
+            "unsubscribe", frame, asyncio.get_running_loop().create_future(), replay=replay,
         )
         self._requests.controls[receipt] = control
         if conn is not None:
@@ -399,7 +396,7 @@ class AsyncClient(FailoverSupervisor):
         headers["receipt"] = receipt
         control = Control(
             command.lower(), Frame(command, headers), asyncio.get_running_loop().create_future(),
-            self._generation, message=message,
+            message=message,
         )
         self._requests.controls[receipt] = control
         self._write_control(conn, control)
@@ -453,7 +450,7 @@ class AsyncClient(FailoverSupervisor):
         receipt = self._next_id(command.lower())
         control = Control(
             command.lower(), Frame(command, {"transaction": tx_id, "receipt": receipt}),
-            asyncio.get_running_loop().create_future(), self._generation, replay=True,
+            asyncio.get_running_loop().create_future(), replay=True,
             transaction=tx,
         )
         tx.end = control
@@ -591,7 +588,7 @@ class AsyncClient(FailoverSupervisor):
     def _restore(self, conn: Connection) -> None:
         for sub in list(self._subs.values()):
             self._write_subscribe(conn, sub)
-        self._requests.replay(conn, self._generation)
+        self._requests.replay(conn)
 
     def _resend(self) -> None:
         # Every send without RECEIPT, in sequence order: re-sends (same identity) first,

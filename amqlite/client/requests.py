@@ -47,7 +47,6 @@ class Control:
     kind: str  # ack, nack, subscribe, unsubscribe, commit, abort, disconnect
     frame: Frame
     future: asyncio.Future[bool]
-    generation: int
     replay: bool = False  # written again after a reconnect (durable removal)
     message: Message | None = None
     subscription: Subscription | None = None
@@ -114,13 +113,12 @@ class RequestBook:
 
     # -- connection events ------------------------------------------------------------
 
-    def replay(self, conn: Connection, generation: int) -> None:
+    def replay(self, conn: Connection) -> None:
         """On a new connection: controls that must be retried (durable removal) and the
         open transactions (BEGIN, their frames, a pending COMMIT/ABORT). A lost connection
         raises ConnectionError out of here."""
         for control in list(self.controls.values()):
             if control.replay and control.transaction is None:
-                control.generation = generation
                 conn.write(control.frame)
         for tx in list(self.txs.values()):
             if tx.broken:
