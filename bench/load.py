@@ -30,7 +30,6 @@ import os
 import resource
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from amqlite.codec import Frame  # noqa: E402
 from amqlite.protocol import FrameReceived, StompProtocol  # noqa: E402
+from amqlite.tls import client_context  # noqa: E402
 from amqlite.wire import (  # noqa: E402
     ACK_AUTO,
     ACK_CLIENT_INDIVIDUAL,
@@ -74,22 +74,11 @@ def setup_tls(opts: argparse.Namespace) -> None:
     """In each process that opens connections (producer workers are spawned)."""
     global TLS
     if opts.tls:
-        TLS = ssl.create_default_context(cafile=opts.ssl_ca or None)
+        TLS = client_context(opts.ssl_ca or "")
 
 
 def tls_kwargs() -> dict[str, Any]:
     return {"ssl": TLS, "server_hostname": "127.0.0.1"} if TLS is not None else {}
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 that is its own CA (the openssl command: no Python
-    dependency for the bench). P-256, the curve TLS 1.3 clients offer first."""
-    cert, key = directory / "bench-cert.pem", directory / "bench-key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
-                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    return cert, key
 
 
 #: Put on a connection's frame queue when the broker closed it (or it broke):
@@ -568,16 +557,23 @@ def main() -> int:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
     if opts.tls and opts.spawn and opts.spawn not in ("postgres", "sqlite"):
         ap.error("--tls with --spawn: amqlite (postgres|sqlite) only")
+    if (opts.scrape_interval > 0 and not opts.scrape_url
+            and opts.spawn not in ("postgres", "sqlite")):
+        ap.error("--scrape-interval needs --scrape-url unless --spawn is amqlite "
+                 "(postgres|sqlite)")
     tls_dir = None
     if opts.tls and opts.spawn:
         # The spawned broker inherits these (AMQLITE_* settings): a TLS listener beside
         # its plain one, and the run uses the TLS one.
+        from tests.integration.tls_helpers import make_pki  # the tests' throwaway CA
+
         tls_dir = tempfile.TemporaryDirectory(prefix="amqlite-bench-tls-")
-        cert, key = self_signed(Path(tls_dir.name))
-        opts.ssl_ca = str(cert)
+        pki = make_pki(Path(tls_dir.name))
+        opts.ssl_ca = str(pki.ca)
         ssl_port = free_port()
         os.environ.update({"AMQLITE_SSL_BIND": f"127.0.0.1:{ssl_port}",
-                           "AMQLITE_SSL_CERT": str(cert), "AMQLITE_SSL_KEY": str(key),
+                           "AMQLITE_SSL_CERT": str(pki.server_cert),
+                           "AMQLITE_SSL_KEY": str(pki.server_key),
                            "AMQLITE_HTTP_SSL": "false"})
     setup_tls(opts)
     if opts.spawn == "rabbitmq":
@@ -590,7 +586,7 @@ def main() -> int:
         store_pid = peers.pg.postmaster_pid() if peers.pg is not None else None
         scraper = None
         if opts.scrape_interval > 0:
-            url = opts.scrape_url or (broker_config.get("http", "") + "/metrics")
+            url = opts.scrape_url or broker_config["http"] + "/metrics"
             scraper = Scraper(url, opts.scrape_interval)
         result = asyncio_run(run(opts, port, pid, store_pid))
         if scraper is not None:

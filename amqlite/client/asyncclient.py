@@ -134,17 +134,14 @@ class AsyncClient(FailoverSupervisor):
         """DISCONNECT with a RECEIPT (a flush), then close everything. Idempotent."""
         if self.closed:
             return
-        was_connected = self.connected
+        conn = self._live
         self.state = ClientState.CLOSING
         self._closing.set()
-        conn = self._conn
-        if was_connected and conn is not None:
+        if conn is not None:
             receipt = self._next_id("d")
             future = asyncio.get_running_loop().create_future()
             frame = Frame("DISCONNECT", {"receipt": receipt})
-            self._requests.controls[receipt] = Control(
-                "disconnect", frame, future, self._generation
-            )
+            self._requests.controls[receipt] = Control("disconnect", frame, future)
             with contextlib.suppress(ConnectionError, ProtocolError):
                 conn.write(frame)
                 with contextlib.suppress(TimeoutError):
@@ -206,11 +203,14 @@ class AsyncClient(FailoverSupervisor):
         frame = Frame("SEND", frame_headers, data)
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         result = SendResult(self.producer_id, seq, dest, receipt)
-        size = len(data) + sum(len(k) + len(v) + 2 for k, v in frame_headers.items())
+        # Only tracked non-persistent sends count against maxCacheSize: size the rest 0.
+        tracked = not persistent and receipt is not None
+        size = len(data) + sum(len(k) + len(v) + 2 for k, v in frame_headers.items()) \
+            if tracked else 0
         pending = PendingSend(receipt, frame, future, result, persistent, size)
         key = receipt or f"n-{seq}"
         self._requests.sends[key] = pending
-        if not persistent and receipt is not None:
+        if tracked:
             self._requests.tracked_bytes += size
             self._requests.evict_tracked(self.options.max_cache_size)
         self._write_send(key, pending)
@@ -252,8 +252,8 @@ class AsyncClient(FailoverSupervisor):
         return SendResult(self.producer_id, seq, frame.headers["destination"], None)
 
     def _write_send(self, key: str, pending: PendingSend) -> None:
-        conn = self._conn
-        if conn is None or self.state is not ClientState.CONNECTED:
+        conn = self._live
+        if conn is None:
             return  # written by _activate after the reconnect
         try:
             conn.write(pending.frame)
@@ -266,7 +266,6 @@ class AsyncClient(FailoverSupervisor):
             return
         if pending.ever_written:
             self.resent += 1
-        pending.ever_written = True
         pending.written_gen = self._generation
         if not pending.needs_receipt:
             self._requests.forget_send(key)
@@ -309,8 +308,9 @@ class AsyncClient(FailoverSupervisor):
         sub = Subscription(self, sub_id, dest, ack, sub_headers, callback)
         sub._active = asyncio.get_running_loop().create_future()
         self._subs[sub_id] = sub
-        if self.state is ClientState.CONNECTED and self._conn is not None:
-            self._write_subscribe(self._conn, sub)
+        conn = self._live
+        if conn is not None:
+            self._write_subscribe(conn, sub)
         try:
             async with asyncio.timeout(self._timeout_s()):
                 await asyncio.shield(sub._active)
@@ -331,7 +331,7 @@ class AsyncClient(FailoverSupervisor):
         frame = Frame("SUBSCRIBE", {**sub.headers, "receipt": receipt})
         future = asyncio.get_running_loop().create_future()
         self._requests.controls[receipt] = Control(
-            "subscribe", frame, future, self._generation, subscription=sub
+            "subscribe", frame, future, subscription=sub
         )
         try:
             conn.write(frame)
@@ -349,17 +349,17 @@ class AsyncClient(FailoverSupervisor):
         if remove_durable and subscription.durable_name:
             headers["activemq.subscriptionName"] = subscription.durable_name
         replay = "activemq.subscriptionName" in headers
-        if not replay and not self.connected:
+        conn = self._live
+        if not replay and conn is None:
             return  # the next connection will simply not have it
         receipt = self._next_id("unsub")
         frame = Frame("UNSUBSCRIBE", {**headers, "receipt": receipt})
         control = Control(
-            "unsubscribe", frame, asyncio.get_running_loop().create_future(),
-            self._generation, replay=replay,
+            "unsubscribe", frame, asyncio.get_running_loop().create_future(), replay=replay,
         )
         self._requests.controls[receipt] = control
-        if self.connected and self._conn is not None:
-            self._write_control(self._conn, control)
+        if conn is not None:
+            self._write_control(conn, control)
         async with asyncio.timeout(self._timeout_s()):
             await asyncio.shield(control.future)
 
@@ -378,8 +378,8 @@ class AsyncClient(FailoverSupervisor):
         self._check_open()
         if message.subscription.ack == ACK_AUTO:
             raise ValueError(f"{message.subscription} uses ack=auto: nothing to acknowledge")
-        conn = self._conn
-        if message.generation != self._generation or conn is None or not self.connected:
+        conn = self._live
+        if message.generation != self._generation or conn is None:
             self._unconfirmed(message, "the connection that delivered it is gone")
             return False
         headers = self._ack_headers(conn, message)
@@ -396,7 +396,7 @@ class AsyncClient(FailoverSupervisor):
         headers["receipt"] = receipt
         control = Control(
             command.lower(), Frame(command, headers), asyncio.get_running_loop().create_future(),
-            self._generation, message=message,
+            message=message,
         )
         self._requests.controls[receipt] = control
         self._write_control(conn, control)
@@ -450,13 +450,14 @@ class AsyncClient(FailoverSupervisor):
         receipt = self._next_id(command.lower())
         control = Control(
             command.lower(), Frame(command, {"transaction": tx_id, "receipt": receipt}),
-            asyncio.get_running_loop().create_future(), self._generation, replay=True,
+            asyncio.get_running_loop().create_future(), replay=True,
             transaction=tx,
         )
         tx.end = control
         self._requests.controls[receipt] = control
-        if self.connected and self._conn is not None:
-            self._requests.write_tx_end(self._conn, tx)
+        conn = self._live
+        if conn is not None:
+            self._requests.write_tx_end(conn, tx)
         try:
             async with asyncio.timeout(self._timeout_s()):
                 await asyncio.shield(control.future)
@@ -482,8 +483,8 @@ class AsyncClient(FailoverSupervisor):
 
     def _write_quietly(self, frame: Frame) -> None:
         """Write if connected; otherwise the reconnect restores it (transactions)."""
-        conn = self._conn
-        if conn is not None and self.state is ClientState.CONNECTED:
+        conn = self._live
+        if conn is not None:
             with contextlib.suppress(ConnectionError):
                 conn.write(frame)
 
@@ -533,9 +534,8 @@ class AsyncClient(FailoverSupervisor):
             self._cluster_update(frame)
 
     def _on_receipt(self, receipt: str) -> None:
-        pending = self._requests.sends.get(receipt)
+        pending = self._requests.forget_send(receipt)
         if pending is not None:
-            self._requests.forget_send(receipt)
             if not pending.future.done():
                 pending.future.set_result(pending.result)
             return
@@ -560,9 +560,8 @@ class AsyncClient(FailoverSupervisor):
         if not receipt:
             return
         error = BrokerRefusedError(frame)
-        pending = self._requests.sends.get(receipt)
+        pending = self._requests.forget_send(receipt)
         if pending is not None:
-            self._requests.forget_send(receipt)
             if not pending.future.done():
                 pending.future.set_exception(error)
             return
@@ -589,7 +588,7 @@ class AsyncClient(FailoverSupervisor):
     def _restore(self, conn: Connection) -> None:
         for sub in list(self._subs.values()):
             self._write_subscribe(conn, sub)
-        self._requests.replay(conn, self._generation)
+        self._requests.replay(conn)
 
     def _resend(self) -> None:
         # Every send without RECEIPT, in sequence order: re-sends (same identity) first,

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import threading
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from amqlite.client.asyncclient import DISCONNECT_TIMEOUT_S, AsyncClient
@@ -74,13 +73,12 @@ class Client:
         self._loop.run_forever()
         self._loop.close()
 
-    def _run(self, coro: Awaitable[_T], timeout: float | None = None) -> _T:
+    def _run(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
         if threading.current_thread() is self._thread:
-            if inspect.iscoroutine(coro):
-                coro.close()
+            coro.close()
             raise RuntimeError("blocking Client call from its own loop thread (a callback?): "
                                "use client.async_client coroutines there")
-        future = asyncio.run_coroutine_threadsafe(_awaitable(coro), self._loop)
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
         except BaseException:
@@ -167,7 +165,3 @@ class Client:
 
 async def _make_client(broker_url: str | BrokerURL, kwargs: dict[str, Any]) -> AsyncClient:
     return AsyncClient(broker_url, **kwargs)
-
-
-async def _awaitable(value: Awaitable[_T]) -> _T:
-    return await value

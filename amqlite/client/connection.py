@@ -11,7 +11,7 @@ import logging
 import ssl
 from collections.abc import Callable, Mapping
 
-from amqlite.client.errors import ConnectRefusedError
+from amqlite.client.errors import ConnectRefusedError, error_text
 from amqlite.client.uri import TcpURI
 from amqlite.codec import Frame, ProtocolError
 from amqlite.protocol import FrameReceived, State, StompProtocol, receive_deadline_ms
@@ -98,12 +98,8 @@ class Connection:
                 if connected is not None:
                     self._early.append(frame)
                 elif frame.command == "ERROR":
-                    text = frame.headers.get("message", "error")
-                    detail = frame.body.decode("utf-8", "replace").strip()
-                    raise ConnectRefusedError(
-                        f"{self.uri} refused CONNECT: {text}" + (f": {detail}" if detail else ""),
-                        text,
-                    )
+                    raise ConnectRefusedError(f"{self.uri} refused CONNECT: {error_text(frame)}",
+                                              frame.headers.get("message", "error"))
                 elif frame.command == "CONNECTED":
                     connected = frame
             if connected is not None:

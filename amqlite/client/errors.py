@@ -52,13 +52,18 @@ class SendTimeoutError(FailoverTimeoutError):
         self.written = written
 
 
+def error_text(frame: Frame) -> str:
+    """An ERROR frame as one line: its ``message`` header, then its body if it has one."""
+    text = frame.headers.get("message", "error")
+    detail = frame.body.decode("utf-8", "replace").strip()
+    return f"{text}: {detail}" if detail else text
+
+
 class BrokerRefusedError(ClientError):
     """The broker answered a request with an ERROR frame (kept in ``frame``)."""
 
     def __init__(self, frame: Frame) -> None:
-        text = frame.headers.get("message", "error")
-        detail = frame.body.decode("utf-8", "replace").strip()
-        super().__init__(f"broker refused: {text}" + (f": {detail}" if detail else ""))
+        super().__init__(f"broker refused: {error_text(frame)}")
         self.frame = frame
 
 

@@ -294,6 +294,12 @@ class FailoverSupervisor:
         return self.state is ClientState.CONNECTED and conn is not None and not conn.closed
 
     @property
+    def _live(self) -> Connection | None:
+        """The active connection while ``connected``, else None: where a request is
+        written now (otherwise the reconnect restores or re-sends it)."""
+        return self._conn if self.connected else None
+
+    @property
     def closed(self) -> bool:
         """Disconnected or failed (or disconnecting): no call is accepted."""
         return self.state in _ENDED
@@ -363,13 +369,11 @@ class FailoverSupervisor:
         rebalance = frame.headers.get(REBALANCE_HEADER, "").lower() == "true"
         if rebalance and self.options.reconnect_supported and self._updated:
             conn = self._conn
-            if conn is not None and conn.uri != self._updated[0] and not self._on_priority(conn):
+            if (conn is not None and conn.uri != self._updated[0]
+                    and not self._is_priority(conn.uri)):
                 log.info("broker asks to rebalance to %s", self._updated[0])
                 self._rebalance = True
                 self._wake.set()
-
-    def _on_priority(self, conn: Connection) -> bool:
-        return is_priority(conn.uri, self.options, self._configured)
 
     # -- the failover loop ---------------------------------------------------------------
 
@@ -485,11 +489,11 @@ class FailoverSupervisor:
                     log.debug("connect to %s failed: %s", uri, describe(exc))
             return None, last_error
         finally:
+            # No await here: a disconnect() running meanwhile would have its cancellation
+            # of this task swallowed, and the winner activated on a closed client.
             for task in attempts:
                 task.cancel()
-            for task in attempts:
-                with contextlib.suppress(BaseException):
-                    (await task).close(graceful=True)
+                task.add_done_callback(_close_loser)
 
     async def _open(self, uri: TcpURI) -> Connection:
         conn = Connection(uri, self._ssl_context)
@@ -630,7 +634,7 @@ class FailoverSupervisor:
         policy.connected()
         try:
             while not self.closed and self._conn is active and not active.closed:
-                want_priority = self.options.priority_backup and not self._on_priority(active)
+                want_priority = self.options.priority_backup and not self._is_priority(active.uri)
                 standby = self._standby
                 want_backup = self.options.backup and (standby is None or standby.closed)
                 if not want_priority and not want_backup:
@@ -650,12 +654,8 @@ class FailoverSupervisor:
                     candidates = [u for u in candidates if u != standby.uri]
                 made = False
                 for uri in candidates:
-                    conn = Connection(uri, self._ssl_context)
                     try:
-                        await conn.open(
-                            login=self.login, passcode=self.passcode,
-                            headers=self.connect_headers,
-                        )
+                        conn = await self._open(uri)
                     except (OSError, TimeoutError, ProtocolError, ConnectRefusedError) as exc:
                         log.debug("standby connect to %s failed: %s", uri, describe(exc))
                         continue
@@ -713,6 +713,12 @@ class FailoverSupervisor:
         if self._standby_task is not None:
             self._standby_task.cancel()
         self._fail_pending(exc)
+
+
+def _close_loser(task: asyncio.Task[Connection]) -> None:
+    """A connect attempt that lost the race: close what it opened, if anything."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close(graceful=True)
 
 
 def _update_path(url: str | None) -> str | None:

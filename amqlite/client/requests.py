@@ -27,13 +27,17 @@ class PendingSend:
     future: asyncio.Future[SendResult]
     result: SendResult
     persistent: bool
-    size: int
+    size: int  # bytes counted against maxCacheSize (tracked non-persistent sends), else 0
     written_gen: int = 0  # generation it was last written on; 0: never written
-    ever_written: bool = False
 
     @property
     def needs_receipt(self) -> bool:
         return self.receipt is not None
+
+    @property
+    def ever_written(self) -> bool:
+        """Written on some connection (generations count from 1)."""
+        return self.written_gen > 0
 
 
 @dataclass(eq=False, slots=True)
@@ -43,7 +47,6 @@ class Control:
     kind: str  # ack, nack, subscribe, unsubscribe, commit, abort, disconnect
     frame: Frame
     future: asyncio.Future[bool]
-    generation: int
     replay: bool = False  # written again after a reconnect (durable removal)
     message: Message | None = None
     subscription: Subscription | None = None
@@ -74,10 +77,12 @@ class RequestBook:
 
     # -- sends ------------------------------------------------------------------------
 
-    def forget_send(self, key: str) -> None:
+    def forget_send(self, key: str) -> PendingSend | None:
+        """Drop the send under ``key``; return it (None if it was not there)."""
         pending = self.sends.pop(key, None)
         if pending is not None and not pending.persistent and pending.needs_receipt:
             self.tracked_bytes -= pending.size
+        return pending
 
     def evict_tracked(self, max_cache_size: int) -> None:
         """trackMessages: keep at most maxCacheSize bytes of non-persistent sends."""
@@ -108,13 +113,12 @@ class RequestBook:
 
     # -- connection events ------------------------------------------------------------
 
-    def replay(self, conn: Connection, generation: int) -> None:
+    def replay(self, conn: Connection) -> None:
         """On a new connection: controls that must be retried (durable removal) and the
         open transactions (BEGIN, their frames, a pending COMMIT/ABORT). A lost connection
         raises ConnectionError out of here."""
         for control in list(self.controls.values()):
             if control.replay and control.transaction is None:
-                control.generation = generation
                 conn.write(control.frame)
         for tx in list(self.txs.values()):
             if tx.broken:

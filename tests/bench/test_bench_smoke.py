@@ -115,3 +115,13 @@ def test_load_over_tls() -> None:
               "--producers", "5", "--consumers", "2", "--processes", "2")
     assert r["broker"]["tls"] is True and r["config"]["tls"] is True
     assert r["sent"] > 0 and r["received"] == r["sent"]
+
+
+def test_load_scrapes_the_spawned_brokers_metrics() -> None:
+    """W1 with Prometheus-like scrapes: every GET of the spawned broker's /metrics answers."""
+    r = bench("bench/load.py", "--spawn", "sqlite", "--seconds", "1.5", "--producers", "2",
+              "--consumers", "1", "--scrape-interval", "0.2")
+    scrapes = r["scrapes"]
+    assert scrapes["url"] == r["broker"]["http"] + "/metrics"
+    assert scrapes["count"] > 0 and scrapes["failures"] == 0, scrapes
+    assert r["sent"] > 0 and r["received"] == r["sent"]

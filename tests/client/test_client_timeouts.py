@@ -22,10 +22,9 @@ import pytest
 from amqlite.client import AsyncClient, ConnectionFailedError
 from amqlite.client.failover import ATTEMPT_HEAD_START_S
 from amqlite.client.uri import DEFAULT_CONNECTION_TIMEOUT_MS
-from tests.helpers.broker_proc import REPO_ROOT, BrokerFactory, amqlite_command
+from tests.helpers.broker_proc import REPO_ROOT, BrokerFactory, amqlite_command, password_hash
 from tests.helpers.client import async_test, within
 from tests.helpers.servers import free_port
-from tests.integration.test_protocol_errors import password_hash
 
 pytestmark = pytest.mark.integration
 
