@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 import stomp
 from stomp.utils import Frame
 
+from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -163,6 +165,17 @@ class BrokerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self} not serving after {timeout}s\n{self.log_tail()}")
             time.sleep(0.02)
+
+    def wait_log(self, pattern: str, timeout: float = START_TIMEOUT) -> None:
+        """Poll the log until the regex ``pattern`` appears (a log line has no event to wait
+        on); fails with the log tail at the deadline, or at once if the process exits."""
+        try:
+            poll(lambda: re.search(pattern, self.log_text()) is not None or not self.alive,
+                 timeout=timeout, what=f"{self.name} logs {pattern!r}", interval=0.05)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.log_tail()}") from None
+        assert re.search(pattern, self.log_text()), (f"{self} exited before logging "
+                                                     f"{pattern!r}\n{self.log_tail()}")
 
     def wait_exit(self, timeout: float) -> int:
         """Wait for the process to end on its own; return its exit code."""
@@ -389,8 +402,9 @@ class Collector(stomp.ConnectionListener):
         """Wait for at least `count` messages; fail with what did arrive."""
         ok = self.wait_for(lambda: len(self.messages) >= count or self.disconnected, timeout)
         got = self.snapshot()
+        shown = [(m.body or "")[:60] for m in got[:20]]  # cut short: some bodies are 256 KiB
         assert ok and len(got) >= count, (
-            f"expected {count} messages, got {len(got)}: {[m.body for m in got][:20]} "
+            f"expected {count} messages, got {len(got)}: {shown} "
             f"(disconnected={self.disconnected}, errors={self.error_texts()})")
         return got
 
