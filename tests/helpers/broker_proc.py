@@ -328,6 +328,13 @@ def never_serves(broker: BrokerProcess, duration: float) -> bool:
 # --------------------------------------------------------------------------- stomp.py
 
 
+#: A stomp.py connection of any STOMP version.
+StompConnection = stomp.Connection10 | stomp.Connection11 | stomp.Connection12
+#: stomp.py's connection class per STOMP version.
+CONNECTIONS: dict[str, type[StompConnection]] = {
+    "1.0": stomp.Connection10, "1.1": stomp.Connection11, "1.2": stomp.Connection12}
+
+
 class Collector(stomp.ConnectionListener):
     """Collects what a connection receives; waits use one Condition, never sleeps."""
 
@@ -429,7 +436,7 @@ class Collector(stomp.ConnectionListener):
 class Client:
     """A connected stomp.py connection and its collector."""
 
-    conn: stomp.Connection12
+    conn: StompConnection
     listener: Collector
     port: int
     subscriptions: list[str] = field(default_factory=list)
@@ -545,13 +552,15 @@ def open_client(
     username: str | None = None,
     passcode: str | None = None,
     timeout: float = WAIT,
+    version: str = "1.2",
 ) -> Client:
-    """Connect stomp.py (STOMP 1.2) and wait for CONNECTED; raise ConnectRefused on ERROR.
+    """Connect stomp.py (STOMP 1.2 unless ``version`` says otherwise) and wait for
+    CONNECTED; raise ConnectRefused on ERROR.
 
     The wait uses our own Condition with a deadline: stomp.py's wait=True has none.
     """
-    conn = stomp.Connection12([(HOST, port)], heartbeats=heartbeats,
-                              reconnect_attempts_max=1, timeout=5)
+    beats = {} if version == "1.0" else {"heartbeats": heartbeats}  # 1.0 has no heart-beats
+    conn = CONNECTIONS[version]([(HOST, port)], reconnect_attempts_max=1, timeout=5, **beats)
     listener = Collector()
     conn.set_listener(LISTENER, listener)
     client = Client(conn, listener, port)
@@ -736,17 +745,22 @@ CLOSE_DEADLINE = 5.0
 
 
 def assert_error_then_closed(raw: RawStomp, what: str, message: str | None,
-                             timeout: float = CLOSE_DEADLINE) -> None:
-    """The broker answers with ERROR (and nothing else) and closes the socket.
+                             timeout: float = CLOSE_DEADLINE, *,
+                             receipt: str | None = None) -> RawFrame:
+    """The broker answers with one ERROR (and nothing else) and closes the socket; returns
+    the ERROR.
 
-    With ``message``, exactly one ERROR and its ``message`` header is that text, so a test
-    of one limit cannot pass on another limit's ERROR. ``None`` only where the cause varies
-    by case (a parametrized set of malformed frames) and any ERROR is the point."""
+    With ``message``, its ``message`` header is that text, so a test of one limit cannot
+    pass on another limit's ERROR. ``None`` only where the cause varies by case (a
+    parametrized set of malformed frames) and any ERROR is the point. With ``receipt``,
+    the ERROR names it in ``receipt-id`` (the frame that was refused asked for it)."""
     closed, frames = raw.wait_closed(timeout)
     assert frames, f"{what}: no ERROR frame before close (closed={closed})"
-    if message is None:
-        assert all(f.command == "ERROR" for f in frames), f"{what}: got {format_frames(frames)}"
-    else:
-        assert [f.command for f in frames] == ["ERROR"], f"{what}: {format_frames(frames)}"
+    assert [f.command for f in frames] == ["ERROR"], f"{what}: got {format_frames(frames)}"
+    if message is not None:
         assert frames[0].headers.get("message") == message, f"{what}: {format_frames(frames)}"
     assert closed, f"{what}: connection still open {timeout}s after the ERROR"
+    if receipt is not None:
+        assert frames[0].headers.get("receipt-id") == receipt, \
+            f"{what}: ERROR without receipt-id {receipt}: {format_frames(frames)}"
+    return frames[0]
