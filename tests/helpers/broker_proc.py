@@ -526,12 +526,18 @@ def send_many(client: Client, dest: str, bodies: Sequence[str],
         receipt = unique("r-send")
         client.conn.send(dest, body, headers={**(headers or {}), "receipt": receipt})
         receipts.append(receipt)
-    listener = client.listener
+    wait_receipts(client.listener, receipts, timeout, f"SENDs to {dest}")
+
+
+def wait_receipts(listener: Collector, receipts: Sequence[str], timeout: float,
+                  what: str) -> None:
+    """Wait for every one of ``receipts`` (frames sent pipelined); fails naming how many
+    are missing."""
     listener.wait_for(lambda: listener.receipts.issuperset(receipts) or listener.disconnected,
                       timeout)
     with listener.cond:
         missing = [r for r in receipts if r not in listener.receipts]
-    assert not missing, (f"{len(missing)} of {len(receipts)} SENDs to {dest} got no RECEIPT "
+    assert not missing, (f"{len(missing)} of {len(receipts)} {what} got no RECEIPT "
                          f"(disconnected={listener.disconnected}, "
                          f"errors={listener.error_texts()})")
 
