@@ -13,10 +13,12 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.broker_proc import (
+    WAIT,
     BrokerFactory,
     BrokerProcess,
     Client,
     ClientPool,
+    RawFrame,
     RawStomp,
     ack_id,
     unique,
@@ -27,8 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 #: How long "nothing more arrives" is watched (s): longer than a dispatch takes on a busy
 #: machine, short enough to keep the module quick.
 QUIET = 0.6
-#: How long an answer may take on shared cores (s).
-ANSWER = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,9 @@ def broker(module_factory: BrokerFactory) -> BrokerProcess:
     return module_factory.start(name="compat")
 
 
-def _frame(raw: RawStomp, command: str, what: str):  # type: ignore[no-untyped-def]
-    frame = raw.read_frame(ANSWER)
+def _frame(raw: RawStomp, command: str, what: str) -> RawFrame:
+    """The next frame, which must be a ``command``."""
+    frame = raw.read_frame(WAIT)
     assert frame is not None, f"{what}: no answer"
     assert frame.command == command, f"{what}: {frame}"
     return frame
@@ -56,7 +57,7 @@ def test_stomp10_header_values_are_trimmed(broker: BrokerProcess) -> None:
         assert _frame(raw, "RECEIPT", "SUBSCRIBE").headers["receipt-id"] == "r-sub"
         raw.send_raw(f"SEND\ndestination:  {queue}\t\nreceipt: r-send\n\nhello\x00".encode())
         # The RECEIPT (after the commit) and the MESSAGE may come in either order.
-        answers = {f.command: f for f in (raw.read_frame(ANSWER), raw.read_frame(ANSWER))
+        answers = {f.command: f for f in (raw.read_frame(WAIT), raw.read_frame(WAIT))
                    if f is not None}
         assert set(answers) == {"RECEIPT", "MESSAGE"}, answers
         assert answers["RECEIPT"].headers["receipt-id"] == "r-send"
@@ -101,7 +102,7 @@ def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
     consumer.tx("begin", tx)
     consumer.ack(first, transaction=tx)
     # Before the COMMIT: the slot is free, the next message comes.
-    second = listener.wait_messages(2, timeout=ANSWER)[1]
+    second = listener.wait_messages(2, timeout=WAIT)[1]
     assert second.body == "b"
     consumer.tx("commit", tx)
     consumer.ack(second)
@@ -111,7 +112,7 @@ def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
     after.subscribe(queue)
     producer.send(queue, "marker")
     after.listener.wait_messages(1)
-    assert after.listener.wait_quiet(QUIET, timeout=ANSWER)
+    assert after.listener.wait_quiet(QUIET, timeout=WAIT)
     assert after.listener.bodies() == ["marker"]  # "a" was settled by the COMMIT
 
 
@@ -124,12 +125,12 @@ def test_abort_redelivers_what_a_transaction_acked(broker: BrokerProcess,
     tx = unique("tx")
     consumer.tx("begin", tx)
     consumer.ack(first, transaction=tx)
-    second = listener.wait_messages(2, timeout=ANSWER)[1]
+    second = listener.wait_messages(2, timeout=WAIT)[1]
     consumer.tx("abort", tx)
     # "b" holds the only slot: "a" waits for it, then comes again, flagged.
     assert listener.holds_for(lambda: listener.count() == 2, QUIET), listener.bodies()
     consumer.ack(second)
-    again = listener.wait_messages(3, timeout=ANSWER)[2]
+    again = listener.wait_messages(3, timeout=WAIT)[2]
     assert again.body == "a"
     assert again.headers.get("redelivered") == "true", again.headers
 
@@ -149,7 +150,7 @@ def test_ack_naming_the_wrong_subscription_says_so(broker: BrokerProcess,
     message_id = by_sub[s1].headers["message-id"]
     consumer.conn.ack(f"{key_of_s2}:{message_id}", receipt="r-wrong")
     listener = consumer.listener
-    assert listener.wait_for(lambda: bool(listener.errors), ANSWER)
+    assert listener.wait_for(lambda: bool(listener.errors), WAIT)
     text = listener.error_texts()[0]
     assert "not delivered to subscription 's2'" in text, text
     assert "awaits acknowledgement on subscription 's1'" in text, text
@@ -159,7 +160,7 @@ def test_ack_naming_the_wrong_subscription_says_so(broker: BrokerProcess,
     other.subscribe(q2, ack="client-individual", sub_id="only")
     [mine] = other.listener.wait_messages(1)
     other.conn.ack(f"999:{mine.headers['message-id']}", receipt="r-nosub")
-    assert other.listener.wait_for(lambda: bool(other.listener.errors), ANSWER)
+    assert other.listener.wait_for(lambda: bool(other.listener.errors), WAIT)
     text = other.listener.error_texts()[0]
     assert "names no subscription of this connection" in text, text
     assert "awaits acknowledgement on subscription 'only'" in text, text
