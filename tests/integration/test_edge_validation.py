@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from amqlite.broker import MAX_OPEN_TRANSACTIONS
+from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
@@ -35,10 +36,8 @@ DIGITS_5000 = "9" * 5000
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def broker(request: pytest.FixtureRequest, module_factory: BrokerFactory) -> BrokerProcess:
     """One broker per store kind for the module; each test uses its own destinations."""
-    if request.param == "sqlite":
-        return module_factory.start(name="edge-sqlite")
-    url = request.getfixturevalue("postgres_server").create_database()
-    return module_factory.start(name="edge-pg", extra_args=["--store", url, "--locker", url])
+    name = "edge-sqlite" if request.param == "sqlite" else "edge-pg"
+    return module_factory.start(name=name, extra_args=store_args(request.param, request))
 
 
 def assert_refused(raw: RawStomp, receipt: str | None, what: str) -> RawFrame:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import (
     WAIT,
     BrokerFactory,
@@ -46,11 +47,8 @@ def test_a_value_the_store_refuses_does_not_demote(
     backend: str, broker_factory: BrokerFactory, clients: ClientPool,
     request: pytest.FixtureRequest,
 ) -> None:
-    extra: list[str] = []
-    if backend == "postgresql":
-        url = request.getfixturevalue("pg_url")
-        extra = ["--store", url, "--locker", url]
-    broker = broker_factory.start(name=f"rejected-{backend}", extra_args=extra)
+    broker = broker_factory.start(name=f"rejected-{backend}",
+                                  extra_args=store_args(backend, request))
     queue = f"/queue/{unique('rejected')}"
     consumer = clients(broker.port)
     consumer.subscribe(queue)
