@@ -409,9 +409,9 @@ class Collector(stomp.ConnectionListener):
         """Wait for at least `count` messages; fail with what did arrive."""
         ok = self.wait_for(lambda: len(self.messages) >= count or self.disconnected, timeout)
         got = self.snapshot()
-        shown = [(m.body or "")[:60] for m in got[:20]]  # cut short: some bodies are 256 KiB
-        assert ok and len(got) >= count, (
-            f"expected {count} messages, got {len(got)}: {shown} "
+        assert ok and len(got) >= count, (  # bodies cut short: some are 256 KiB
+            f"expected {count} messages, got {len(got)}: "
+            f"{[(m.body or '')[:60] for m in got[:20]]} "
             f"(disconnected={self.disconnected}, errors={self.error_texts()})")
         return got
 
