@@ -61,10 +61,6 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-class BrokerDied(AssertionError):
-    """The broker process exited when the test expected it to run."""
-
-
 class BrokerProcess:
     """One `amqlite start` process: start, observe, signal, read its log."""
 
@@ -155,27 +151,16 @@ class BrokerProcess:
 
     def wait_serving(self, timeout: float = START_TIMEOUT) -> float:
         """Poll until the port accepts; return the seconds it took. Fail fast if it died."""
-        start = time.monotonic()
-        deadline = start + timeout
-        while True:
-            if self.is_serving():
-                return time.monotonic() - start
-            if not self.alive:
-                raise BrokerDied(f"{self} exited before serving\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self} not serving after {timeout}s\n{self.log_tail()}")
-            time.sleep(0.02)
+        return poll(self.is_serving, timeout=timeout,
+                    what=f"{self.name} serving on port {self.port}",
+                    give_up=lambda: not self.alive, context=self.log_tail)[1]
 
     def wait_log(self, pattern: str, timeout: float = START_TIMEOUT) -> None:
         """Poll the log until the regex ``pattern`` appears (a log line has no event to wait
         on); fails with the log tail at the deadline, or at once if the process exits."""
-        try:
-            poll(lambda: re.search(pattern, self.log_text()) is not None or not self.alive,
-                 timeout=timeout, what=f"{self.name} logs {pattern!r}", interval=0.05)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.log_tail()}") from None
-        assert re.search(pattern, self.log_text()), (f"{self} exited before logging "
-                                                     f"{pattern!r}\n{self.log_tail()}")
+        poll(lambda: re.search(pattern, self.log_text()), timeout=timeout,
+             what=f"{self.name} logs {pattern!r}", interval=0.05,
+             give_up=lambda: not self.alive, context=self.log_tail)
 
     def wait_exit(self, timeout: float) -> int:
         """Wait for the process to end on its own; return its exit code."""
@@ -301,18 +286,10 @@ def wait_one_serving(brokers: Iterable[BrokerProcess], timeout: float = START_TI
                      ) -> tuple[BrokerProcess, float]:
     """Poll until one of `brokers` serves; return it and the seconds it took."""
     brokers = list(brokers)
-    start = time.monotonic()
-    deadline = start + timeout
-    while True:
-        for broker in brokers:
-            if broker.is_serving():
-                return broker, time.monotonic() - start
-        if not any(b.alive for b in brokers):
-            raise BrokerDied("no broker left alive\n" + "\n".join(b.log_tail() for b in brokers))
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"none of {brokers} serves after {timeout}s\n"
-                               + "\n".join(b.log_tail() for b in brokers))
-        time.sleep(0.01)
+    return poll(lambda: next((b for b in brokers if b.is_serving()), None), timeout=timeout,
+                what=f"one of {[b.name for b in brokers]} serving", interval=0.01,
+                give_up=lambda: not any(b.alive for b in brokers),
+                context=lambda: "\n".join(b.log_tail() for b in brokers))
 
 
 def never_serves(broker: BrokerProcess, duration: float) -> bool:
