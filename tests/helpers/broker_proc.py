@@ -155,10 +155,11 @@ class BrokerProcess:
                     what=f"{self.name} serving on port {self.port}",
                     give_up=lambda: not self.alive, context=self.log_tail)[1]
 
-    def wait_log(self, pattern: str, timeout: float = START_TIMEOUT) -> None:
-        """Poll the log until the regex ``pattern`` appears (a log line has no event to wait
-        on); fails with the log tail at the deadline, or at once if the process exits."""
-        poll(lambda: re.search(pattern, self.log_text()), timeout=timeout,
+    def wait_log(self, pattern: str, timeout: float = START_TIMEOUT, since: int = 0) -> None:
+        """Poll the log (after ``since``, a length of its text) until the regex ``pattern``
+        appears (a log line has no event to wait on); fails with the log tail at the
+        deadline, or at once if the process exits."""
+        poll(lambda: re.search(pattern, self.log_text()[since:]), timeout=timeout,
              what=f"{self.name} logs {pattern!r}", interval=0.05,
              give_up=lambda: not self.alive, context=self.log_tail)
 
