@@ -647,8 +647,14 @@ class RawStomp:
         """CONNECT and return the CONNECTED frame (fails the test on anything else)."""
         self.send_frame("CONNECT", {"accept-version": "1.2", "host": "localhost",
                                     "heart-beat": heart_beat, **(extra or {})})
-        frame = self.read_frame()
-        assert frame is not None and frame.command == "CONNECTED", f"CONNECT answered {frame}"
+        return self.expect("CONNECTED", "CONNECT")
+
+    def expect(self, command: str, what: str = "", timeout: float = WAIT) -> RawFrame:
+        """The next frame, which must be a ``command`` (the answer to ``what``); fails the
+        test on any other frame, a close or silence."""
+        frame = self.read_frame(timeout)
+        assert frame is not None and frame.command == command, (
+            f"{what or 'expected ' + command}: answered {frame} (closed={self.closed})")
         return frame
 
     def _fill(self, deadline: float) -> bool:

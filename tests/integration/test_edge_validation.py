@@ -230,9 +230,7 @@ def connect_and_take(raw: RawStomp, queue: str) -> RawFrame:
     raw.connect()
     raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s",
                                  "ack": "client-individual"})
-    message = raw.read_frame()
-    assert message is not None and message.command == "MESSAGE", message
-    return message
+    return raw.expect("MESSAGE", f"SUBSCRIBE to {queue}")
 
 
 def assert_m_redelivered(clients: ClientPool, broker: BrokerProcess,

@@ -148,13 +148,9 @@ def test_receipts_for_subscribe_and_disconnect(broker: BrokerProcess) -> None:
         raw.connect()
         raw.send_frame("SUBSCRIBE", {"destination": f"/queue/{unique('r')}", "id": "s1",
                                      "ack": "auto", "receipt": "sub-receipt"})
-        frame = raw.read_frame()
-        assert frame is not None and frame.command == "RECEIPT", frame
-        assert frame.headers.get("receipt-id") == "sub-receipt"
+        assert raw.expect("RECEIPT", "SUBSCRIBE").headers.get("receipt-id") == "sub-receipt"
         raw.send_frame("DISCONNECT", {"receipt": "bye-receipt"})
-        frame = raw.read_frame()
-        assert frame is not None and frame.command == "RECEIPT", frame
-        assert frame.headers.get("receipt-id") == "bye-receipt"
+        assert raw.expect("RECEIPT", "DISCONNECT").headers.get("receipt-id") == "bye-receipt"
         closed, rest = raw.wait_closed(CLOSE_DEADLINE)
         assert closed and not rest, f"after DISCONNECT: closed={closed} {format_frames(rest)}"
 

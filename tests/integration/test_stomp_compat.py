@@ -18,7 +18,6 @@ from tests.helpers.broker_proc import (
     BrokerProcess,
     Client,
     ClientPool,
-    RawFrame,
     RawStomp,
     ack_id,
     unique,
@@ -36,25 +35,17 @@ def broker(module_factory: BrokerFactory) -> BrokerProcess:
     return module_factory.start(name="compat")
 
 
-def _frame(raw: RawStomp, command: str, what: str) -> RawFrame:
-    """The next frame, which must be a ``command``."""
-    frame = raw.read_frame(WAIT)
-    assert frame is not None, f"{what}: no answer"
-    assert frame.command == command, f"{what}: {frame}"
-    return frame
-
-
 def test_stomp10_header_values_are_trimmed(broker: BrokerProcess) -> None:
     queue = f"/queue/{unique('trim10')}"
     with RawStomp(broker.port) as raw:
         # The 1.0 specification's own CONNECT example: "login: <username>" (no
         # accept-version: a 1.0 client).
         raw.send_raw(b"CONNECT\nhost: localhost\n\n\x00")
-        connected = _frame(raw, "CONNECTED", "1.0 CONNECT")
+        connected = raw.expect("CONNECTED", "1.0 CONNECT")
         assert connected.headers.get("version", "1.0") == "1.0"
         raw.send_raw(f"SUBSCRIBE\ndestination: {queue}\nack: client\nreceipt: r-sub \n\n\x00"
                      .encode())
-        assert _frame(raw, "RECEIPT", "SUBSCRIBE").headers["receipt-id"] == "r-sub"
+        assert raw.expect("RECEIPT", "SUBSCRIBE").headers["receipt-id"] == "r-sub"
         raw.send_raw(f"SEND\ndestination:  {queue}\t\nreceipt: r-send\n\nhello\x00".encode())
         # The RECEIPT (after the commit) and the MESSAGE may come in either order.
         answers = {f.command: f for f in (raw.read_frame(WAIT), raw.read_frame(WAIT))
@@ -66,7 +57,7 @@ def test_stomp10_header_values_are_trimmed(broker: BrokerProcess) -> None:
         assert message.body == b"hello"
         raw.send_raw(f"ACK\nmessage-id: {message.headers['message-id']}\nreceipt: r-ack\n\n\x00"
                      .encode())
-        assert _frame(raw, "RECEIPT", "ACK").headers["receipt-id"] == "r-ack"
+        assert raw.expect("RECEIPT", "ACK").headers["receipt-id"] == "r-ack"
 
 
 def test_stomp12_header_values_keep_their_spaces(broker: BrokerProcess) -> None:
@@ -74,7 +65,7 @@ def test_stomp12_header_values_keep_their_spaces(broker: BrokerProcess) -> None:
     with RawStomp(broker.port) as raw:
         raw.connect()
         raw.send_raw(b"BEGIN\ntransaction:t1\nreceipt: r \n\n\x00")
-        assert _frame(raw, "RECEIPT", "BEGIN").headers["receipt-id"] == " r "
+        assert raw.expect("RECEIPT", "BEGIN").headers["receipt-id"] == " r "
 
 
 def _a_and_b_with_prefetch_one(broker: BrokerProcess, clients: ClientPool,
