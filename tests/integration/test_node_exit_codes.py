@@ -182,8 +182,7 @@ def test_sigterm_while_zookeeper_is_down_ends_cleanly_and_quietly(
 
 def test_stop_and_status_find_a_foreground_node_by_its_pid_file(
         broker_factory: BrokerFactory) -> None:
-    broker = broker_factory.new(extra_args=["--http", "off"]).start()
-    broker.wait_serving()
+    broker = broker_factory.start(extra_args=["--http", "off"])
     pid_files = list(broker.data_dir.glob("amqlite-*.pid"))
     assert len(pid_files) == 1
     assert json.loads(pid_files[0].read_text())["pid"] == broker.pid
@@ -204,8 +203,7 @@ def test_stop_and_status_find_a_foreground_node_by_its_pid_file(
 def test_status_reports_the_pid_file_nodes_management_api(
         broker_factory: BrokerFactory) -> None:
     http = f"{HOST}:{free_port()}"
-    broker = broker_factory.new(extra_args=["--http", http]).start()
-    broker.wait_serving()
+    broker = broker_factory.start(extra_args=["--http", http])
     status = amqlite("status", "--data-dir", str(broker.data_dir), "--json")
     assert status.returncode == 0, status.stderr
     nodes = json.loads(status.stdout)
@@ -254,9 +252,8 @@ def test_fsync_off_accepted_is_warned_in_log_and_readyz(
         broker_factory: BrokerFactory, fsync_off_server: PostgresServer) -> None:
     url = fsync_off_server.create_database()
     http = f"{HOST}:{free_port()}"
-    broker = broker_factory.new(extra_args=["--store", url, "--http", http],
-                                env={"AMQLITE_ALLOW_FSYNC_OFF": "true"}).start()
-    broker.wait_serving()
+    broker = broker_factory.start(extra_args=["--store", url, "--http", http],
+                                  env={"AMQLITE_ALLOW_FSYNC_OFF": "true"})
     assert "fsync = off" in broker.log_text()
     try:
         body = urllib.request.urlopen(f"http://{http}/readyz", timeout=10).read()
@@ -282,8 +279,7 @@ def test_start_timeout_does_not_bound_a_slave_waiting_for_its_master(
     """A reachable ZooKeeper with the lock held elsewhere: the slave waits, as slaves do."""
     locker = f"zk://127.0.0.1:{zookeeper_server.port}/{unique('amqlite')}"
     env = {"AMQLITE_START_TIMEOUT": "1"}
-    master = broker_factory.new(extra_args=["--locker", locker, "--http", "off"], env=env)
-    master.start().wait_serving()
+    master = broker_factory.start(extra_args=["--locker", locker, "--http", "off"], env=env)
     slave = broker_factory.new(data_dir=master.data_dir,
                                extra_args=["--locker", locker, "--http", "off"], env=env).start()
     slave.wait_log(r"waiting for the lock")
