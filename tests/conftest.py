@@ -31,7 +31,8 @@ def pg_url(postgres_server: PostgresServer) -> str:
 
 
 @pytest.fixture(scope="session")
-def zookeeper_server():
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """One throwaway ZooKeeper for the session; tests use their own chroot paths."""
     server = ZooKeeperServer()
     server.start()
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import stomp
 from stomp.utils import Frame
 
-from tests.helpers.broker_proc import HOST
+from tests.helpers.broker_proc import CONNECTIONS, HOST
 
 #: How long the canary producer waits for the RECEIPTs of one window of SENDs. A healthy
 #: broker answers in milliseconds; the margin is for a loaded 2-core CI machine.
@@ -46,10 +46,19 @@ TOPIC_PREFIX = b"canary-t-"
 RECEIPT_PREFIX = "k-"
 
 
-def _lost_and_doubled(sent: set[bytes],
-                      counts: Counter[bytes]) -> tuple[list[bytes], list[bytes]]:
-    """Of the receipted bodies ``sent``, which never arrived; which arrived more than once."""
-    return sorted(sent - counts.keys()), sorted(b for b, c in counts.items() if c > 1)
+def _lost_and_doubled(who: str, sent: set[bytes], counts: Counter[bytes]) -> list[str]:
+    """The problems of ``who``: receipted bodies ``sent`` that never arrived, and bodies that
+    arrived more than once."""
+    problems = []
+    lost = sorted(sent - counts.keys())
+    if lost:
+        problems.append(f"{who}: {len(lost)} of {len(sent)} receipted messages never arrived, "
+                        f"e.g. {lost[:5]}")
+    doubled = sorted(b for b, c in counts.items() if c > 1)
+    if doubled:
+        problems.append(f"{who}: {len(doubled)} messages arrived more than once, "
+                        f"e.g. {doubled[:5]}")
+    return problems
 
 
 class CanaryListener(stomp.ConnectionListener):
@@ -138,10 +147,6 @@ class CanaryListener(stomp.ConnectionListener):
     def on_heartbeat_timeout(self) -> None:
         with self.cond:
             self.problems.append("heart-beat timeout")
-
-
-CONNECTIONS = {"1.0": stomp.Connection10, "1.1": stomp.Connection11,
-               "1.2": stomp.Connection12}
 
 
 def open_canary(port: int, version: str, name: str, destinations: tuple[str, str],
@@ -238,8 +243,7 @@ class Canary:
         self.stop.set()
         if self.thread is not None:
             self.thread.join(RECEIPT_TIMEOUT + 5)
-        queue_sent = {b for b, p in self.receipted.items() if p == QUEUE_PREFIX}
-        topic_sent = {b for b, p in self.receipted.items() if p == TOPIC_PREFIX}
+        queue_sent, topic_sent = self._sent(QUEUE_PREFIX), self._sent(TOPIC_PREFIX)
 
         def drained() -> bool:
             return all(lis.disconnected or topic_sent <= set(lis.topic_bodies)
@@ -260,6 +264,10 @@ class Canary:
                     return
                 self.cond.wait(min(DRAIN_CHECK, deadline - now))
 
+    def _sent(self, prefix: bytes) -> set[bytes]:
+        """The receipted bodies sent to the queue (QUEUE_PREFIX) or the topic."""
+        return {b for b, p in self.receipted.items() if p == prefix}
+
     def _queue_received(self) -> set[bytes]:
         got: set[bytes] = set()
         for _conn, listener in self.consumers:
@@ -269,8 +277,7 @@ class Canary:
     def check(self) -> list[str]:
         """Everything that went wrong for the canary (empty: it never noticed the fuzzer)."""
         problems = list(self.problems)
-        queue_sent = {b for b, p in self.receipted.items() if p == QUEUE_PREFIX}
-        topic_sent = {b for b, p in self.receipted.items() if p == TOPIC_PREFIX}
+        queue_sent, topic_sent = self._sent(QUEUE_PREFIX), self._sent(TOPIC_PREFIX)
         if not queue_sent or not topic_sent:
             problems.append(f"the canary producer got no RECEIPT at all "
                             f"(queue {len(queue_sent)}, topic {len(topic_sent)})")
@@ -288,22 +295,11 @@ class Canary:
                                     if b.startswith(QUEUE_PREFIX))
                 if listener.name == "producer":
                     continue
-                lost, dup = _lost_and_doubled(topic_sent, Counter(
-                    b for b in listener.topic_bodies if b.startswith(TOPIC_PREFIX)))
-                if lost:
-                    problems.append(f"canary {listener.name}: {len(lost)} receipted topic "
-                                    f"messages never arrived, e.g. {lost[:5]}")
-                if dup:
-                    problems.append(f"canary {listener.name}: {len(dup)} topic messages "
-                                    f"arrived twice, e.g. {dup[:5]}")
-        lost, dup = _lost_and_doubled(queue_sent, queue_counts)
-        if lost:
-            problems.append(f"{len(lost)} of {len(queue_sent)} receipted canary queue messages "
-                            f"never arrived, e.g. {lost[:5]}")
-        if dup:
-            problems.append(f"{len(dup)} canary queue messages arrived more than once, "
-                            f"e.g. {dup[:5]}")
-        return problems
+                problems += _lost_and_doubled(
+                    f"canary {listener.name}, topic", topic_sent,
+                    Counter(b for b in listener.topic_bodies if b.startswith(TOPIC_PREFIX)))
+        return problems + _lost_and_doubled("canary queue, over all consumers", queue_sent,
+                                            queue_counts)
 
     def summary(self) -> str:
         per = ", ".join(f"{lis.name}: {len(lis.queue_bodies)} queue/{len(lis.topic_bodies)} "

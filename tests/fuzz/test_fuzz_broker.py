@@ -26,6 +26,7 @@ import pytest
 from tests.fuzz.canary import Canary
 from tests.fuzz.fuzzer import Fuzzer
 from tests.fuzz.mutator import ALL_KINDS
+from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import BrokerFactory, assert_broker_serves, unique
 
 #: Wall-time budget of the fuzzing per store: two stores stay well under 2.5 minutes with
@@ -58,11 +59,7 @@ def test_hostile_frames_stop_nothing_and_lose_nothing(
         store: str, broker_factory: BrokerFactory, request: pytest.FixtureRequest) -> None:
     """Thousands of hostile frames: the broker stays master, the canary sees nothing."""
     seed, seconds, kinds = fuzz_settings()
-    extra: list[str] = []
-    if store == "postgresql":
-        url = request.getfixturevalue("pg_url")
-        extra = ["--store", url, "--locker", url]
-    broker = broker_factory.start(name=f"fuzz-{store}", extra_args=extra)
+    broker = broker_factory.start(name=f"fuzz-{store}", extra_args=store_args(store, request))
     tag = unique("fz")
     canary = Canary(broker.port, f"/queue/canary-{tag}", f"/topic/canary-{tag}")
     fuzzer = Fuzzer(broker, seed=seed, workers=WORKERS, mutator_args={

@@ -53,3 +53,13 @@ def clients() -> Iterator[ClientPool]:
         yield pool
     finally:
         pool.close()
+
+
+def store_args(kind: str, request: pytest.FixtureRequest) -> list[str]:
+    """``amqlite start`` arguments for a test run on each store: none for the embedded
+    SQLite, a fresh database on the session's PostgreSQL (store and locker) for
+    ``"postgresql"``. Works from fixtures of any scope."""
+    if kind == "sqlite":
+        return []
+    url = request.getfixturevalue("postgres_server").create_database()
+    return ["--store", url, "--locker", url]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 import stomp
 from stomp.utils import Frame
 
+from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -57,10 +59,6 @@ def amqlite_command() -> list[str]:
 def unique(prefix: str) -> str:
     """A name no other test (or earlier run against the same store) uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-class BrokerDied(AssertionError):
-    """The broker process exited when the test expected it to run."""
 
 
 class BrokerProcess:
@@ -153,16 +151,17 @@ class BrokerProcess:
 
     def wait_serving(self, timeout: float = START_TIMEOUT) -> float:
         """Poll until the port accepts; return the seconds it took. Fail fast if it died."""
-        start = time.monotonic()
-        deadline = start + timeout
-        while True:
-            if self.is_serving():
-                return time.monotonic() - start
-            if not self.alive:
-                raise BrokerDied(f"{self} exited before serving\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self} not serving after {timeout}s\n{self.log_tail()}")
-            time.sleep(0.02)
+        return poll(self.is_serving, timeout=timeout,
+                    what=f"{self.name} serving on port {self.port}",
+                    give_up=lambda: not self.alive, context=self.log_tail)[1]
+
+    def wait_log(self, pattern: str, timeout: float = START_TIMEOUT, since: int = 0) -> None:
+        """Poll the log (after ``since``, a length of its text) until the regex ``pattern``
+        appears (a log line has no event to wait on); fails with the log tail at the
+        deadline, or at once if the process exits."""
+        poll(lambda: re.search(pattern, self.log_text()[since:]), timeout=timeout,
+             what=f"{self.name} logs {pattern!r}", interval=0.05,
+             give_up=lambda: not self.alive, context=self.log_tail)
 
     def wait_exit(self, timeout: float) -> int:
         """Wait for the process to end on its own; return its exit code."""
@@ -288,18 +287,10 @@ def wait_one_serving(brokers: Iterable[BrokerProcess], timeout: float = START_TI
                      ) -> tuple[BrokerProcess, float]:
     """Poll until one of `brokers` serves; return it and the seconds it took."""
     brokers = list(brokers)
-    start = time.monotonic()
-    deadline = start + timeout
-    while True:
-        for broker in brokers:
-            if broker.is_serving():
-                return broker, time.monotonic() - start
-        if not any(b.alive for b in brokers):
-            raise BrokerDied("no broker left alive\n" + "\n".join(b.log_tail() for b in brokers))
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"none of {brokers} serves after {timeout}s\n"
-                               + "\n".join(b.log_tail() for b in brokers))
-        time.sleep(0.01)
+    return poll(lambda: next((b for b in brokers if b.is_serving()), None), timeout=timeout,
+                what=f"one of {[b.name for b in brokers]} serving", interval=0.01,
+                give_up=lambda: not any(b.alive for b in brokers),
+                context=lambda: "\n".join(b.log_tail() for b in brokers))
 
 
 def never_serves(broker: BrokerProcess, duration: float) -> bool:
@@ -313,6 +304,13 @@ def never_serves(broker: BrokerProcess, duration: float) -> bool:
 
 
 # --------------------------------------------------------------------------- stomp.py
+
+
+#: A stomp.py connection of any STOMP version.
+StompConnection = stomp.Connection10 | stomp.Connection11 | stomp.Connection12
+#: stomp.py's connection class per STOMP version.
+CONNECTIONS: dict[str, type[StompConnection]] = {
+    "1.0": stomp.Connection10, "1.1": stomp.Connection11, "1.2": stomp.Connection12}
 
 
 class Collector(stomp.ConnectionListener):
@@ -389,8 +387,9 @@ class Collector(stomp.ConnectionListener):
         """Wait for at least `count` messages; fail with what did arrive."""
         ok = self.wait_for(lambda: len(self.messages) >= count or self.disconnected, timeout)
         got = self.snapshot()
-        assert ok and len(got) >= count, (
-            f"expected {count} messages, got {len(got)}: {[m.body for m in got][:20]} "
+        assert ok and len(got) >= count, (  # bodies cut short: some are 256 KiB
+            f"expected {count} messages, got {len(got)}: "
+            f"{[(m.body or '')[:60] for m in got[:20]]} "
             f"(disconnected={self.disconnected}, errors={self.error_texts()})")
         return got
 
@@ -415,7 +414,7 @@ class Collector(stomp.ConnectionListener):
 class Client:
     """A connected stomp.py connection and its collector."""
 
-    conn: stomp.Connection12
+    conn: StompConnection
     listener: Collector
     port: int
     subscriptions: list[str] = field(default_factory=list)
@@ -505,12 +504,18 @@ def send_many(client: Client, dest: str, bodies: Sequence[str],
         receipt = unique("r-send")
         client.conn.send(dest, body, headers={**(headers or {}), "receipt": receipt})
         receipts.append(receipt)
-    listener = client.listener
+    wait_receipts(client.listener, receipts, timeout, f"SENDs to {dest}")
+
+
+def wait_receipts(listener: Collector, receipts: Sequence[str], timeout: float,
+                  what: str) -> None:
+    """Wait for every one of ``receipts`` (frames sent pipelined); fails naming how many
+    are missing."""
     listener.wait_for(lambda: listener.receipts.issuperset(receipts) or listener.disconnected,
                       timeout)
     with listener.cond:
         missing = [r for r in receipts if r not in listener.receipts]
-    assert not missing, (f"{len(missing)} of {len(receipts)} SENDs to {dest} got no RECEIPT "
+    assert not missing, (f"{len(missing)} of {len(receipts)} {what} got no RECEIPT "
                          f"(disconnected={listener.disconnected}, "
                          f"errors={listener.error_texts()})")
 
@@ -531,13 +536,15 @@ def open_client(
     username: str | None = None,
     passcode: str | None = None,
     timeout: float = WAIT,
+    version: str = "1.2",
 ) -> Client:
-    """Connect stomp.py (STOMP 1.2) and wait for CONNECTED; raise ConnectRefused on ERROR.
+    """Connect stomp.py (STOMP 1.2 unless ``version`` says otherwise) and wait for
+    CONNECTED; raise ConnectRefused on ERROR.
 
     The wait uses our own Condition with a deadline: stomp.py's wait=True has none.
     """
-    conn = stomp.Connection12([(HOST, port)], heartbeats=heartbeats,
-                              reconnect_attempts_max=1, timeout=5)
+    beats = {} if version == "1.0" else {"heartbeats": heartbeats}  # 1.0 has no heart-beats
+    conn = CONNECTIONS[version]([(HOST, port)], reconnect_attempts_max=1, timeout=5, **beats)
     listener = Collector()
     conn.set_listener(LISTENER, listener)
     client = Client(conn, listener, port)
@@ -640,8 +647,14 @@ class RawStomp:
         """CONNECT and return the CONNECTED frame (fails the test on anything else)."""
         self.send_frame("CONNECT", {"accept-version": "1.2", "host": "localhost",
                                     "heart-beat": heart_beat, **(extra or {})})
-        frame = self.read_frame()
-        assert frame is not None and frame.command == "CONNECTED", f"CONNECT answered {frame}"
+        return self.expect("CONNECTED", "CONNECT")
+
+    def expect(self, command: str, what: str = "", timeout: float = WAIT) -> RawFrame:
+        """The next frame, which must be a ``command`` (the answer to ``what``); fails the
+        test on any other frame, a close or silence."""
+        frame = self.read_frame(timeout)
+        assert frame is not None and frame.command == command, (
+            f"{what or 'expected ' + command}: answered {frame} (closed={self.closed})")
         return frame
 
     def _fill(self, deadline: float) -> bool:
@@ -722,17 +735,22 @@ CLOSE_DEADLINE = 5.0
 
 
 def assert_error_then_closed(raw: RawStomp, what: str, message: str | None,
-                             timeout: float = CLOSE_DEADLINE) -> None:
-    """The broker answers with ERROR (and nothing else) and closes the socket.
+                             timeout: float = CLOSE_DEADLINE, *,
+                             receipt: str | None = None) -> RawFrame:
+    """The broker answers with one ERROR (and nothing else) and closes the socket; returns
+    the ERROR.
 
-    With ``message``, exactly one ERROR and its ``message`` header is that text, so a test
-    of one limit cannot pass on another limit's ERROR. ``None`` only where the cause varies
-    by case (a parametrized set of malformed frames) and any ERROR is the point."""
+    With ``message``, its ``message`` header is that text, so a test of one limit cannot
+    pass on another limit's ERROR. ``None`` only where the cause varies by case (a
+    parametrized set of malformed frames) and any ERROR is the point. With ``receipt``,
+    the ERROR names it in ``receipt-id`` (the frame that was refused asked for it)."""
     closed, frames = raw.wait_closed(timeout)
     assert frames, f"{what}: no ERROR frame before close (closed={closed})"
-    if message is None:
-        assert all(f.command == "ERROR" for f in frames), f"{what}: got {format_frames(frames)}"
-    else:
-        assert [f.command for f in frames] == ["ERROR"], f"{what}: {format_frames(frames)}"
+    assert [f.command for f in frames] == ["ERROR"], f"{what}: got {format_frames(frames)}"
+    if message is not None:
         assert frames[0].headers.get("message") == message, f"{what}: {format_frames(frames)}"
     assert closed, f"{what}: connection still open {timeout}s after the ERROR"
+    if receipt is not None:
+        assert frames[0].headers.get("receipt-id") == receipt, \
+            f"{what}: ERROR without receipt-id {receipt}: {format_frames(frames)}"
+    return frames[0]

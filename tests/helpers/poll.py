@@ -21,21 +21,32 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
-def _timed_out(timeout: float, what: str, value: Any) -> AssertionError:
-    return AssertionError(f"not within {timeout}s: {what}; last: {value!r}")
+def _failure(why: str, value: Any, context: Callable[[], str] | None = None,
+             ) -> AssertionError:
+    text = f"{why}; last: {value!r}"
+    return AssertionError(text if context is None else f"{text}\n{context()}")
 
 
 def poll(fetch: Callable[[], T], predicate: Callable[[T], bool] = _truthy, *,
-         timeout: float, what: str, interval: float = DEFAULT_INTERVAL) -> tuple[T, float]:
+         timeout: float, what: str, interval: float = DEFAULT_INTERVAL,
+         give_up: Callable[[], bool] | None = None,
+         context: Callable[[], str] | None = None) -> tuple[T, float]:
     """Call ``fetch`` until ``predicate(result)`` holds (by default: the result is truthy);
-    returns the result and the seconds it took. AssertionError at the deadline."""
+    returns the result and the seconds it took. AssertionError at the deadline, or as soon
+    as ``give_up()`` holds (the process that would make it true has exited: waiting longer
+    only delays the failure); ``context()`` is added to the failure (a log tail)."""
     start = time.monotonic()
     while True:
         value = fetch()
         if predicate(value):
             return value, time.monotonic() - start
+        if give_up is not None and give_up():
+            value = fetch()  # one last look: it may have come just before the exit
+            if predicate(value):
+                return value, time.monotonic() - start
+            raise _failure(f"gave up, its process exited: {what}", value, context)
         if time.monotonic() - start > timeout:
-            raise _timed_out(timeout, what, value)
+            raise _failure(f"not within {timeout}s: {what}", value, context)
         time.sleep(interval)
 
 
@@ -52,7 +63,7 @@ async def apoll(fetch: Callable[[], Awaitable[T] | T], predicate: Callable[[T], 
         if predicate(value):  # type: ignore[arg-type]
             return value, time.monotonic() - start  # type: ignore[return-value]
         if time.monotonic() - start > timeout:
-            raise _timed_out(timeout, what, value)
+            raise _failure(f"not within {timeout}s: {what}", value)
         await asyncio.sleep(interval)
 
 

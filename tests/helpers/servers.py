@@ -14,9 +14,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.helpers.poll import poll
 
 #: Where Debian's packages put things; `scripts/install-test-deps` installs them.
 ZOOKEEPER_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
@@ -32,16 +33,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for_port(port: int, timeout: float = STARTUP_TIMEOUT, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
-            time.sleep(0.05)
+    poll(lambda: _accepts(host, port), timeout=timeout,
+         what=f"something listens on {host}:{port}", interval=0.05)
 
 
 def _pg_bin(name: str) -> str:
@@ -189,20 +191,18 @@ class ZooKeeperServer:
         log.close()
         self._wait_serving()
 
+    def _answers_ruok(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"ruok")
+                return s.recv(16) == b"imok"
+        except OSError:
+            return False
+
     def _wait_serving(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"ZooKeeper exited: see {self.tmp / 'zookeeper.log'}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"ruok")
-                    if s.recv(16) == b"imok":
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("ZooKeeper did not start")
+        poll(self._answers_ruok, timeout=STARTUP_TIMEOUT, what="ZooKeeper answers ruok",
+             interval=0.1, give_up=lambda: self.proc is not None and self.proc.poll() is not None,
+             context=lambda: f"see {self.tmp / 'zookeeper.log'}")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -9,27 +9,20 @@ canaries are stomp.py.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
-import stomp
 
 from amqlite.broker import MAX_OPEN_TRANSACTIONS
+from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import (
-    HOST,
-    LISTENER,
     BrokerFactory,
     BrokerProcess,
     Client,
     ClientPool,
-    Collector,
     RawFrame,
     RawStomp,
     assert_broker_serves,
-    format_frames,
+    assert_error_then_closed,
     unique,
-    wait_receipt,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -43,22 +36,13 @@ DIGITS_5000 = "9" * 5000
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def broker(request: pytest.FixtureRequest, module_factory: BrokerFactory) -> BrokerProcess:
     """One broker per store kind for the module; each test uses its own destinations."""
-    if request.param == "sqlite":
-        return module_factory.start(name="edge-sqlite")
-    url = request.getfixturevalue("postgres_server").create_database()
-    return module_factory.start(name="edge-pg", extra_args=["--store", url, "--locker", url])
+    name = "edge-sqlite" if request.param == "sqlite" else "edge-pg"
+    return module_factory.start(name=name, extra_args=store_args(request.param, request))
 
 
 def assert_refused(raw: RawStomp, receipt: str | None, what: str) -> RawFrame:
     """ERROR (and nothing else) then close; the ERROR names the frame's receipt."""
-    closed, frames = raw.wait_closed(CLOSE_DEADLINE)
-    assert frames, f"{what}: no ERROR frame before close (closed={closed})"
-    assert [f.command for f in frames] == ["ERROR"], f"{what}: got {format_frames(frames)}"
-    assert closed, f"{what}: connection still open {CLOSE_DEADLINE}s after the ERROR"
-    if receipt is not None:
-        assert frames[0].headers.get("receipt-id") == receipt, \
-            f"{what}: ERROR without receipt-id {receipt}: {format_frames(frames)}"
-    return frames[0]
+    return assert_error_then_closed(raw, what, None, CLOSE_DEADLINE, receipt=receipt)
 
 
 def assert_still_master(broker: BrokerProcess) -> None:
@@ -246,9 +230,7 @@ def connect_and_take(raw: RawStomp, queue: str) -> RawFrame:
     raw.connect()
     raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s",
                                  "ack": "client-individual"})
-    message = raw.read_frame()
-    assert message is not None and message.command == "MESSAGE", message
-    return message
+    return raw.expect("MESSAGE", f"SUBSCRIBE to {queue}")
 
 
 def assert_m_redelivered(clients: ClientPool, broker: BrokerProcess,
@@ -310,34 +292,10 @@ def test_commit_that_cannot_apply_applies_nothing(broker: BrokerProcess,
 # --- class 3: headers every consumer's STOMP version can carry --------------------------
 
 
-def open_versioned(port: int, version: str) -> tuple[stomp.Connection, Collector]:
-    cls = {"1.0": stomp.Connection10, "1.1": stomp.Connection11,
-           "1.2": stomp.Connection12}[version]
-    conn = cls([(HOST, port)], reconnect_attempts_max=1, timeout=5)
-    listener = Collector()
-    conn.set_listener(LISTENER, listener)
-    conn.connect(wait=False)
-    assert listener.wait_for(lambda: listener.connected is not None or listener.disconnected,
-                             10), f"STOMP {version} consumer not connected"
-    assert listener.connected is not None
-    return conn, listener
-
-
 @pytest.fixture
-def versioned_consumers(
-        broker: BrokerProcess) -> Iterator[dict[str, tuple[stomp.Connection, Collector]]]:
+def versioned_consumers(broker: BrokerProcess, clients: ClientPool) -> dict[str, Client]:
     """One stomp.py consumer per STOMP version, by version."""
-    opened: dict[str, tuple[stomp.Connection, Collector]] = {}
-    try:
-        for version in ("1.0", "1.1", "1.2"):
-            opened[version] = open_versioned(broker.port, version)
-        yield opened
-    finally:
-        for conn, _ in opened.values():
-            with contextlib.suppress(Exception):
-                conn.disconnect()
-            with contextlib.suppress(Exception):
-                conn.transport.disconnect_socket()
+    return {version: clients(broker.port, version=version) for version in ("1.0", "1.1", "1.2")}
 
 
 @pytest.mark.parametrize("header_line", [
@@ -348,15 +306,12 @@ def versioned_consumers(
 ], ids=["colon-in-name", "trailing-cr", "cr-in-value", "lf-in-value"])
 def test_header_a_consumer_version_cannot_carry_is_refused(
         broker: BrokerProcess, clients: ClientPool,
-        versioned_consumers: dict[str, tuple[stomp.Connection, Collector]],
-        header_line: str) -> None:
+        versioned_consumers: dict[str, Client], header_line: str) -> None:
     """1.0, 1.1 and 1.2 consumers on one topic: the bad producer gets ERROR naming the
     header; the good producer's messages before and after reach all three."""
     topic = f"/topic/{unique('mixed')}"
-    for version, (conn, listener) in versioned_consumers.items():
-        receipt = unique(f"r-sub-{version}")
-        conn.subscribe(topic, id=unique("s"), ack="auto", headers={"receipt": receipt})
-        wait_receipt(listener, receipt, 10, f"SUBSCRIBE by STOMP {version}")
+    for consumer in versioned_consumers.values():
+        consumer.subscribe(topic)
     good = clients(broker.port)
     good.send(topic, "before")
     with RawStomp(broker.port) as raw:
@@ -368,7 +323,8 @@ def test_header_a_consumer_version_cannot_carry_is_refused(
         said = (frame.headers.get("message", "") + frame.body.decode()).replace("\\c", ":")
         assert f"header name {name!r}" in said or f"header {name!r}" in said, said
     good.send(topic, "after")
-    for version, (_, listener) in versioned_consumers.items():
+    for version, consumer in versioned_consumers.items():
+        listener = consumer.listener
         got = listener.wait_messages(2)
         assert [m.body for m in got] == ["before", "after"], f"STOMP {version}: {got}"
         assert not listener.errors, f"STOMP {version}: {listener.error_texts()}"

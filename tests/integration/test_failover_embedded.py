@@ -23,6 +23,7 @@ from tests.helpers.broker_proc import (
     unique,
     wait_one_serving,
 )
+from tests.helpers.poll import poll
 
 pytestmark = pytest.mark.integration
 
@@ -179,10 +180,8 @@ def test_kill_during_group_commit_loses_no_receipted_message(
     def confirmed() -> int:
         return sum(len(p.client.listener.receipts) for p in producers)
 
-    deadline = time.monotonic() + 30
-    while confirmed() < 100 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert confirmed() >= 100, f"load never got going: {confirmed()} receipts in 30s"
+    poll(confirmed, lambda receipts: receipts >= 100, timeout=30,
+         what="load got going (100 receipts)")
     stop.wait(1.5)  # let the load run ~1.5 s more: the kill must hit mid-commit
 
     took = take_over(master, slave, "kill")

@@ -25,7 +25,6 @@ import pytest
 from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
-    Client,
     ClientPool,
     RawStomp,
     send_many,
@@ -95,31 +94,12 @@ def body(i: int) -> str:
     return head + "x" * (BODY_SIZE - len(head))
 
 
-def wait_log(broker: BrokerProcess, text: str, timeout: float = TRAFFIC_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in broker.log_text():
-        assert broker.alive, broker.log_tail()
-        assert time.monotonic() < deadline, f"no {text!r} in the log\n{broker.log_tail()}"
-        time.sleep(0.05)  # polling a file with a deadline: there is no event to wait on
-
-
 def ids_of(bodies: list[str]) -> list[int]:
     return sorted(int(b[2:8]) for b in bodies)
 
 
 def bodies(frames: list) -> list[str]:
     return [f.body for f in frames]
-
-
-def wait_count(client: Client, count: int, timeout: float = TRAFFIC_TIMEOUT) -> list:
-    """Wait for ``count`` MESSAGEs; on failure say how many (not the large bodies)."""
-    listener = client.listener
-    listener.wait_for(lambda: len(listener.messages) >= count or listener.disconnected,
-                      timeout)
-    got = listener.snapshot()
-    assert len(got) >= count, (f"expected {count} messages, got {len(got)} "
-                               f"(errors={listener.error_texts()})")
-    return got
 
 
 class Producer(threading.Thread):
@@ -169,8 +149,7 @@ def test_stalled_topic_subscriber_is_bounded_in_bytes(
     raw_clients.append(stalled)
     stalled.connect()
     stalled.send_frame("SUBSCRIBE", {"destination": topic, "id": "s", "receipt": "sub"})
-    receipt = stalled.read_frame()
-    assert receipt is not None and receipt.command == "RECEIPT"
+    stalled.expect("RECEIPT", "SUBSCRIBE")
     fast = clients(broker.port)
     fast.subscribe(topic)
     producer = clients(broker.port)
@@ -181,10 +160,11 @@ def test_stalled_topic_subscriber_is_bounded_in_bytes(
     for start in range(0, count, window):
         send_many(producer, topic, [body(i) for i in range(start, start + window)],
                   {"persistent": "false"}, timeout=TRAFFIC_TIMEOUT)
-        got = wait_count(fast, start + window)
+        got = fast.listener.wait_messages(start + window, TRAFFIC_TIMEOUT)
     assert ids_of(bodies(got)) == list(range(count))
     rss.check()
-    wait_log(broker, "slow subscriber")  # the stalled one missed messages, and we said so
+    # the stalled one missed messages, and we said so
+    broker.wait_log("slow subscriber", TRAFFIC_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- 3: persistent
@@ -199,7 +179,7 @@ def persistent_backlog_pages(broker: BrokerProcess, clients: ClientPool) -> None
     rss.check()  # the backlog waits in the store, not in RAM
     consumer = clients(broker.port)
     consumer.subscribe(queue)
-    got = wait_count(consumer, count)
+    got = consumer.listener.wait_messages(count, TRAFFIC_TIMEOUT)
     assert ids_of(bodies(got)) == list(range(count))
     rss.check()
 
@@ -234,7 +214,7 @@ def test_nonpersistent_producer_over_many_queues_is_flow_controlled(
     producer = Producer(lambda i: sender.conn.send(
         queues[i % len(queues)], body(i), headers={"persistent": "false"}), count)
     producer.start()
-    wait_log(broker, "memory budget reached")
+    broker.wait_log("memory budget reached", TRAFFIC_TIMEOUT)
     rss.check()
     assert producer.is_alive(), "the producer was never held back"
     # paused for several heart-beat timeouts (a negative: it must hold for a while)
@@ -249,7 +229,7 @@ def test_nonpersistent_producer_over_many_queues_is_flow_controlled(
     got: list[str] = []
     for i, c in enumerate(consumers):
         expected = len(range(i, count, len(queues)))
-        got += [m.body for m in wait_count(c, expected)]
+        got += [m.body for m in c.listener.wait_messages(expected, TRAFFIC_TIMEOUT)]
     assert ids_of(got) == list(range(count))
     rss.check()
 
@@ -322,7 +302,7 @@ def test_transaction_commit_over_budget_resumes(broker: BrokerProcess,
     consumer = clients(broker.port)
     consumer.subscribe(queue)
     later.finish()
-    got = wait_count(consumer, 2 * half)
+    got = consumer.listener.wait_messages(2 * half, TRAFFIC_TIMEOUT)
     assert ids_of(bodies(got)) == list(range(2 * half))
 
 
@@ -345,7 +325,7 @@ def test_huge_prefetch_is_bounded_in_bytes(broker: BrokerProcess, clients: Clien
     consumer.subscribe(queue, ack="client-individual",
                        headers={"activemq.prefetchSize": str(MAX_PREFETCH)})
     window = MAX_INFLIGHT_BYTES // BODY_SIZE
-    first = wait_count(consumer, window)
+    first = consumer.listener.wait_messages(window, TRAFFIC_TIMEOUT)
     # nothing more comes until it acknowledges (a negative: hold it for a while)
     assert consumer.listener.holds_for(lambda: len(consumer.listener.messages) <= window + 1,
                                        1.0), f"{consumer.listener.count()} in flight"
@@ -354,7 +334,7 @@ def test_huge_prefetch_is_bounded_in_bytes(broker: BrokerProcess, clients: Clien
     deadline = time.monotonic() + TRAFFIC_TIMEOUT
     while acked < count:
         assert time.monotonic() < deadline, f"only {acked}/{count} acknowledged"
-        got = wait_count(consumer, acked + 1)
+        got = consumer.listener.wait_messages(acked + 1, TRAFFIC_TIMEOUT)
         for frame in got[acked:]:
             consumer.conn.ack(frame.headers["ack"])
             acked += 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sqlite3
 import subprocess
@@ -17,20 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.broker_proc import HOST, REPO_ROOT, BrokerFactory, amqlite_command
-from tests.helpers.servers import PostgresServer, free_port
+from tests.helpers.broker_proc import HOST, BrokerFactory, never_serves, unique
+from tests.helpers.cluster import amqlite
+from tests.helpers.poll import poll
+from tests.helpers.servers import PostgresServer, free_port, running_postgres
 
 #: A refused start must end this soon (no retrying for ever).
 EXIT_DEADLINE = 60.0
 #: ``amqlite start``'s exit status for a configuration error (cli.main.EXIT_USAGE).
 EXIT_CONFIG = 2
-
-
-def run_cli(*args: str, timeout: float = EXIT_DEADLINE, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMQLITE_")}
-    environ.update(env)
-    return subprocess.run([*amqlite_command(), *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=environ, stdin=subprocess.DEVNULL)
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -78,7 +72,7 @@ def test_port_in_use_exits_nonzero_without_claiming_an_epoch(
 
 
 def test_unresolvable_bind_host_is_a_config_error(tmp_path: Path) -> None:
-    result = run_cli("start", "--data-dir", str(tmp_path / "d"), "--http", "off",
+    result = amqlite("start", "--data-dir", str(tmp_path / "d"), "--http", "off",
                      "--bind", "no-such-host.invalid:61613")
     assert_config_error(result, "--bind", "cannot resolve")
     assert group_epoch(tmp_path / "d", "default") is None
@@ -95,7 +89,7 @@ def test_unresolvable_bind_host_is_a_config_error(tmp_path: Path) -> None:
 def test_bad_toml_is_one_line_config_error(tmp_path: Path, toml: str, words: tuple) -> None:
     config = tmp_path / "amqlite.toml"
     config.write_text(toml)
-    result = run_cli("start", "--data-dir", str(tmp_path / "d"), "--config", str(config))
+    result = amqlite("start", "--data-dir", str(tmp_path / "d"), "--config", str(config))
     assert_config_error(result, *words)
 
 
@@ -103,11 +97,11 @@ def test_toml_keys_under_broker_table_are_used(tmp_path: Path) -> None:
     """The [broker] layout still works (and is not mixed up with the refusal above)."""
     config = tmp_path / "amqlite.toml"
     config.write_text("[broker]\nbind = 7\n")
-    assert_config_error(run_cli("start", "--config", str(config)), "bind", "expected a string")
+    assert_config_error(amqlite("start", "--config", str(config)), "bind", "expected a string")
 
 
 def test_passwd_refuses_an_empty_password() -> None:
-    result = run_cli("passwd", "--password", "")
+    result = amqlite("passwd", "--password", "")
     assert result.returncode != 0
     assert "empty" in result.stderr
     assert "$" not in result.stdout
@@ -119,35 +113,35 @@ def test_passwd_refuses_an_empty_password() -> None:
 def test_data_dir_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    assert_config_error(run_cli(*start_args(not_a_dir)), "--data-dir", "not a directory")
+    assert_config_error(amqlite(*start_args(not_a_dir)), "--data-dir", "not a directory")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes everywhere")
 def test_read_only_data_dir_is_a_config_error(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    assert_config_error(run_cli(*start_args(ro)), "--data-dir", "not writable")
+    assert_config_error(amqlite(*start_args(ro)), "--data-dir", "not writable")
 
 
 def test_missing_database_is_a_config_error(tmp_path: Path,
                                             postgres_server: PostgresServer) -> None:
     url = postgres_server.url("amqlite_no_such_database")
-    result = run_cli(*start_args(tmp_path / "d", "--store", url))
+    result = amqlite(*start_args(tmp_path / "d", "--store", url))
     assert_config_error(result, "does not exist")
 
 
 def test_refused_login_is_a_config_error(tmp_path: Path,
                                          postgres_server: PostgresServer) -> None:
     url = f"postgresql://amqlite_no_such_role@127.0.0.1:{postgres_server.port}/postgres"
-    result = run_cli(*start_args(tmp_path / "d", "--store", url))
+    result = amqlite(*start_args(tmp_path / "d", "--store", url))
     assert_config_error(result, "amqlite_no_such_role")
 
 
 def test_unreachable_store_gives_up_after_start_timeout(tmp_path: Path) -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"  # nobody listens
     started = time.monotonic()
-    result = run_cli(*start_args(tmp_path / "d", "--store", url),
-                     AMQLITE_START_TIMEOUT="3")
+    result = amqlite(*start_args(tmp_path / "d", "--store", url),
+                     env={"AMQLITE_START_TIMEOUT": "3"})
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr
     lines = error_lines(result.stderr)
@@ -158,18 +152,10 @@ def test_unreachable_store_gives_up_after_start_timeout(tmp_path: Path) -> None:
     assert elapsed < EXIT_DEADLINE
 
 
-def _wait_log(broker, pattern: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not re.search(pattern, broker.log_text()):
-        assert broker.alive, broker.log_tail()
-        assert time.monotonic() < deadline, f"{pattern!r} not logged\n{broker.log_tail()}"
-        time.sleep(0.05)
-
-
 def test_sigterm_while_waiting_for_the_store_ends_cleanly(broker_factory: BrokerFactory) -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
     broker = broker_factory.new(extra_args=["--store", url, "--http", "off"]).start()
-    _wait_log(broker, r"unreachable: .*retrying")
+    broker.wait_log(r"unreachable: .*retrying")
     assert broker.terminate() == 0
     log = broker.log_text()
     assert "Traceback" not in log and "never retrieved" not in log, log
@@ -180,7 +166,7 @@ def test_sigterm_while_zookeeper_is_down_ends_cleanly_and_quietly(
     dead_zk = f"zk://127.0.0.1:{free_port()}/amqlite"
     broker = broker_factory.new(extra_args=["--locker", dead_zk, "--http", "off"]).start()
     started = time.monotonic()
-    _wait_log(broker, r"cannot connect.*retrying")
+    broker.wait_log(r"cannot connect.*retrying")
     assert broker.terminate() == 0
     elapsed = time.monotonic() - started
     log = broker.log_text()
@@ -196,22 +182,21 @@ def test_sigterm_while_zookeeper_is_down_ends_cleanly_and_quietly(
 
 def test_stop_and_status_find_a_foreground_node_by_its_pid_file(
         broker_factory: BrokerFactory) -> None:
-    broker = broker_factory.new(extra_args=["--http", "off"]).start()
-    broker.wait_serving()
+    broker = broker_factory.start(extra_args=["--http", "off"])
     pid_files = list(broker.data_dir.glob("amqlite-*.pid"))
     assert len(pid_files) == 1
     assert json.loads(pid_files[0].read_text())["pid"] == broker.pid
 
-    status = run_cli("status", "--data-dir", str(broker.data_dir))
+    status = amqlite("status", "--data-dir", str(broker.data_dir))
     assert f"running (pid {broker.pid})" in status.stdout, status.stdout + status.stderr
 
-    stopped = run_cli("stop", "--data-dir", str(broker.data_dir))
+    stopped = amqlite("stop", "--data-dir", str(broker.data_dir))
     assert stopped.returncode == 0, stopped.stderr
     assert f"pid {broker.pid}" in stopped.stdout
     assert broker.wait_exit(5) == 0  # stop waited for the exit
     assert not list(broker.data_dir.glob("amqlite-*.pid"))
 
-    again = run_cli("stop", "--data-dir", str(broker.data_dir))
+    again = amqlite("stop", "--data-dir", str(broker.data_dir))
     assert again.returncode == 1 and "no running node" in again.stderr
 
 
@@ -233,9 +218,8 @@ def test_stop_ends_a_paused_node(broker_factory: BrokerFactory) -> None:
 def test_status_reports_the_pid_file_nodes_management_api(
         broker_factory: BrokerFactory) -> None:
     http = f"{HOST}:{free_port()}"
-    broker = broker_factory.new(extra_args=["--http", http]).start()
-    broker.wait_serving()
-    status = run_cli("status", "--data-dir", str(broker.data_dir), "--json")
+    broker = broker_factory.start(extra_args=["--http", http])
+    status = amqlite("status", "--data-dir", str(broker.data_dir), "--json")
     assert status.returncode == 0, status.stderr
     nodes = json.loads(status.stdout)
     assert [(n["name"], n["role"], n["ready"]) for n in nodes] == [(broker.name, "master", True)]
@@ -265,24 +249,17 @@ def test_store_sessions_force_synchronous_commit(postgres_server: PostgresServer
 @pytest.fixture(scope="module")
 def fsync_off_server():
     """A PostgreSQL of its own (never the session's) running with fsync = off."""
-    server = PostgresServer()
-    server.init()
-    server.start()
-    try:
+    with running_postgres() as server:
         server.psql("ALTER SYSTEM SET fsync = off")
         server.psql("SELECT pg_reload_conf()")
-        deadline = time.monotonic() + 30
-        while server.psql("SHOW fsync") != "off":
-            assert time.monotonic() < deadline, "fsync = off not in effect"
-            time.sleep(0.05)
+        poll(lambda: server.psql("SHOW fsync"), lambda value: value == "off", timeout=30,
+             what="fsync = off in effect")
         yield server
-    finally:
-        server.cleanup()
 
 
 def test_fsync_off_store_is_refused(tmp_path: Path, fsync_off_server: PostgresServer) -> None:
     url = fsync_off_server.create_database()
-    assert_config_error(run_cli(*start_args(tmp_path / "d", "--store", url)),
+    assert_config_error(amqlite(*start_args(tmp_path / "d", "--store", url)),
                         "fsync = off", "allow_fsync_off")
 
 
@@ -290,9 +267,8 @@ def test_fsync_off_accepted_is_warned_in_log_and_readyz(
         broker_factory: BrokerFactory, fsync_off_server: PostgresServer) -> None:
     url = fsync_off_server.create_database()
     http = f"{HOST}:{free_port()}"
-    broker = broker_factory.new(extra_args=["--store", url, "--http", http],
-                                env={"AMQLITE_ALLOW_FSYNC_OFF": "true"}).start()
-    broker.wait_serving()
+    broker = broker_factory.start(extra_args=["--store", url, "--http", http],
+                                  env={"AMQLITE_ALLOW_FSYNC_OFF": "true"})
     assert "fsync = off" in broker.log_text()
     try:
         body = urllib.request.urlopen(f"http://{http}/readyz", timeout=10).read()
@@ -305,8 +281,8 @@ def test_fsync_off_accepted_is_warned_in_log_and_readyz(
 
 def test_unreachable_zookeeper_gives_up_after_start_timeout(tmp_path: Path) -> None:
     dead_zk = f"zk://127.0.0.1:{free_port()}/amqlite"
-    result = run_cli(*start_args(tmp_path / "d", "--locker", dead_zk),
-                     AMQLITE_START_TIMEOUT="3")
+    result = amqlite(*start_args(tmp_path / "d", "--locker", dead_zk),
+                     env={"AMQLITE_START_TIMEOUT": "3"})
     assert result.returncode == 1, result.stderr
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and "start_timeout" in lines[0], result.stderr
@@ -316,20 +292,14 @@ def test_unreachable_zookeeper_gives_up_after_start_timeout(tmp_path: Path) -> N
 def test_start_timeout_does_not_bound_a_slave_waiting_for_its_master(
         broker_factory: BrokerFactory, zookeeper_server) -> None:
     """A reachable ZooKeeper with the lock held elsewhere: the slave waits, as slaves do."""
-    locker = f"zk://127.0.0.1:{zookeeper_server.port}/{tmp_root()}"
+    locker = f"zk://127.0.0.1:{zookeeper_server.port}/{unique('amqlite')}"
     env = {"AMQLITE_START_TIMEOUT": "1"}
-    master = broker_factory.new(extra_args=["--locker", locker, "--http", "off"], env=env)
-    master.start().wait_serving()
+    master = broker_factory.start(extra_args=["--locker", locker, "--http", "off"], env=env)
     slave = broker_factory.new(data_dir=master.data_dir,
                                extra_args=["--locker", locker, "--http", "off"], env=env).start()
-    _wait_log(slave, r"waiting for the lock")
-    deadline = time.monotonic() + 3  # three start_timeouts later it still waits
-    while time.monotonic() < deadline:
-        assert slave.alive, slave.log_tail()
-        time.sleep(0.1)
+    slave.wait_log(r"waiting for the lock")
+    # three start_timeouts later it still waits (alive, and not serving: the lock is held)
+    assert never_serves(slave, 3), slave.log_tail()
     assert master.terminate() == 0
     slave.wait_serving()
 
-
-def tmp_root() -> str:
-    return f"amqlite-{os.getpid()}-{time.monotonic_ns()}"

@@ -26,6 +26,7 @@ from tests.helpers.broker_proc import (
     password_hash,
     unique,
 )
+from tests.helpers.poll import poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -147,26 +148,23 @@ def test_receipts_for_subscribe_and_disconnect(broker: BrokerProcess) -> None:
         raw.connect()
         raw.send_frame("SUBSCRIBE", {"destination": f"/queue/{unique('r')}", "id": "s1",
                                      "ack": "auto", "receipt": "sub-receipt"})
-        frame = raw.read_frame()
-        assert frame is not None and frame.command == "RECEIPT", frame
-        assert frame.headers.get("receipt-id") == "sub-receipt"
+        assert raw.expect("RECEIPT", "SUBSCRIBE").headers.get("receipt-id") == "sub-receipt"
         raw.send_frame("DISCONNECT", {"receipt": "bye-receipt"})
-        frame = raw.read_frame()
-        assert frame is not None and frame.command == "RECEIPT", frame
-        assert frame.headers.get("receipt-id") == "bye-receipt"
+        assert raw.expect("RECEIPT", "DISCONNECT").headers.get("receipt-id") == "bye-receipt"
         closed, rest = raw.wait_closed(CLOSE_DEADLINE)
         assert closed and not rest, f"after DISCONNECT: closed={closed} {format_frames(rest)}"
 
 
-def open_with_retry(port: int, deadline: float) -> Client:
+def open_with_retry(port: int, timeout: float) -> Client:
     """Connect, retrying while the broker may still count a just-closed socket."""
-    while True:
+    def attempt() -> Client | ConnectRefused:
         try:
             return open_client(port)
-        except ConnectRefused:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+        except ConnectRefused as refused:
+            return refused
+    client, _ = poll(attempt, lambda got: isinstance(got, Client), timeout=timeout,
+                     what=f"a connection slot on port {port}", interval=0.05)
+    return client  # type: ignore[return-value]
 
 
 def test_connection_over_max_connections_gets_error(broker_factory: BrokerFactory,
@@ -174,7 +172,7 @@ def test_connection_over_max_connections_gets_error(broker_factory: BrokerFactor
     """With max_connections=3 the 4th client gets ERROR and a closed socket; once a slot
     frees up, a new client gets in."""
     node = broker_factory.start(name="maxconn", env={"AMQLITE_MAX_CONNECTIONS": "3"})
-    held = [open_with_retry(node.port, time.monotonic() + 3) for _ in range(3)]
+    held = [open_with_retry(node.port, 3) for _ in range(3)]
     clients.clients.extend(held)
 
     with RawStomp(node.port) as raw:
@@ -191,7 +189,7 @@ def test_connection_over_max_connections_gets_error(broker_factory: BrokerFactor
     assert closed, "4th connection left open"
 
     held[0].close()
-    late = open_with_retry(node.port, time.monotonic() + 5)
+    late = open_with_retry(node.port, 5)
     clients.clients.append(late)
     queue = f"/queue/{unique('slot')}"
     late.subscribe(queue)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.broker_proc import (
+    WAIT,
     BrokerFactory,
     BrokerProcess,
     Client,
@@ -27,20 +28,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 #: How long "nothing more arrives" is watched (s): longer than a dispatch takes on a busy
 #: machine, short enough to keep the module quick.
 QUIET = 0.6
-#: How long an answer may take on shared cores (s).
-ANSWER = 10.0
 
 
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
     return module_factory.start(name="compat")
-
-
-def _frame(raw: RawStomp, command: str, what: str):  # type: ignore[no-untyped-def]
-    frame = raw.read_frame(ANSWER)
-    assert frame is not None, f"{what}: no answer"
-    assert frame.command == command, f"{what}: {frame}"
-    return frame
 
 
 def test_stomp10_header_values_are_trimmed(broker: BrokerProcess) -> None:
@@ -49,14 +41,14 @@ def test_stomp10_header_values_are_trimmed(broker: BrokerProcess) -> None:
         # The 1.0 specification's own CONNECT example: "login: <username>" (no
         # accept-version: a 1.0 client).
         raw.send_raw(b"CONNECT\nhost: localhost\n\n\x00")
-        connected = _frame(raw, "CONNECTED", "1.0 CONNECT")
+        connected = raw.expect("CONNECTED", "1.0 CONNECT")
         assert connected.headers.get("version", "1.0") == "1.0"
         raw.send_raw(f"SUBSCRIBE\ndestination: {queue}\nack: client\nreceipt: r-sub \n\n\x00"
                      .encode())
-        assert _frame(raw, "RECEIPT", "SUBSCRIBE").headers["receipt-id"] == "r-sub"
+        assert raw.expect("RECEIPT", "SUBSCRIBE").headers["receipt-id"] == "r-sub"
         raw.send_raw(f"SEND\ndestination:  {queue}\t\nreceipt: r-send\n\nhello\x00".encode())
         # The RECEIPT (after the commit) and the MESSAGE may come in either order.
-        answers = {f.command: f for f in (raw.read_frame(ANSWER), raw.read_frame(ANSWER))
+        answers = {f.command: f for f in (raw.read_frame(WAIT), raw.read_frame(WAIT))
                    if f is not None}
         assert set(answers) == {"RECEIPT", "MESSAGE"}, answers
         assert answers["RECEIPT"].headers["receipt-id"] == "r-send"
@@ -65,7 +57,7 @@ def test_stomp10_header_values_are_trimmed(broker: BrokerProcess) -> None:
         assert message.body == b"hello"
         raw.send_raw(f"ACK\nmessage-id: {message.headers['message-id']}\nreceipt: r-ack\n\n\x00"
                      .encode())
-        assert _frame(raw, "RECEIPT", "ACK").headers["receipt-id"] == "r-ack"
+        assert raw.expect("RECEIPT", "ACK").headers["receipt-id"] == "r-ack"
 
 
 def test_stomp12_header_values_keep_their_spaces(broker: BrokerProcess) -> None:
@@ -73,7 +65,7 @@ def test_stomp12_header_values_keep_their_spaces(broker: BrokerProcess) -> None:
     with RawStomp(broker.port) as raw:
         raw.connect()
         raw.send_raw(b"BEGIN\ntransaction:t1\nreceipt: r \n\n\x00")
-        assert _frame(raw, "RECEIPT", "BEGIN").headers["receipt-id"] == " r "
+        assert raw.expect("RECEIPT", "BEGIN").headers["receipt-id"] == " r "
 
 
 def _a_and_b_with_prefetch_one(broker: BrokerProcess, clients: ClientPool,
@@ -101,7 +93,7 @@ def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
     consumer.tx("begin", tx)
     consumer.ack(first, transaction=tx)
     # Before the COMMIT: the slot is free, the next message comes.
-    second = listener.wait_messages(2, timeout=ANSWER)[1]
+    second = listener.wait_messages(2, timeout=WAIT)[1]
     assert second.body == "b"
     consumer.tx("commit", tx)
     consumer.ack(second)
@@ -111,7 +103,7 @@ def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
     after.subscribe(queue)
     producer.send(queue, "marker")
     after.listener.wait_messages(1)
-    assert after.listener.wait_quiet(QUIET, timeout=ANSWER)
+    assert after.listener.wait_quiet(QUIET, timeout=WAIT)
     assert after.listener.bodies() == ["marker"]  # "a" was settled by the COMMIT
 
 
@@ -124,12 +116,12 @@ def test_abort_redelivers_what_a_transaction_acked(broker: BrokerProcess,
     tx = unique("tx")
     consumer.tx("begin", tx)
     consumer.ack(first, transaction=tx)
-    second = listener.wait_messages(2, timeout=ANSWER)[1]
+    second = listener.wait_messages(2, timeout=WAIT)[1]
     consumer.tx("abort", tx)
     # "b" holds the only slot: "a" waits for it, then comes again, flagged.
     assert listener.holds_for(lambda: listener.count() == 2, QUIET), listener.bodies()
     consumer.ack(second)
-    again = listener.wait_messages(3, timeout=ANSWER)[2]
+    again = listener.wait_messages(3, timeout=WAIT)[2]
     assert again.body == "a"
     assert again.headers.get("redelivered") == "true", again.headers
 
@@ -149,7 +141,7 @@ def test_ack_naming_the_wrong_subscription_says_so(broker: BrokerProcess,
     message_id = by_sub[s1].headers["message-id"]
     consumer.conn.ack(f"{key_of_s2}:{message_id}", receipt="r-wrong")
     listener = consumer.listener
-    assert listener.wait_for(lambda: bool(listener.errors), ANSWER)
+    assert listener.wait_for(lambda: bool(listener.errors), WAIT)
     text = listener.error_texts()[0]
     assert "not delivered to subscription 's2'" in text, text
     assert "awaits acknowledgement on subscription 's1'" in text, text
@@ -159,7 +151,7 @@ def test_ack_naming_the_wrong_subscription_says_so(broker: BrokerProcess,
     other.subscribe(q2, ack="client-individual", sub_id="only")
     [mine] = other.listener.wait_messages(1)
     other.conn.ack(f"999:{mine.headers['message-id']}", receipt="r-nosub")
-    assert other.listener.wait_for(lambda: bool(other.listener.errors), ANSWER)
+    assert other.listener.wait_for(lambda: bool(other.listener.errors), WAIT)
     text = other.listener.error_texts()[0]
     assert "names no subscription of this connection" in text, text
     assert "awaits acknowledgement on subscription 'only'" in text, text

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import (
+    WAIT,
     BrokerFactory,
     ClientPool,
     RawStomp,
     assert_broker_serves,
     format_frames,
     unique,
+    wait_receipts,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -44,11 +47,8 @@ def test_a_value_the_store_refuses_does_not_demote(
     backend: str, broker_factory: BrokerFactory, clients: ClientPool,
     request: pytest.FixtureRequest,
 ) -> None:
-    extra: list[str] = []
-    if backend == "postgresql":
-        url = request.getfixturevalue("pg_url")
-        extra = ["--store", url, "--locker", url]
-    broker = broker_factory.start(name=f"rejected-{backend}", extra_args=extra)
+    broker = broker_factory.start(name=f"rejected-{backend}",
+                                  extra_args=store_args(backend, request))
     queue = f"/queue/{unique('rejected')}"
     consumer = clients(broker.port)
     consumer.subscribe(queue)
@@ -70,10 +70,7 @@ def test_a_value_the_store_refuses_does_not_demote(
     assert [f.headers.get("receipt-id") for f in errors] == ["bad-1"], format_frames(frames)
     assert not [f for f in frames if f.command == "RECEIPT"], format_frames(frames)
 
-    listener = producer.listener
-    listener.wait_for(lambda: listener.receipts.issuperset(receipts) or listener.disconnected)
-    missing = [r for r in receipts if r not in listener.receipts]
-    assert not missing, f"{len(missing)} good SENDs got no RECEIPT ({listener.error_texts()})"
+    wait_receipts(producer.listener, receipts, WAIT, "good SENDs")
     bodies = sorted(f.body for f in consumer.listener.wait_messages(GOOD_SENDS))
     assert bodies == sorted(f"m{i}" for i in range(GOOD_SENDS))
 

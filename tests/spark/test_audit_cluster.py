@@ -26,6 +26,7 @@ from spark.audit_job import (
     PG_JAR_PACKAGE,
     SQLITE_JAR_PACKAGE,
 )
+from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 from tests.spark.seed import create_store
 from tests.spark.test_audit_sqlite import DAMAGE
@@ -102,14 +103,10 @@ def test_unreachable_store_names_host_and_port() -> None:
 
 
 def _wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + DAEMON_START_S
-    while time.monotonic() < deadline:
-        if text in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not ready: {log.read_text(errors='replace')[-3000:]}")
+    """Poll the daemon's log for ``text``; fail at the deadline or at once if it exited."""
+    poll(lambda: text in log.read_text(errors="replace"), timeout=DAEMON_START_S,
+         what=f"{what} ready", interval=0.2, give_up=lambda: proc.poll() is not None,
+         context=lambda: log.read_text(errors="replace")[-3000:])
 
 
 @pytest.fixture
