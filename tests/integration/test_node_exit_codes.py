@@ -203,11 +203,10 @@ def test_stop_and_status_find_a_foreground_node_by_its_pid_file(
 def test_stop_ends_a_paused_node(broker_factory: BrokerFactory) -> None:
     """A SIGSTOPped node cannot handle SIGTERM: ``amqlite stop`` wakes it first (as
     ``container stop`` does) instead of waiting out its timeout."""
-    broker = broker_factory.new(extra_args=["--http", "off"]).start()
-    broker.wait_serving()
+    broker = broker_factory.start(extra_args=["--http", "off"])
     broker.pause()
     try:
-        stopped = run_cli("stop", "--data-dir", str(broker.data_dir), "--timeout", "20")
+        stopped = amqlite("stop", "--data-dir", str(broker.data_dir), "--timeout", "20")
     finally:
         broker.resume()  # harmless once it is gone; lets it stop if stop failed
     assert stopped.returncode == 0, stopped.stderr
