@@ -10,7 +10,6 @@ with `--locker zk://... --store postgresql://...`.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -78,8 +77,7 @@ def stored_bodies(store: str, group: str) -> list[str]:
 
 
 def wait_log(broker: BrokerProcess, pattern: str, timeout: float) -> None:
-    poll_until(lambda: re.search(pattern, broker.log_text()) is not None, bool, timeout,
-               f"{broker.name} logs {pattern!r}")
+    broker.wait_log(pattern, timeout)
 
 
 @pytest.mark.timeout(180)

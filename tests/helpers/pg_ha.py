@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,12 +54,7 @@ def new_since(broker: BrokerProcess, mark: int) -> str:
 def wait_log(broker: BrokerProcess, text: str, mark: int = 0,
              timeout: float = TAKEOVER_TIMEOUT) -> None:
     """Poll the broker's log (after `mark`) for `text`; fail with the log tail."""
-    deadline = time.monotonic() + timeout
-    while text not in new_since(broker, mark):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{broker.name} did not log {text!r} within {timeout}s\n"
-                                 f"{broker.log_tail(60)}")
-        time.sleep(0.05)
+    broker.wait_log(re.escape(text), timeout, since=mark)
 
 
 @dataclass
