@@ -5,26 +5,17 @@ any file is read or any connection is tried."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.broker_proc import REPO_ROOT, amqlite_command
+from tests.helpers.cluster import amqlite as run  # no stray AMQLITE_* settings
 
 pytestmark = [pytest.mark.timeout(120)]
 
-#: A CLI run imports the package and stops at its options; generous when loaded.
-CLI_TIMEOUT = 60
 #: Neither file exists: reading either would give another error than the pair rule's.
 CERT, KEY = "/nonexistent/client.pem", "/nonexistent/client.key"
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMQLITE_")}
-    return subprocess.run([*amqlite_command(), *args], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT, cwd=REPO_ROOT, env=env, check=False)
 
 
 def assert_pair_error(proc: subprocess.CompletedProcess[str], given: str, missing: str) -> None:
