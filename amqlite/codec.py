@@ -591,6 +591,8 @@ class FrameParser:
                 headers[name] = value
         if self.version == STOMP_1_0 and _trims_values(command, headers):
             headers = {name: value.strip(TRIMMED_1_0) for name, value in headers.items()}
+        if "\r" in text and self.version != STOMP_1_2:
+            _refuse_trailing_cr(command, headers, self.version)
         self._command = command
         self._headers = headers
         length_text = headers.get("content-length")
@@ -616,6 +618,21 @@ def _trims_values(command: str, headers: dict[str, str]) -> bool:
         return True
     offered = headers.get("accept-version", headers.get("version"))
     return offered is None or offered.strip(TRIMMED_1_0) == STOMP_1_0
+
+
+def _refuse_trailing_cr(command: str, headers: dict[str, str], version: str) -> None:
+    """A name or value that still ends with CR once the EOL is gone (``x:v\\r\\r\\n``)
+    cannot be sent back in STOMP 1.0 or 1.1: the reader takes that CR for part of the
+    EOL, and only 1.2 can escape it. The broker echoes ``receipt`` and the subscription
+    ``id`` to this very client, so refuse the frame now, not when the echo fails."""
+    for name, value in headers.items():
+        if name.endswith("\r") or value.endswith("\r"):
+            raise ProtocolError(
+                "malformed header",
+                f"header {name[:40]!r} in {command[:40]} frame ends with CR, which STOMP "
+                f"{version} cannot carry (only 1.2 escapes it as \\r)",
+                receipt_id=headers.get("receipt"),
+            )
 
 
 def _receipt_line(raw: bytes) -> bytes | None:

@@ -186,6 +186,30 @@ def test_nul_in_header_is_refused_not_relayed(broker: BrokerProcess,
     assert not consumer.listener.errors
 
 
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+@pytest.mark.parametrize("frame", [
+    "SEND\ndestination:{queue}\npersistent:true\nreceipt:tail\r\r\n\nbody\x00",
+    "SUBSCRIBE\ndestination:{queue}\nid:s\r\r\nack:auto\n\n\x00",
+], ids=["send-receipt", "subscribe-id"])
+def test_value_the_client_version_cannot_get_back_is_refused(
+        broker: BrokerProcess, clients: ClientPool, version: str, frame: str) -> None:
+    """Fuzz seed 1734290163: a STOMP 1.0 ``receipt`` ending with CR was stored, then its
+    RECEIPT could not be encoded (a traceback in the commit callback). A value the
+    broker echoes (``receipt``, the subscription ``id``) that the client's own version
+    cannot carry is refused on arrival; nothing is stored; no traceback."""
+    queue = f"/queue/{unique('cr')}"
+    log_from = len(broker.log_text())
+    with RawStomp(broker.port) as raw:
+        raw.connect(extra={"accept-version": version})
+        raw.send_raw(frame.format(queue=queue).encode())
+        error = assert_error_then_closed(raw, f"trailing CR in STOMP {version}",
+                                         "malformed header", CLOSE_DEADLINE)
+        assert "receipt-id" not in error.headers  # it cannot be written back either
+    assert_still_master(broker)
+    assert_queue_holds_only(clients, broker, queue, "canary")
+    assert "Traceback" not in broker.log_text()[log_from:]
+
+
 @pytest.mark.parametrize(("connect_extra", "command", "headers"), [
     ({"client-id": "c\x00d"}, None, {}),
     ({"client-id": "cid-nul-sub"}, "SUBSCRIBE",

@@ -269,6 +269,29 @@ def test_stomp11_12_values_keep_their_spaces(version: str) -> None:
     assert frame.headers["x"] == " y "
 
 
+@pytest.mark.parametrize(("version", "line"), [
+    ("1.0", b"receipt:tail\r\r"), ("1.1", b"receipt:tail\r\r"),
+    ("1.0", b"receipt:tail\r \r"),  # 1.0 trims the space, leaving the CR last
+    ("1.0", b"x\r:v"), ("1.1", b"x\r:v"),
+])
+def test_trailing_cr_that_cannot_be_echoed_is_a_remote_error(version: str,
+                                                             line: bytes) -> None:
+    """Fuzz seed 1734290163: a 1.0 ``receipt`` ending with CR reached the RECEIPT encoder,
+    which cannot write it back; the parser refuses it (1.0 trims spaces first)."""
+    with pytest.raises(ProtocolError) as info:
+        FrameParser(version=version).feed(b"SEND\ndestination:/q\n" + line + b"\n\n\x00")
+    assert info.value.fault == "remote"
+    assert info.value.message == "malformed header"
+    assert "ends with CR" in info.value.detail
+
+
+def test_version_12_keeps_a_trailing_cr_it_can_escape_back() -> None:
+    [frame] = FrameParser(version="1.2").feed(b"SEND\nreceipt:tail\r\r\n\n\x00")
+    assert frame.headers["receipt"] == "tail\r"
+    assert b"receipt-id:tail\\r\n" in encode_frame(
+        Frame("RECEIPT", {"receipt-id": "tail\r"}), "1.2")
+
+
 # --- escaping -------------------------------------------------------------------------
 
 ESCAPED = b"SEND\ndestination:/q\nk\\cey:a\\nb\\\\c\\cd\n\n\x00"
