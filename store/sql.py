@@ -237,6 +237,10 @@ TRANSIENT_CONNECT_ERRORS = (
     "terminating connection due to administrator command",
 )
 #: What SQLite says when the file cannot be used at all (permissions, a directory).
+#: SQLSTATE classes that opening a store will meet again however often it retries:
+#: 28 invalid authorization, 42 access rule violation (42501 insufficient_privilege:
+#: a role that does not own the tables cannot ALTER them for a schema upgrade).
+PERMANENT_SQLSTATE_CLASSES = ("28", "42")
 SQLITE_PERMANENT_ERRORS = (
     "unable to open database file",
     "attempt to write a readonly database",
@@ -259,6 +263,9 @@ def _is_permanent(exc: StoreError) -> bool:
         if "FATAL:" not in text_:
             return False  # refused, timed out, unresolvable: the network, not the settings
         return not any(m in text_ for m in TRANSIENT_CONNECT_ERRORS)
+    if isinstance(orig, psycopg.Error) and orig.sqlstate is not None:
+        # A role that may not create or upgrade the schema: retrying changes nothing.
+        return orig.sqlstate.startswith(PERMANENT_SQLSTATE_CLASSES)
     return False
 
 
