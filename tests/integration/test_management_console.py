@@ -131,6 +131,29 @@ def test_browse_then_purge_by_clicking(broker: BrokerProcess, browser, clients: 
     assert api.destination(dest)["waiting"] == 0  # type: ignore[index]
 
 
+def test_delete_a_queue_by_clicking(broker: BrokerProcess, browser, clients: ClientPool,
+                                   shots: Path) -> None:
+    """The destination page's delete button removes the queue and its messages; the page
+    goes back to the overview, which no longer lists it."""
+    dest = f"/queue/{unique('ui-del')}"
+    producer = clients(broker.port)
+    for i in range(2):
+        producer.send(dest, f"doomed-{i}")
+    api = Api(broker.http)  # type: ignore[attr-defined]
+    wait_until(lambda: (d := api.destination(dest)) and d["waiting"] == 2, what="2 waiting")
+    browser.get(broker.http + "/#/" + dest.lstrip("/"))  # type: ignore[attr-defined]
+    wait_until(lambda: "doomed-1" in text_of(browser, "#messages"), PAGE_WAIT, "browse")
+    assert text_of(browser, "#delete-destination") == "Delete queue"
+    click(browser, "#delete-destination")
+    accept_confirm(browser)
+    wait_until(lambda: '"deleted":1' in text_of(browser, "#flash"), PAGE_WAIT, "deleted")
+    assert '"messages":2' in text_of(browser, "#flash")
+    wait_until(lambda: "master" in text_of(browser, "#group"), PAGE_WAIT, "the overview")
+    assert dest not in text_of(browser, "#destinations")
+    assert api.destination(dest) is None
+    browser.save_screenshot(str(shots / "deleted.png"))
+
+
 def test_retry_dead_letters_by_clicking(broker: BrokerProcess, browser, clients: ClientPool,
                                         shots: Path) -> None:
     dest = f"/queue/{unique('ui-retry')}"

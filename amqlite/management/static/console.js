@@ -109,6 +109,11 @@ async function destination(main, name) {
       if (confirm(`Purge every waiting message of ${name}?`))
         act(`purge ${name}`, "POST", "/purge/" + destPath(name), {}, reload);
     } }, "Purge"),
+    el("button", { id: "delete-destination", class: "danger", onclick: () => {
+      if (confirm(`Delete ${name} and every message in it, for good?`))
+        act(`delete ${name}`, "DELETE", "/destinations/" + destPath(name), undefined,
+            () => { location.hash = "#/"; });
+    } }, `Delete ${info.kind}`),
     el("button", { id: "delete-selected", class: "danger", onclick: async () => {
       for (const id of selected()) await act(`delete message ${id}`, "DELETE", `/message/${id}`);
       reload();
