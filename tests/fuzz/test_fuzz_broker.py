@@ -10,6 +10,12 @@ open connection unanswered, applies an ACK of a transaction that did not commit;
 receipted canary message is lost or duplicated; a canary connection gets an ERROR, a
 forged frame or a disconnect; fewer cases ran than the floor.
 
+The suite runs one fixed seed (CI_SEED), as Hypothesis' ``derandomize`` does for CI: a
+test suite's verdict must not depend on the roll of a die. Exploring is a separate,
+deliberate run: AMQLITE_FUZZ_SEED=random draws a fresh seed (scripts/fuzz runs many).
+Every bug a fresh seed finds gets a test of its own (tests/integration/
+test_edge_validation.py), not just a new seed here.
+
 Reproduce a failure with the seed it prints: AMQLITE_FUZZ_SEED=<seed> gives every worker
 the same frame stream again (thread timing still varies); narrow it down with
 AMQLITE_FUZZ_KINDS=send-int,tx (see mutator.KIND_WEIGHTS) and AMQLITE_FUZZ_SECONDS. A
@@ -37,6 +43,8 @@ FUZZ_SECONDS = 45.0
 #: 8,000 (PostgreSQL) to 167,000 (SQLite) handled cases in 45 s with the kinds today's
 #: broker survives; the floor leaves room for a slower broker and a busier machine.
 MIN_CASES = 5000
+#: The seed of the suite's run (any fixed number; this one is the day it was fixed).
+CI_SEED = 20261124
 #: Fuzz connections at once: enough to keep the broker busy during each one's round trips.
 WORKERS = 4
 #: Destinations the fuzzer uses besides the canary's (few, so SUBSCRIBE, SEND and ACK meet).
@@ -47,7 +55,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def fuzz_settings() -> tuple[int, float, tuple[str, ...]]:
-    seed = int(os.environ.get("AMQLITE_FUZZ_SEED") or secrets.randbelow(2**31))
+    chosen = os.environ.get("AMQLITE_FUZZ_SEED", "")
+    seed = secrets.randbelow(2**31) if chosen == "random" else int(chosen or CI_SEED)
     seconds = float(os.environ.get("AMQLITE_FUZZ_SECONDS") or FUZZ_SECONDS)
     kinds_env = os.environ.get("AMQLITE_FUZZ_KINDS", "")
     kinds = tuple(k.strip() for k in kinds_env.split(",") if k.strip()) or ALL_KINDS
