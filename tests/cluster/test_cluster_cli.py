@@ -13,7 +13,8 @@ import pytest
 from amqlite.registry import STORE_MAX_AGE_MS, read_cluster
 from cli.cluster_cmds import COLUMN_WIDTH
 from tests.helpers.broker_proc import BrokerFactory, unique, wait_one_serving
-from tests.helpers.cluster import amqlite, cluster_json, ok, one_line_error, poll_until
+from tests.helpers.cluster import amqlite, cluster_json, ok, one_line_error
+from tests.helpers.poll import poll
 
 pytestmark = pytest.mark.integration
 
@@ -45,8 +46,8 @@ def test_cluster_list_shows_one_master_two_slaves_and_follows_failover(
         r = row(views, group)
         return r is not None and r["masters"] == [master.name] and r["slaves"] == slaves
 
-    views, _ = poll_until(lambda: cluster_json("--registry", store), expected, 30,
-                          "one master and two slaves listed")
+    views, _ = poll(lambda: cluster_json("--registry", store), expected, timeout=30,
+                    what="one master and two slaves listed")
     r = row(views, group)
     assert r["services"] == [f"tcp://127.0.0.1:{master.port}"]
     assert {m["name"]: m["pid"] for m in r["members"]} == {b.name: b.pid for b in brokers}
@@ -70,9 +71,9 @@ def test_cluster_list_shows_one_master_two_slaves_and_follows_failover(
         extra_args=["--store", store, "--locker",
                     f"file://{broker_factory.data_dir('other') / 'amqlite.lock'}"])
     no_containers = {"AMQLITE_STORE": store, "AMQLITE_HOME": str(tmp_path / "home")}
-    both, _ = poll_until(lambda: cluster_json(env=no_containers),
-                         lambda v: row(v, group) is not None and row(v, other_group) is not None,
-                         30, "both groups listed")
+    both, _ = poll(lambda: cluster_json(env=no_containers),
+                   lambda v: row(v, group) is not None and row(v, other_group) is not None,
+                   timeout=30, what="both groups listed")
     assert row(both, other_group)["masters"] == ["delta"]
     only = cluster_json("--registry", store, "--group", other_group)
     assert [v["cluster"] for v in only] == [other_group]
@@ -90,8 +91,8 @@ def test_cluster_list_shows_one_master_two_slaves_and_follows_failover(
         v = next((x for x in views if x.group == group), None)
         return v is not None and v.masters == [new_master.name]
 
-    poll_until(lambda: read_cluster(store, group), switched, SLACK, "new master listed",
-               interval=0.02)
+    poll(lambda: read_cluster(store, group), switched, timeout=SLACK, what="new master listed",
+         interval=0.02)
     took = time.monotonic() - serving_at
     print(f"\nnew master listed {took:.3f}s after it began serving")
     assert took <= CHANGE_VISIBLE_WITHIN, f"new master listed only after {took:.3f}s"
@@ -104,9 +105,9 @@ def test_cluster_list_shows_one_master_two_slaves_and_follows_failover(
     # A crashed slave cannot withdraw: it leaves the view once its heartbeat is stale.
     slave = next(b for b in survivors if b is not new_master)
     slave.kill()
-    _, took = poll_until(lambda: cluster_json("--registry", store, "--group", group),
-                         lambda v: v[0]["slaves"] == [], STORE_MAX_AGE_MS / 1000 + SLACK,
-                         "crashed slave gone")
+    _, took = poll(lambda: cluster_json("--registry", store, "--group", group),
+                   lambda v: v[0]["slaves"] == [], timeout=STORE_MAX_AGE_MS / 1000 + SLACK,
+                   what="crashed slave gone")
     print(f"crashed slave gone from the view after {took:.3f}s")
 
 

@@ -23,7 +23,7 @@ import yaml
 from amqlite.settings import Settings, load_settings
 from cli.main import cli
 from tests.helpers.broker_proc import REPO_ROOT, BrokerFactory, unique
-from tests.helpers.cluster import poll_until
+from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
@@ -238,7 +238,7 @@ def test_health_checks_pass_for_a_live_master_and_slave_only(
         return shell, image
 
     for name, address in http.items():
-        poll_until(lambda a=address: check(a), lambda codes: codes == (0, 0),
-                   HEALTHCHECK_TIMEOUT, f"health checks pass for {name}")
+        poll(lambda a=address: check(a), lambda codes: codes == (0, 0),
+             timeout=HEALTHCHECK_TIMEOUT, what=f"health checks pass for {name}")
     shell, image = check(f"127.0.0.1:{free_port()}")
     assert shell != 0 and image != 0

@@ -26,7 +26,8 @@ from tests.helpers.broker_proc import (
     unique,
     wait_one_serving,
 )
-from tests.helpers.cluster import amqlite, cli_env, ok, one_line_error, poll_until
+from tests.helpers.cluster import amqlite, cli_env, ok, one_line_error
+from tests.helpers.poll import poll
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +67,9 @@ def test_start_reports_the_real_role_and_stop_kill_names_the_successor(home: Pat
     out = ok(amqlite("container", "stop", "first", "--kill", env=env))
     assert "killed container first" in out and "was master" in out, out
     assert "second took over as master after" in out, out
-    poll_until(lambda: read_cluster(f"sqlite:///{home / '.groups' / 'truth' / 'amqlite.db'}",
-                                    "truth"),
-               lambda v: bool(v) and v[0].masters == ["second"], SLACK, "second is master")
+    store = f"sqlite:///{home / '.groups' / 'truth' / 'amqlite.db'}"
+    poll(lambda: read_cluster(store, "truth"),
+         lambda v: bool(v) and v[0].masters == ["second"], timeout=SLACK, what="second is master")
 
     # logs: the node's own lines; -n the last ones; -f follows what is appended.
     text = ok(amqlite("container", "logs", "second", env=env))
@@ -92,7 +93,8 @@ def test_start_reports_the_real_role_and_stop_kill_names_the_successor(home: Pat
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        poll_until(lambda: len(seen), lambda n: n > 0, FOLLOW_WITHIN, "logs -f prints the log")
+        poll(lambda: len(seen), lambda n: n > 0, timeout=FOLLOW_WITHIN,
+             what="logs -f prints the log")
         with open(home / "second" / "broker.log", "ab") as f:
             f.write(marker + b"\n")
         assert got_marker.wait(FOLLOW_WITHIN), "logs -f did not show the appended line"
@@ -180,8 +182,8 @@ def test_cluster_list_rows_per_group_and_store(home: Path,
     def two_rows(views: list[dict]) -> bool:
         return len(views) == 2 and all(len(v["masters"]) == 1 for v in views)
 
-    views, _ = poll_until(lambda: json.loads(ok(amqlite("cluster-list", "--json", env=env))),
-                          two_rows, 60, "two rows of group default")
+    views, _ = poll(lambda: json.loads(ok(amqlite("cluster-list", "--json", env=env))),
+                    two_rows, timeout=60, what="two rows of group default")
     assert {v["cluster"] for v in views} == {"default"}
     by_master = {v["masters"][0]: v for v in views}
     assert set(by_master) == {"plain", long_name}
@@ -214,9 +216,9 @@ def test_cluster_list_never_shows_two_masters_after_a_crash(
                for n in ("one", "two")]
     master, _ = wait_one_serving(brokers)
     survivor = next(b for b in brokers if b is not master)
-    poll_until(lambda: read_cluster(store, group),
-               lambda v: bool(v) and v[0].masters == [master.name]
-               and v[0].slaves == [survivor.name], 30, "one master, one slave")
+    poll(lambda: read_cluster(store, group),
+         lambda v: bool(v) and v[0].masters == [master.name]
+         and v[0].slaves == [survivor.name], timeout=30, what="one master, one slave")
     master.kill()
     samples = []
 
@@ -224,8 +226,8 @@ def test_cluster_list_never_shows_two_masters_after_a_crash(
         samples.append(views)
         return bool(views) and views[0].masters == [survivor.name]
 
-    poll_until(lambda: read_cluster(store, group), took_over, 30, "survivor listed master",
-               interval=0.01)
+    poll(lambda: read_cluster(store, group), took_over, timeout=30, what="survivor listed master",
+         interval=0.01)
     assert all(len(v[0].masters) <= 1 for v in samples if v), samples
     view = read_cluster(store, group)[0]
     assert master.name not in view.masters

@@ -22,9 +22,9 @@ from tests.helpers.cluster import (
     log_tails,
     ok,
     one_line_error,
-    poll_until,
     port_of,
 )
+from tests.helpers.poll import poll
 
 pytestmark = pytest.mark.integration
 
@@ -86,8 +86,8 @@ def test_every_container_verb_and_a_forced_failover(home: Path, pg_url: str,
         return roles == ["master", "slave", "slave"]
 
     try:
-        listed, _ = poll_until(lambda: container_list(env), one_master, 60,
-                               "one master and two slaves")
+        listed, _ = poll(lambda: container_list(env), one_master, timeout=60,
+                         what="one master and two slaves")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{log_tails(logs)}") from None
     assert all(r["state"] == "running" and _runs(r["pid"], str(home / n / "config.toml"))
@@ -106,10 +106,10 @@ def test_every_container_verb_and_a_forced_failover(home: Path, pg_url: str,
         producer.wait_receipts_from(master_port, STEADY, 30)
         assert f"stopped container {master}" in ok(amqlite("container", "stop", master,
                                                            env=env))
-        views, took = poll_until(
+        views, took = poll(
             lambda: cluster_json("--registry", zk_url, "--group", "tolerant"),
-            lambda v: len(v[0]["masters"]) == 1 and v[0]["masters"][0] != master, 30,
-            "cluster-list shows a new master")
+            lambda v: len(v[0]["masters"]) == 1 and v[0]["masters"][0] != master, timeout=30,
+            what="cluster-list shows a new master")
         new_master = views[0]["masters"][0]
         print(f"\ncluster-list showed {new_master} as master {took:.3f}s after "
               f"`container stop {master}` returned")
@@ -130,16 +130,16 @@ def test_every_container_verb_and_a_forced_failover(home: Path, pg_url: str,
 
     # The old master comes back as a slave.
     ok(amqlite("container", "start", master, env=env))
-    listed, _ = poll_until(lambda: container_list(env),
-                           lambda r: r[master]["role"] == "slave", 30, "old master is slave")
+    listed, _ = poll(lambda: container_list(env),
+                     lambda r: r[master]["role"] == "slave", timeout=30, what="old master is slave")
 
     # stop --kill is a crash: the killed slave leaves the registry after its session.
     slave = next(n for n in names if n not in (master, new_master))
     assert f"killed container {slave}" in ok(amqlite("container", "stop", slave, "--kill",
                                                      env=env))
-    poll_until(lambda: cluster_json("--registry", zk_url, "--group", "tolerant"),
-               lambda v: slave not in v[0]["slaves"], SESSION_TIMEOUT + SLACK,
-               "killed slave gone from cluster-list")
+    poll(lambda: cluster_json("--registry", zk_url, "--group", "tolerant"),
+         lambda v: slave not in v[0]["slaves"], timeout=SESSION_TIMEOUT + SLACK,
+         what="killed slave gone from cluster-list")
     assert container_list(env)[slave]["state"] == "stopped"
 
     # delete: refused while running, removes a stopped container's directory.

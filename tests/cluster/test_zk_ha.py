@@ -27,7 +27,8 @@ from tests.helpers.broker_proc import (
     unique,
     wait_one_serving,
 )
-from tests.helpers.cluster import poll_until, sql
+from tests.helpers.cluster import sql
+from tests.helpers.poll import poll
 from tests.helpers.servers import ZooKeeperServer
 
 pytestmark = pytest.mark.integration
@@ -59,9 +60,9 @@ def start_group(factory: BrokerFactory, store: str, zk_url: str, session_timeout
                for n in ("zk-a", "zk-b", "zk-c")]
     master, took = wait_one_serving(brokers)
     print(f"\nfirst master {master.name} after {took:.3f}s")
-    poll_until(lambda: read_cluster(zk_url, group),
-               lambda v: bool(v) and v[0].masters == [master.name] and len(v[0].slaves) == 2,
-               WAIT, "one master and two slaves registered")
+    poll(lambda: read_cluster(zk_url, group),
+         lambda v: bool(v) and v[0].masters == [master.name] and len(v[0].slaves) == 2,
+         timeout=WAIT, what="one master and two slaves registered")
     return group, brokers, master
 
 
@@ -99,9 +100,9 @@ def test_sigkill_master_slave_takes_over_within_session_timeout(
     assert took <= TAKEOVER_LIMIT, f"takeover took {took:.3f}s"
     epoch, holder = epoch_row(pg_url, group)
     assert epoch > epoch_before and holder == new.name
-    poll_until(lambda: read_cluster(zk_url, group),
-               lambda v: v[0].masters == [new.name] and master.name not in v[0].slaves,
-               SESSION_TIMEOUT + 2.0, "registry shows the new master only")
+    poll(lambda: read_cluster(zk_url, group),
+         lambda v: v[0].masters == [new.name] and master.name not in v[0].slaves,
+         timeout=SESSION_TIMEOUT + 2.0, what="registry shows the new master only")
     consumer = clients(new.port)
     consumer.subscribe(queue)
     assert consumer.listener.wait_messages(1)[0].body == "before-crash"

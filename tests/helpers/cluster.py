@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,6 @@ from stomp.exception import StompException
 
 from amqlite.client.discovery import DiscoveryError, resolve
 from tests.helpers.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
-from tests.helpers.poll import poll
 
 #: One CLI call: importing, reading a registry, at most waiting for a broker to stop.
 CLI_TIMEOUT = 60.0
@@ -60,12 +59,6 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 
 def cluster_json(*args: str, env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     return json.loads(ok(amqlite("cluster-list", "--json", *args, env=env)))
-
-
-def poll_until(fetch: Callable[[], Any], predicate: Callable[[Any], bool], timeout: float,
-               what: str, interval: float = 0.05) -> tuple[Any, float]:
-    """Call ``fetch`` until ``predicate(result)``; (result, seconds). Fails at the deadline."""
-    return poll(fetch, predicate, timeout=timeout, what=what, interval=interval)
 
 
 def port_of(uri: str) -> int:

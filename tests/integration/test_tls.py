@@ -209,7 +209,7 @@ def test_bad_certificate_refused_at_start(broker_factory: BrokerFactory, pki: Pk
 
 def test_registry_advertises_ssl_and_discovery_prefers_it(broker_factory: BrokerFactory,
                                                           pki: Pki) -> None:
-    from tests.helpers.cluster import amqlite, cluster_json, ok, poll_until
+    from tests.helpers.cluster import amqlite, cluster_json, ok
 
     data = broker_factory.data_dir("both")
     store = f"sqlite:///{data / 'amqlite.db'}"
@@ -219,9 +219,9 @@ def test_registry_advertises_ssl_and_discovery_prefers_it(broker_factory: Broker
         "--ssl-bind", f"{HOST}:{ssl_port}", "--ssl-cert", str(pki.server_cert),
         "--ssl-key", str(pki.server_key), "--http", "off"])
     wanted = [f"tcp://{HOST}:{broker.port}", f"ssl://{HOST}:{ssl_port}"]
-    poll_until(lambda: cluster_json("--registry", store),
-                          lambda v: any(r["services"] == wanted for r in v), 30,
-                          "both URIs listed")
+    poll(lambda: cluster_json("--registry", store),
+         lambda v: any(r["services"] == wanted for r in v), timeout=30,
+         what="both URIs listed")
     table = ok(amqlite("cluster-list", "--registry", store))
     assert f"ssl://{HOST}:{ssl_port}" in table
     # A client with TLS settings takes the ssl:// URI the registry gives, not tcp://.
