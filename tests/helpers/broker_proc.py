@@ -42,6 +42,15 @@ LOG_TAIL_LINES = 120
 LISTENER = "collector"
 
 
+def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment minus stray AMQLITE_* settings (a developer's shell must not
+    change what a test runs), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMQLITE_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
 def amqlite_command() -> list[str]:
     """How to run the CLI: `python -m cli` if the package is runnable, else the console script.
 
@@ -101,11 +110,7 @@ class BrokerProcess:
         ]
 
     def _environ(self) -> dict[str, str]:
-        """The test's environment minus stray AMQLITE_* settings, plus this broker's own."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AMQLITE_")}
-        env["PYTHONUNBUFFERED"] = "1"
-        env.update(self.env)
-        return env
+        return cli_env(self.env)
 
     def start(self) -> BrokerProcess:
         """Spawn the process (again, after it stopped: same data dir, same port)."""

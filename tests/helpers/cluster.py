@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import threading
 from collections.abc import Mapping
@@ -16,7 +15,13 @@ import psycopg
 from stomp.exception import StompException
 
 from amqlite.client.discovery import DiscoveryError, resolve
-from tests.helpers.broker_proc import REPO_ROOT, Client, amqlite_command, open_client
+from tests.helpers.broker_proc import (
+    REPO_ROOT,
+    Client,
+    amqlite_command,
+    cli_env,
+    open_client,
+)
 
 #: One CLI call: importing, reading a registry, at most waiting for a broker to stop.
 CLI_TIMEOUT = 60.0
@@ -26,14 +31,6 @@ RECEIPT_WAIT = 3.0
 #: How fast the producer sends (s between messages): a steady stream, like the classic
 #: `producer --sleep`, without flooding a two-core machine.
 SEND_INTERVAL = 0.02
-
-
-def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This environment minus stray AMQLITE_* settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMQLITE_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
 
 
 def amqlite(*args: str, env: Mapping[str, str] | None = None,
