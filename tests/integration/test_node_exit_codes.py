@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.broker_proc import HOST, BrokerFactory, never_serves, unique
+from tests.helpers.broker_proc import (
+    HOST,
+    REPO_ROOT,
+    BrokerFactory,
+    amqlite_command,
+    cli_env,
+    never_serves,
+    unique,
+)
 from tests.helpers.cluster import amqlite
 from tests.helpers.poll import poll
 from tests.helpers.servers import PostgresServer, free_port, running_postgres
@@ -116,11 +124,24 @@ def test_data_dir_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
     assert_config_error(amqlite(*start_args(not_a_dir)), "--data-dir", "not a directory")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes everywhere")
+#: Root writes through any mode bits, so as root (CI) the node runs in a mount namespace
+#: of its own where the directory is bind-mounted read-only: refused for root as well.
+READ_ONLY_MOUNT = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift '
+                   '&& exec "$@"')
+
+
 def test_read_only_data_dir_is_a_config_error(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    assert_config_error(amqlite(*start_args(ro)), "--data-dir", "not writable")
+    if os.geteuid() != 0:
+        result = amqlite(*start_args(ro))
+    else:
+        result = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", READ_ONLY_MOUNT, "sh", str(ro),
+             *amqlite_command(), *start_args(ro)],
+            capture_output=True, text=True, env=cli_env(), cwd=REPO_ROOT,
+            timeout=EXIT_DEADLINE, check=False)
+    assert_config_error(result, "--data-dir", "not writable")
 
 
 def test_missing_database_is_a_config_error(tmp_path: Path,
