@@ -566,7 +566,8 @@ class FrameParser:
             raise ProtocolError("malformed frame", "NUL byte in a header name or value",
                                 receipt_id=self._receipt_of_bad_head(bytes(raw)))
         lines = text.split("\n")
-        if "\r" in text:
+        has_cr = "\r" in text
+        if has_cr:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         if len(lines) - 1 > limits.max_header_count:
             raise _too_many_headers(limits.max_header_count)
@@ -591,7 +592,7 @@ class FrameParser:
                 headers[name] = value
         if self.version == STOMP_1_0 and _trims_values(command, headers):
             headers = {name: value.strip(TRIMMED_1_0) for name, value in headers.items()}
-        if "\r" in text and self.version != STOMP_1_2:
+        if has_cr and self.version != STOMP_1_2:
             _refuse_trailing_cr(command, headers, self.version)
         self._command = command
         self._headers = headers
