@@ -88,6 +88,18 @@ def accept_confirm(driver) -> None:
     wait_until(alert, PAGE_WAIT, "the confirm dialog").accept()
 
 
+def fill_queue(broker: BrokerProcess, clients: ClientPool, dest: str,
+               bodies: list[str]) -> Api:
+    """Send ``bodies`` to ``dest`` and wait until the API counts them waiting; the API."""
+    producer = clients(broker.port)
+    for body in bodies:
+        producer.send(dest, body)
+    api = Api(broker.http)  # type: ignore[attr-defined]
+    wait_until(lambda: (d := api.destination(dest)) and d["waiting"] == len(bodies),
+               what=f"{len(bodies)} waiting")
+    return api
+
+
 def test_overview_shows_group_and_live_depths(broker: BrokerProcess, browser,
                                               clients: ClientPool, shots: Path) -> None:
     dest = f"/queue/{unique('ui-over')}"
@@ -108,11 +120,7 @@ def test_overview_shows_group_and_live_depths(broker: BrokerProcess, browser,
 def test_browse_then_purge_by_clicking(broker: BrokerProcess, browser, clients: ClientPool,
                                        shots: Path) -> None:
     dest = f"/queue/{unique('ui-purge')}"
-    producer = clients(broker.port)
-    for i in range(3):
-        producer.send(dest, f"purge-me-{i}")
-    api = Api(broker.http)  # type: ignore[attr-defined]
-    wait_until(lambda: (d := api.destination(dest)) and d["waiting"] == 3, what="3 waiting")
+    api = fill_queue(broker, clients, dest, [f"purge-me-{i}" for i in range(3)])
     browser.get(broker.http + "/#/")  # type: ignore[attr-defined]
     click(browser, f'#destinations tr[data-name="{dest}"] a')
     wait_until(lambda: "purge-me-2" in text_of(browser, "#messages"), PAGE_WAIT, "browse")
@@ -136,11 +144,7 @@ def test_delete_a_queue_by_clicking(broker: BrokerProcess, browser, clients: Cli
     """The destination page's delete button removes the queue and its messages; the page
     goes back to the overview, which no longer lists it."""
     dest = f"/queue/{unique('ui-del')}"
-    producer = clients(broker.port)
-    for i in range(2):
-        producer.send(dest, f"doomed-{i}")
-    api = Api(broker.http)  # type: ignore[attr-defined]
-    wait_until(lambda: (d := api.destination(dest)) and d["waiting"] == 2, what="2 waiting")
+    api = fill_queue(broker, clients, dest, ["doomed-0", "doomed-1"])
     browser.get(broker.http + "/#/" + dest.lstrip("/"))  # type: ignore[attr-defined]
     wait_until(lambda: "doomed-1" in text_of(browser, "#messages"), PAGE_WAIT, "browse")
     assert text_of(browser, "#delete-destination") == "Delete queue"
