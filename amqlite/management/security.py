@@ -236,7 +236,9 @@ class Access:
 
     async def _check(self, peer: str, login: str, password: str) -> CheckOutcome:
         """The STOMP listener's check (an unknown login is hashed too: no timing oracle)
-        through a CheckQueue: at most its threads hash at once, whatever the flood."""
+        through a CheckQueue: at most its threads hash at once, whatever the flood. Its
+        own queue, not the STOMP server's: a flood of HTTP logins then delays only HTTP
+        logins, never a STOMP client's (the price: two small pools, not one)."""
         if self._checks is None:
             self._checks = CheckQueue(self._auth)
         done: asyncio.Future[CheckOutcome] = asyncio.get_running_loop().create_future()
