@@ -236,11 +236,11 @@ TRANSIENT_CONNECT_ERRORS = (
     "remaining connection slots are reserved",
     "terminating connection due to administrator command",
 )
-#: What SQLite says when the file cannot be used at all (permissions, a directory).
 #: SQLSTATE classes that opening a store will meet again however often it retries:
 #: 28 invalid authorization, 42 access rule violation (42501 insufficient_privilege:
 #: a role that does not own the tables cannot ALTER them for a schema upgrade).
 PERMANENT_SQLSTATE_CLASSES = ("28", "42")
+#: What SQLite says when the file cannot be used at all (permissions, a directory).
 SQLITE_PERMANENT_ERRORS = (
     "unable to open database file",
     "attempt to write a readonly database",
