@@ -135,7 +135,8 @@ class FailedLogins:
 
 @dataclass
 class Access:
-    users: dict[str, str] | None
+    #: Checks passwords and holds the logins (None: authentication is off).
+    auth: Authenticator = field(default_factory=lambda: Authenticator(None))
     admins: set[str] = field(default_factory=set)
     _cache: dict[bytes, tuple[str, float]] = field(default_factory=dict)
     #: The users file's [[authorization]] entries (an empty Policy: none).
@@ -144,23 +145,23 @@ class Access:
     #: Password checks run on the STOMP listener's kind of queue (bounded, fair per
     #: address, newest first), made on first use and dropped by ``close``.
     _checks: CheckQueue | None = None
-    _auth: Authenticator = field(default_factory=lambda: Authenticator(None))
-
-    def __post_init__(self) -> None:
-        self._auth.users = self.users  # the check must see the users this Access has
 
     @classmethod
     def from_users_file(cls, users_file: UsersFile | None) -> Access:
         """The node's loaded users file (None: no logins), so the API and the STOMP
         listener start from the same read of it."""
-        access = cls(None)
+        access = cls()
         if users_file is not None:
             access.apply(users_file)
         return access
 
+    @property
+    def users(self) -> dict[str, str] | None:
+        return self.auth.users
+
     def apply(self, users_file: UsersFile) -> None:
         """Take a (re)loaded users file; remembered logins are forgotten."""
-        self.users = self._auth.users = users_file.users
+        self.auth.users = users_file.users
         self.admins = users_file.admins
         self.policy = users_file.policy
         self._cache.clear()
@@ -240,7 +241,7 @@ class Access:
         own queue, not the STOMP server's: a flood of HTTP logins then delays only HTTP
         logins, never a STOMP client's (the price: two small pools, not one)."""
         if self._checks is None:
-            self._checks = CheckQueue(self._auth)
+            self._checks = CheckQueue(self.auth)
         done: asyncio.Future[CheckOutcome] = asyncio.get_running_loop().create_future()
 
         def finished(outcome: CheckOutcome) -> None:

@@ -33,7 +33,7 @@ def users() -> dict[str, str]:
 
 
 def access(users: dict[str, str]) -> Access:
-    a = Access(None)
+    a = Access()
     a.apply(UsersFile(users, {ADMIN_GROUP: frozenset({"alice"})}, Policy([], {})))
     return a
 
