@@ -22,6 +22,7 @@ from amqlite.codec import (
     DEFAULT_MAX_HEADER_COUNT,
     DEFAULT_MAX_HEADER_LENGTH,
 )
+from amqlite.tls import TlsError, check_pair, server_context
 from amqlite.wire import DEFAULT_STOMP_PORT
 
 #: Listen on loopback unless told otherwise: security by default.
@@ -47,10 +48,6 @@ DEFAULT_MAX_HANDSHAKE_BYTES = 64 * 1024
 #: sockets that never log in cannot take every slot from clients that reconnect.
 UNAUTHENTICATED_SHARE = 4  # a quarter
 
-
-def default_max_unauthenticated(max_connections: int) -> int:
-    """``max_unauthenticated`` when the setting is 0: a share of the connection slots."""
-    return max(1, max_connections // UNAUTHENTICATED_SHARE)
 #: ActiveMQ's RedeliveryPolicy.maximumRedeliveries default.
 DEFAULT_MAX_REDELIVERIES = 6
 #: ActiveMQ's shared dead-letter queue is ActiveMQ.DLQ; ours is a STOMP name.
@@ -192,8 +189,6 @@ class Settings:
     def ssl_context(self) -> ssl.SSLContext:
         """The listeners' TLS context (ssl_cert, ssl_key, ssl_ca); SettingsError when a
         file is unreadable, expired or does not match its key."""
-        from amqlite.tls import TlsError, server_context
-
         try:
             return server_context(self.ssl_cert, self.ssl_key, self.ssl_ca)
         except TlsError as e:
@@ -216,8 +211,6 @@ class Settings:
             s.locker = f"file://{Path(s.data_dir).resolve() / 'amqlite.lock'}"
         if not s.plain_enabled and not s.ssl_bind:
             raise SettingsError("bind = off needs ssl_bind: a broker needs one listener")
-        from amqlite.tls import TlsError, check_pair
-
         try:
             check_pair(s.ssl_cert, s.ssl_key, "--ssl-cert (ssl_cert)", "--ssl-key (ssl_key)")
         except TlsError as e:
@@ -273,6 +266,11 @@ class Settings:
         if not s.lock_lease >= 0 or s.lock_lease == float("inf"):
             raise SettingsError("lock_lease: must be >= 0 seconds (0: no lease)")
         return s
+
+
+def default_max_unauthenticated(max_connections: int) -> int:
+    """``max_unauthenticated`` when the setting is 0: a share of the connection slots."""
+    return max(1, max_connections // UNAUTHENTICATED_SHARE)
 
 
 def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT,
