@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 from amqlite.auth import Authenticator, CheckOutcome, CheckQueue
 
@@ -56,6 +57,14 @@ def run(coro) -> None:
     asyncio.run(coro)
 
 
+def gated_queue(**limits: int) -> tuple[GatedAuth, CheckQueue, Outcomes, Any]:
+    """A one-thread queue whose checks wait for the gate, its outcomes, and ``submit``."""
+    auth = GatedAuth()
+    queue = CheckQueue(auth, threads=1, **limits)
+    outcomes = Outcomes()
+    return auth, queue, outcomes, submitter(queue, outcomes)
+
+
 def submitter(queue: CheckQueue, outcomes: Outcomes):
     def submit(peer: str, login: str, passcode: str = "bad"):
         return queue.submit(peer, login, passcode,
@@ -65,10 +74,7 @@ def submitter(queue: CheckQueue, outcomes: Outcomes):
 
 def test_round_robin_across_peers_newest_first_within_a_peer() -> None:
     async def main() -> None:
-        auth = GatedAuth()
-        queue = CheckQueue(auth, threads=1)
-        outcomes = Outcomes()
-        submit = submitter(queue, outcomes)
+        auth, queue, outcomes, submit = gated_queue()
         submit("flooder", "f0")  # runs at once, holds the only thread
         for i in range(1, 6):
             submit("flooder", f"f{i}")
@@ -85,10 +91,7 @@ def test_round_robin_across_peers_newest_first_within_a_peer() -> None:
 
 def test_newest_login_from_a_flooding_address_goes_next() -> None:
     async def main() -> None:
-        auth = GatedAuth()
-        queue = CheckQueue(auth, threads=1)
-        outcomes = Outcomes()
-        submit = submitter(queue, outcomes)
+        auth, queue, outcomes, submit = gated_queue()
         for i in range(10):
             submit("nat", f"f{i}")
         submit("nat", "good", "ok")
@@ -101,10 +104,7 @@ def test_newest_login_from_a_flooding_address_goes_next() -> None:
 
 def test_cancelled_check_never_runs() -> None:
     async def main() -> None:
-        auth = GatedAuth()
-        queue = CheckQueue(auth, threads=1)
-        outcomes = Outcomes()
-        submit = submitter(queue, outcomes)
+        auth, queue, outcomes, submit = gated_queue()
         submit("a", "running")
         gone = [submit("a", f"gone{i}") for i in range(5)]
         submit("a", "kept")
@@ -120,10 +120,7 @@ def test_cancelled_check_never_runs() -> None:
 
 def test_per_peer_cap_drops_that_peers_oldest_as_busy() -> None:
     async def main() -> None:
-        auth = GatedAuth()
-        queue = CheckQueue(auth, threads=1, max_per_peer=3)
-        outcomes = Outcomes()
-        submit = submitter(queue, outcomes)
+        auth, queue, outcomes, submit = gated_queue(max_per_peer=3)
         submit("a", "running")
         for i in range(5):
             submit("a", f"w{i}")
@@ -138,10 +135,7 @@ def test_per_peer_cap_drops_that_peers_oldest_as_busy() -> None:
 
 def test_global_cap_drops_oldest_of_the_fullest_peer() -> None:
     async def main() -> None:
-        auth = GatedAuth()
-        queue = CheckQueue(auth, threads=1, max_pending=4, max_per_peer=10)
-        outcomes = Outcomes()
-        submit = submitter(queue, outcomes)
+        auth, queue, outcomes, submit = gated_queue(max_pending=4, max_per_peer=10)
         submit("a", "running")
         for i in range(3):
             submit("a", f"a{i}")
@@ -160,10 +154,7 @@ def test_global_cap_over_single_check_peers_forgets_emptied_ones_and_keeps_the_n
     """With one waiting check per address, the full queue empties an address: it is
     forgotten, and when the emptied address is the newcomer's own its check still runs."""
     async def main() -> None:
-        auth = GatedAuth()
-        queue = CheckQueue(auth, threads=1, max_pending=2, max_per_peer=10)
-        outcomes = Outcomes()
-        submit = submitter(queue, outcomes)
+        auth, queue, outcomes, submit = gated_queue(max_pending=2, max_per_peer=10)
         submit("a", "running")
         submit("b", "b0")
         submit("c", "c0")
