@@ -175,9 +175,11 @@ class Client(Protocol):
 
     def close(self) -> None: ...
 
-    def pause_reading(self, reason: str) -> None: ...
+    def pause_reading(self, reason: str) -> None:
+        """Stop reading from this client until every reason is resumed (idempotent)."""
 
-    def resume_reading(self, reason: str) -> None: ...
+    def resume_reading(self, reason: str) -> None:
+        """Drop ``reason``; a reason it was not paused for changes nothing."""
 
 
 # ---------------------------------------------------------------------------
@@ -718,7 +720,6 @@ class Session:
         self.transactions: dict[str, Transaction] = {}
         self.pending_commits = 0
         self.pending_bytes = 0  # Message.size of persistent sends not yet committed
-        self.paused_for_bytes = False
         self.on_idle: list[Callable[[], None]] = []
 
     def commit_started(self, size: int = 0) -> None:
@@ -727,8 +728,7 @@ class Session:
             self.conn.pause_reading("commits")
         if size:
             self.pending_bytes += size
-            if self.pending_bytes >= MAX_PENDING_BYTES and not self.paused_for_bytes:
-                self.paused_for_bytes = True
+            if self.pending_bytes >= MAX_PENDING_BYTES:
                 self.conn.pause_reading("commit-bytes")
 
     def commit_finished(self, size: int = 0) -> None:
@@ -737,9 +737,8 @@ class Session:
             self.conn.resume_reading("commits")
         if size:
             self.pending_bytes -= size
-            if self.paused_for_bytes and self.pending_bytes <= RESUME_PENDING_BYTES:
-                self.paused_for_bytes = False
-                self.conn.resume_reading("commit-bytes")
+            if self.pending_bytes <= RESUME_PENDING_BYTES:
+                self.conn.resume_reading("commit-bytes")  # a no-op unless paused for them
         if self.pending_commits == 0 and self.on_idle:
             waiting, self.on_idle = self.on_idle, []
             for cb in waiting:
