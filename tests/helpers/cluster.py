@@ -7,7 +7,7 @@ import contextlib
 import json
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,11 @@ SEND_INTERVAL = 0.02
 
 
 def amqlite(*args: str, env: Mapping[str, str] | None = None,
-            timeout: float = CLI_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """Run the real ``amqlite`` CLI in a process of its own."""
-    return subprocess.run([*amqlite_command(), *args], capture_output=True, text=True,
+            timeout: float = CLI_TIMEOUT,
+            wrapper: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Run the real ``amqlite`` CLI in a process of its own (behind ``wrapper``, a
+    command that ends by running its arguments, such as ``unshare ... sh -c``)."""
+    return subprocess.run([*wrapper, *amqlite_command(), *args], capture_output=True, text=True,
                           env=cli_env(env), cwd=REPO_ROOT, timeout=timeout, check=False)
 
 

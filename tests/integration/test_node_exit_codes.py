@@ -16,15 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.broker_proc import (
-    HOST,
-    REPO_ROOT,
-    BrokerFactory,
-    amqlite_command,
-    cli_env,
-    never_serves,
-    unique,
-)
+from tests.helpers.broker_proc import HOST, BrokerFactory, never_serves, unique
 from tests.helpers.cluster import amqlite
 from tests.helpers.poll import poll
 from tests.helpers.servers import PostgresServer, free_port, running_postgres
@@ -133,14 +125,8 @@ READ_ONLY_MOUNT = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && s
 def test_read_only_data_dir_is_a_config_error(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    if os.geteuid() != 0:
-        result = amqlite(*start_args(ro))
-    else:
-        result = subprocess.run(
-            ["unshare", "--mount", "sh", "-c", READ_ONLY_MOUNT, "sh", str(ro),
-             *amqlite_command(), *start_args(ro)],
-            capture_output=True, text=True, env=cli_env(), cwd=REPO_ROOT,
-            timeout=EXIT_DEADLINE, check=False)
+    as_root = ["unshare", "--mount", "sh", "-c", READ_ONLY_MOUNT, "sh", str(ro)]
+    result = amqlite(*start_args(ro), wrapper=as_root if os.geteuid() == 0 else ())
     assert_config_error(result, "--data-dir", "not writable")
 
 
