@@ -66,6 +66,7 @@ from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
 
 if TYPE_CHECKING:
+    from amqlite.broker import Broker
     from amqlite.node import Node
 
 log = logging.getLogger("amqlite.management")
@@ -117,7 +118,7 @@ class NodeView:
         self._group_at = 0.0
 
     @property
-    def broker(self) -> Any:
+    def broker(self) -> Broker | None:
         return self.node.broker
 
     @property
@@ -178,7 +179,7 @@ class NodeView:
         return self._row(broker, name, depths.get(name))
 
     @staticmethod
-    def _row(broker: Any, name: str, d: DestinationDepth | None) -> dict[str, Any]:
+    def _row(broker: Broker, name: str, d: DestinationDepth | None) -> dict[str, Any]:
         kind = d.kind if d is not None else ("queue" if name.startswith("/queue/")
                                              else "topic")
         if kind == "queue":
