@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from amqlite import pidfile
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker
+from amqlite.listen import listening_sockets
 from amqlite.management import ManagementServer
 from amqlite.registry import (
     NullRegistry,
@@ -96,21 +96,15 @@ def check_data_dir(data_dir: str) -> None:
 
 
 def probe_listen(host: str, port: int) -> OSError | None:
-    """Bind (and at once close) the STOMP address: the error a listener would get, or None.
-    Blocking (name resolution). Done before an epoch is claimed, so a node that cannot
-    serve never bumps the group's epoch; the real listener binds right after."""
+    """Listen on (and at once close) the STOMP address: the error a listener would get,
+    or None. Blocking (name resolution). Done before an epoch is claimed, so a node that
+    cannot serve never bumps the group's epoch; the real listener binds right after."""
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        return OSError(errno.EADDRNOTAVAIL, f"cannot resolve {host!r}: {exc.strerror}")
-    for family, kind, proto, _, addr in infos:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(addr)
-        except OSError as exc:
-            return exc
+        socks = listening_sockets(host, port, backlog=1)
+    except OSError as exc:
+        return exc
+    for sock in socks:
+        sock.close()
     return None
 
 

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import socket
 import ssl
 import time
 import uuid
@@ -21,6 +22,7 @@ from amqlite import __version__
 from amqlite.auth import CheckOutcome, CheckQueue, PendingCheck
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
+from amqlite.listen import STOMP_BACKLOG, listening_sockets
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
 from amqlite.settings import default_max_unauthenticated
 from amqlite.validation import check_connect
@@ -84,13 +86,18 @@ class StompServer:
         for name, (host, port), context in listeners:
             # The TLS handshake counts against connect_timeout like the STOMP one.
             tls = {"ssl": context, "ssl_handshake_timeout": s.connect_timeout} if context else {}
+            socks: list[socket.socket] = []
             try:
-                self.servers.append(await loop.create_server(
-                    lambda: ClientConnection(self), host, port, reuse_address=True,
-                    backlog=512, **tls,
-                ))
+                socks = await asyncio.to_thread(listening_sockets, host, port, STOMP_BACKLOG)
+                while socks:
+                    self.servers.append(await loop.create_server(
+                        lambda: ClientConnection(self), sock=socks[0], backlog=STOMP_BACKLOG,
+                        **tls))
+                    socks.pop(0)
             except OSError as exc:
                 exc.listener = name  # type: ignore[attr-defined]
+                for sock in socks:
+                    sock.close()
                 for server in self.servers:
                     server.close()
                 self.servers.clear()

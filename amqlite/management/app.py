@@ -44,6 +44,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from amqlite.authz import Permission
+from amqlite.listen import HTTP_BACKLOG, listening_sockets
 from amqlite.management.actions import ActionError, Actions
 from amqlite.management.metrics import Metrics
 from amqlite.management.reads import DestinationDepth, StoreReader
@@ -230,19 +231,19 @@ class ManagementServer:
         await self._runner.setup()
         if s.http_bind:
             host, port = parse_bind(s.http_bind)
-            site = await self._listen(host, [port])
+            sites = await self._listen(host, [port])
         else:
             host = "127.0.0.1"
             _, stomp_port = s.bind_address
             offset = stomp_port - DEFAULT_STOMP_PORT
             first = DEFAULT_HTTP_PORT + (offset if 0 <= offset < AUTO_PORT_RANGE else 0)
-            site = await self._listen(host, list(range(first, first + AUTO_PORT_TRIES)))
-            if site is None:
+            sites = await self._listen(host, list(range(first, first + AUTO_PORT_TRIES)))
+            if sites is None:
                 log.warning("management API: no free port in %d-%d; running without it "
                             "(set http_bind)", first, first + AUTO_PORT_TRIES - 1)
                 await self.stop()
                 return None
-        assert site is not None
+        assert sites is not None
         port = self._runner.addresses[0][1] if self._runner and self._runner.addresses else 0
         shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}"
@@ -250,20 +251,22 @@ class ManagementServer:
                  "login required" if self.access.enabled else "no users file: no login")
         return self.url
 
-    async def _listen(self, host: str, ports: list[int]) -> web.TCPSite | None:
+    async def _listen(self, host: str, ports: list[int]) -> list[web.SockSite] | None:
+        """Listen on the first of ``ports`` that is free; None when none is. With one
+        port (an explicit ``http_bind``), its OSError is raised."""
         assert self._runner is not None
-        last: OSError | None = None
         for port in ports:
-            site = web.TCPSite(self._runner, host, port, reuse_address=True,
-                               ssl_context=self._ssl)
             try:
+                socks = await asyncio.to_thread(listening_sockets, host, port, HTTP_BACKLOG)
+            except OSError:
+                if len(ports) == 1:
+                    await self.stop()
+                    raise
+                continue
+            sites = [web.SockSite(self._runner, sock, ssl_context=self._ssl) for sock in socks]
+            for site in sites:
                 await site.start()
-                return site
-            except OSError as e:
-                last = e
-        if len(ports) == 1 and last is not None:
-            await self.stop()
-            raise last
+            return sites
         return None
 
     async def stop(self) -> None:

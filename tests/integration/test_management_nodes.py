@@ -103,6 +103,20 @@ def test_two_nodes_with_default_http_settings_both_run(broker_factory: BrokerFac
         assert nodes[0]["http"] == url and nodes[0]["name"] == broker.name
 
 
+def test_nodes_started_together_each_get_a_port(broker_factory: BrokerFactory) -> None:
+    """Nodes started at once race for the same automatic HTTP port: the losers move on
+    to the next port; none crashes or keeps a listener that accepts nothing (a CI run
+    once lost a node to that race)."""
+    data = broker_factory.data_dir("together")
+    nodes = [broker_factory.start(name=f"tog{i}", data_dir=data, wait=False)
+             for i in range(3)]
+    urls = [_http_url(node) for node in nodes]
+    assert len(set(urls)) == len(nodes)
+    for url, node in zip(urls, nodes, strict=True):
+        assert Api(url).get("/healthz")[1]["name"] == node.name
+        assert node.alive
+
+
 def test_http_off(broker_factory: BrokerFactory) -> None:
     broker = broker_factory.start(name="nohttp", extra_args=["--http", "off"])
     wait_until(lambda: "management API off" in broker.log_text(), what="the log line")

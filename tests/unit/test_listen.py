@@ -1,0 +1,74 @@
+"""Listening sockets bound and listening in one step (amqlite.listen): a port taken
+between another process's bind and listen is an OSError here, never a dead listener."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+
+import pytest
+
+from amqlite.listen import listening_sockets
+
+RACERS = 16
+ROUNDS = 20
+
+
+def test_sockets_listen_and_do_not_block() -> None:
+    (sock,) = listening_sockets("127.0.0.1", 0, backlog=8)
+    with sock, socket.create_connection(sock.getsockname(), timeout=5):
+        assert sock.getblocking() is False
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+
+
+def test_a_port_in_use_is_an_oserror() -> None:
+    (held,) = listening_sockets("127.0.0.1", 0, backlog=8)
+    with held:
+        with pytest.raises(OSError) as caught:
+            listening_sockets("127.0.0.1", held.getsockname()[1], backlog=8)
+        assert caught.value.errno == errno.EADDRINUSE
+
+
+def test_an_unresolvable_host_is_an_oserror() -> None:
+    with pytest.raises(OSError) as caught:
+        listening_sockets("no-such-host.invalid", 0, backlog=8)
+    assert caught.value.errno == errno.EADDRNOTAVAIL and "cannot resolve" in str(caught.value)
+
+
+def _race_for(port: int) -> tuple[list[socket.socket], list[OSError]]:
+    """RACERS threads call listening_sockets on ``port`` at once: (won, lost)."""
+    barrier = threading.Barrier(RACERS)
+    won: list[socket.socket] = []
+    lost: list[OSError] = []
+
+    def race() -> None:
+        barrier.wait()
+        try:
+            won.extend(listening_sockets("127.0.0.1", port, backlog=8))
+        except OSError as exc:
+            lost.append(exc)
+
+    threads = [threading.Thread(target=race) for _ in range(RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, lost
+
+
+def test_racers_for_one_port_get_one_listener_and_oserrors() -> None:
+    """Bind and listen release the GIL, so the threads really race for the port, as
+    nodes started together race for the same automatic HTTP port."""
+    for _ in range(ROUNDS):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        won, lost = _race_for(port)
+        try:
+            assert len(won) == 1 and len(lost) == RACERS - 1
+            assert {exc.errno for exc in lost} == {errno.EADDRINUSE}
+            assert won[0].getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        finally:
+            for sock in won:
+                sock.close()
