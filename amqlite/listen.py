@@ -22,10 +22,10 @@ STOMP_BACKLOG = 512
 HTTP_BACKLOG = 128
 
 
-def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
-    """One non-blocking listening socket per address ``host`` resolves to (as
-    ``create_server`` would make); OSError, with nothing left open, when any of them
-    cannot be bound or cannot listen. Blocking: resolves ``host``."""
+def bound_sockets(host: str, port: int) -> list[socket.socket]:
+    """One socket per address ``host`` resolves to (as ``create_server`` would make),
+    bound but not listening; OSError, with nothing left open, when any cannot be bound.
+    Blocking: resolves ``host``."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
@@ -43,11 +43,27 @@ def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]
                 # One socket per family, as create_server does, not a dual-stack one.
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(addr)
+    except OSError:
+        _close(made)
+        raise
+    return made
+
+
+def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """``bound_sockets``, listening and non-blocking; OSError, with nothing left open,
+    when any of them cannot listen."""
+    socks = bound_sockets(host, port)
+    try:
+        for sock in socks:
             sock.listen(backlog)
             sock.setblocking(False)
     except OSError:
-        for sock in made:
-            with contextlib.suppress(OSError):
-                sock.close()
+        _close(socks)
         raise
-    return made
+    return socks
+
+
+def _close(socks: list[socket.socket]) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.close()

@@ -26,7 +26,7 @@ from amqlite import pidfile
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker
-from amqlite.listen import listening_sockets
+from amqlite.listen import bound_sockets
 from amqlite.management import ManagementServer
 from amqlite.registry import (
     NullRegistry,
@@ -96,11 +96,13 @@ def check_data_dir(data_dir: str) -> None:
 
 
 def probe_listen(host: str, port: int) -> OSError | None:
-    """Listen on (and at once close) the STOMP address: the error a listener would get,
-    or None. Blocking (name resolution). Done before an epoch is claimed, so a node that
-    cannot serve never bumps the group's epoch; the real listener binds right after."""
+    """Bind (and at once close) the STOMP address: the error a listener would get, or
+    None. Bound, not listening: a client must not be accepted, then reset, by a node
+    that is not serving yet. Blocking (name resolution). Done before an epoch is
+    claimed, so a node that cannot serve never bumps the group's epoch; the real
+    listener binds right after."""
     try:
-        socks = listening_sockets(host, port, backlog=1)
+        socks = bound_sockets(host, port)
     except OSError as exc:
         return exc
     for sock in socks:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from amqlite.listen import listening_sockets
+from amqlite.listen import bound_sockets, listening_sockets
 
 RACERS = 16
 ROUNDS = 20
@@ -20,6 +20,15 @@ def test_sockets_listen_and_do_not_block() -> None:
     with sock, socket.create_connection(sock.getsockname(), timeout=5):
         assert sock.getblocking() is False
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+
+
+def test_bound_sockets_accept_nothing() -> None:
+    """What a node probes its STOMP address with before it claims an epoch: a client
+    connecting then must be refused, not accepted by the probe and reset when it
+    closes (a CI run saw a client connect to a node in that window and be dropped)."""
+    (sock,) = bound_sockets("127.0.0.1", 0)
+    with sock, pytest.raises(ConnectionRefusedError):
+        socket.create_connection(sock.getsockname(), timeout=5).close()
 
 
 def test_a_port_in_use_is_an_oserror() -> None:
