@@ -187,10 +187,10 @@ class Client(Protocol):
 
 
 def checked_send(frame: Frame) -> Message:
-    """The message a SEND asks for, without its ids (``Broker._message_from_send``
-    allocates them; a transaction's SEND is only checked on arrival, its ids follow
-    commit order); BrokerError when a header does not fit the store or a consumer's
-    STOMP version."""
+    """The message a SEND asks for, without its ids (``Broker._number`` gives them:
+    a transaction keeps its messages unnumbered until COMMIT, so ids follow commit
+    order); BrokerError when a header does not fit the store or a consumer's STOMP
+    version."""
     h = frame.headers
     destination = h["destination"]
     check_destination(destination)
@@ -690,7 +690,8 @@ def _awaits_ack(sub: Subscription, message_id: str) -> bool:
 
 @dataclass
 class Transaction:
-    sends: list[Frame] = field(default_factory=list)
+    #: Its SENDs' messages, checked on arrival (``checked_send``), numbered at COMMIT.
+    sends: list[Message] = field(default_factory=list)
     acks: list[tuple[str, Frame]] = field(default_factory=list)  # ("ACK"|"NACK", frame)
     size: int = 0  # bytes of bodies and headers held
     #: Deliveries its ACKs cover, by subscription: their prefetch slots are free (as in
@@ -884,12 +885,12 @@ class Broker:
             tx = frame.headers.get("transaction")
             if tx is not None:
                 transaction = self._transaction(session, tx)
-                checked_send(frame)  # an invalid SEND is refused now, not at COMMIT
+                message = checked_send(frame)  # an invalid SEND is refused now
                 transaction.add(frame, tx)
-                transaction.sends.append(frame)
+                transaction.sends.append(message)
                 self._receipt_now(conn, frame)
             else:
-                self._send(session, [frame], frame.headers.get("receipt"))
+                self._send(session, [checked_send(frame)], frame.headers.get("receipt"))
         elif command in ("ACK", "NACK"):
             tx = frame.headers.get("transaction")
             if tx is not None:
@@ -1036,15 +1037,13 @@ class Broker:
         return q
 
     # -- SEND ---------------------------------------------------------------------
-    def _message_from_send(self, frame: Frame) -> Message:
-        """The message a SEND asks for; BrokerError (nothing allocated, nothing staged)
-        when a header does not fit the store or a consumer's STOMP version."""
-        m = checked_send(frame)
+    def _number(self, m: Message) -> Message:
+        """Give a checked message (``checked_send``) its store id and message-id."""
         m.id = mid = next(self.ids)
         m.message_id = f"ID:{self.group}:{mid}"
         return m
 
-    def _send(self, session: Session, frames: list[Frame], receipt: str | None,
+    def _send(self, session: Session, checked: list[Message], receipt: str | None,
               acks: list[tuple[str, Frame]] | None = None) -> None:
         """Route messages; the persistent ones (all frames of a transaction at
         once) commit in one batch before anyone sees them.
@@ -1054,7 +1053,7 @@ class Broker:
         whole or refuses it whole; its non-persistent messages are routed only
         once the unit committed; a refusal undoes the ACKs (``_unsettle``)."""
         conn = session.conn
-        messages = [self._message_from_send(f) for f in frames]
+        messages = [self._number(m) for m in checked]
         self.stats["sent"] += len(messages)
         enqueued = self.enqueued
         to_store: list[tuple[Message, list[DurableSource]]] = []  # no durables: a queue's
@@ -1211,8 +1210,7 @@ class Broker:
         covered is redelivered."""
         if tx.held:
             self._redeliver_held(tx)
-        # Every SEND was checked when it arrived: building its message cannot fail.
-        identities = [m for m in map(self._message_from_send, tx.sends)
+        identities = [self._number(m) for m in tx.sends
                       if m.persistent and m.dedup_key is not None]
         if identities:
             batch = self.writes.batch
@@ -1566,7 +1564,7 @@ class Broker:
         Each ACK/NACK must still name a message awaiting acknowledgement once the
         earlier ones of the transaction are applied (a cumulative ACK settles the
         messages before it too). Each SEND was checked when it arrived (``checked_send``
-        depends on the frame alone), so it is not checked again."""
+        depends on the frame alone) and is kept as its checked message."""
         settled: set[tuple[int, str]] = set()
         for _command, frame in tx.acks:
             sub, message_id = self._find_delivery(session, frame)
@@ -1579,6 +1577,9 @@ class Broker:
         """Apply a transaction's sends and acks in one unit: all or nothing (see
         ``_send``)."""
         if tx.sends or tx.acks:
+            now = now_ms()
+            for m in tx.sends:
+                m.enqueued_at = now  # enqueued by the COMMIT, not when the SEND came
             self._send(session, tx.sends, receipt, tx.acks)
         else:
             self._finish_write(session, receipt)

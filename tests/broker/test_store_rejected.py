@@ -47,15 +47,15 @@ def poison_name(dialect: str) -> str:
 def poison_sends(broker: Broker, poison: Callable[[Message], None]) -> None:
     """Messages whose body is b"poison" get ``poison`` after the broker built
     (and validated) them."""
-    build = broker._message_from_send
+    number = broker._number
 
-    def built(frame: Frame) -> Message:
-        m = build(frame)
-        if frame.body == b"poison":
+    def numbered(m: Message) -> Message:
+        m = number(m)
+        if m.body == b"poison":
             poison(m)
         return m
 
-    broker._message_from_send = built  # type: ignore[method-assign]
+    broker._number = numbered  # type: ignore[method-assign]
 
 
 def queue_bodies(store: SqlStore, queue: str) -> list[bytes]:
