@@ -565,7 +565,7 @@ def main() -> int:
     if opts.tls and opts.spawn:
         # The spawned broker inherits these (AMQLITE_* settings): a TLS listener beside
         # its plain one, and the run uses the TLS one.
-        from tests.integration.tls_helpers import make_pki  # the tests' throwaway CA
+        from tests.helpers.tls import make_pki  # the tests' throwaway CA
 
         tls_dir = tempfile.TemporaryDirectory(prefix="amqlite-bench-tls-")
         pki = make_pki(Path(tls_dir.name))

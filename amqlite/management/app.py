@@ -63,6 +63,7 @@ from amqlite.registry import (
     registry_url,
 )
 from amqlite.settings import HTTP_OFF, parse_bind
+from amqlite.validation import destination_kind
 from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
 
@@ -181,8 +182,7 @@ class NodeView:
 
     @staticmethod
     def _row(broker: Broker, name: str, d: DestinationDepth | None) -> dict[str, Any]:
-        kind = d.kind if d is not None else ("queue" if name.startswith("/queue/")
-                                             else "topic")
+        kind = d.kind if d is not None else destination_kind(name)
         if kind == "queue":
             q = broker.queues.get(name)
             inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0

@@ -27,7 +27,7 @@ from tests.helpers.broker_proc import (
 )
 from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
-from tests.integration.tls_helpers import Pki, make_pki
+from tests.helpers.tls import Pki, make_pki
 
 pytestmark = pytest.mark.integration
 
