@@ -89,7 +89,7 @@ class StompServer:
             socks: list[socket.socket] = []
             try:
                 socks = await asyncio.to_thread(listening_sockets, host, port, STOMP_BACKLOG)
-                while socks:
+                while socks:  # handed over one by one: a failure closes the rest here
                     self.servers.append(await loop.create_server(
                         lambda: ClientConnection(self), sock=socks[0], backlog=STOMP_BACKLOG,
                         **tls))

@@ -231,19 +231,17 @@ class ManagementServer:
         await self._runner.setup()
         if s.http_bind:
             host, port = parse_bind(s.http_bind)
-            sites = await self._listen(host, [port])
+            await self._listen(host, [port])
         else:
             host = "127.0.0.1"
             _, stomp_port = s.bind_address
             offset = stomp_port - DEFAULT_STOMP_PORT
             first = DEFAULT_HTTP_PORT + (offset if 0 <= offset < AUTO_PORT_RANGE else 0)
-            sites = await self._listen(host, list(range(first, first + AUTO_PORT_TRIES)))
-            if sites is None:
+            if not await self._listen(host, list(range(first, first + AUTO_PORT_TRIES))):
                 log.warning("management API: no free port in %d-%d; running without it "
                             "(set http_bind)", first, first + AUTO_PORT_TRIES - 1)
                 await self.stop()
                 return None
-        assert sites is not None
         port = self._runner.addresses[0][1] if self._runner and self._runner.addresses else 0
         shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}"
@@ -251,8 +249,8 @@ class ManagementServer:
                  "login required" if self.access.enabled else "no users file: no login")
         return self.url
 
-    async def _listen(self, host: str, ports: list[int]) -> list[web.SockSite] | None:
-        """Listen on the first of ``ports`` that is free; None when none is. With one
+    async def _listen(self, host: str, ports: list[int]) -> bool:
+        """Listen on the first of ``ports`` that is free; False when none is. With one
         port (an explicit ``http_bind``), its OSError is raised."""
         assert self._runner is not None
         for port in ports:
@@ -266,8 +264,8 @@ class ManagementServer:
             sites = [web.SockSite(self._runner, sock, ssl_context=self._ssl) for sock in socks]
             for site in sites:
                 await site.start()
-            return sites
-        return None
+            return True
+        return False
 
     async def stop(self) -> None:
         if self._runner is not None:
