@@ -77,10 +77,6 @@ def stored_bodies(store: str, group: str) -> list[str]:
             sql(store, "SELECT body FROM amq_messages WHERE grp = %s", group)]
 
 
-def wait_log(broker: BrokerProcess, pattern: str, timeout: float) -> None:
-    broker.wait_log(pattern, timeout)
-
-
 @pytest.mark.timeout(180)
 def test_sigkill_master_slave_takes_over_within_session_timeout(
         broker_factory: BrokerFactory, clients: ClientPool, pg_url: str,
@@ -205,7 +201,7 @@ def test_zookeeper_outage_pauses_the_master_without_a_second_master(
     try:
         down_at = time.monotonic()
         zk.stop()
-        wait_log(master, r"suspended; pausing dispatch and writes", WAIT)
+        master.wait_log(r"suspended; pausing dispatch and writes", WAIT)
         receipt = unique("r-outage")
         client.conn.send(queue, "during-outage", headers={"persistent": "true",
                                                           "receipt": receipt})
@@ -219,7 +215,7 @@ def test_zookeeper_outage_pauses_the_master_without_a_second_master(
         assert outage < OUTAGE_SESSION_TIMEOUT, "the outage outlasted the session: no test"
         assert client.listener.wait_for(has_receipt, WAIT), \
             f"no RECEIPT after ZooKeeper came back\n{master.log_tail()}"
-        wait_log(master, r"lock confirmed again; resuming", WAIT)
+        master.wait_log(r"lock confirmed again; resuming", WAIT)
     finally:
         watch.finish()
     assert watch.samples > 10
