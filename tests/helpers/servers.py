@@ -16,8 +16,12 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.helpers.poll import poll
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
 
 #: Where Debian's packages put things; `scripts/install-test-deps` installs them.
 ZOOKEEPER_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
@@ -221,3 +225,16 @@ class ZooKeeperServer:
     @property
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @contextlib.contextmanager
+    def admin(self) -> Iterator[KazooClient]:
+        """A kazoo client of the test's own, to look at or change znodes directly."""
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=self.hosts, timeout=10.0)
+        client.start(timeout=30)
+        try:
+            yield client
+        finally:
+            client.stop()
+            client.close()

@@ -41,13 +41,8 @@ def zk_url(zookeeper_server: ZooKeeperServer) -> str:
 
 @pytest.fixture
 def zk_admin(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper_server.hosts, timeout=10.0)
-    client.start(timeout=30)
-    try:
+    with zookeeper_server.admin() as client:
         yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def _lock_path(url: str, group: str) -> str:
