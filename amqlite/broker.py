@@ -49,6 +49,8 @@ from amqlite.validation import (
     check_subscribe,
     check_user_headers,
     destination_kind,
+    header_floor,
+    headers_for,
     parse_ack_key,
     parse_send,
 )
@@ -196,10 +198,10 @@ def checked_send(frame: Frame) -> Message:
     check_destination(destination)
     persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
     headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
-    size = message_size(headers, frame.body, check_user_headers(headers))
+    chars, floor = check_user_headers(headers)
     return Message(0, destination, "", headers, frame.body, priority, expires, persistent,
                    enqueued_at=now_ms(), producer_id=producer_id, producer_seq=producer_seq,
-                   size=size)
+                   size=message_size(headers, frame.body, chars), floor=floor)
 
 
 def message_size(headers: dict[str, str], body: bytes, header_chars: int = -1) -> int:
@@ -214,8 +216,9 @@ class Message:
     """A message in memory; ``id`` is its store row id (or a memory-only id)."""
 
     __slots__ = (
-        "body", "delivery_count", "destination", "enqueued_at", "expires_at", "headers",
-        "id", "message_id", "persistent", "priority", "producer_id", "producer_seq", "size",
+        "body", "delivery_count", "destination", "enqueued_at", "expires_at", "floor",
+        "headers", "id", "message_id", "persistent", "priority", "producer_id", "producer_seq",
+        "size",
     )
 
     def __init__(
@@ -223,7 +226,7 @@ class Message:
         body: bytes, priority: int, expires_at: int, persistent: bool,
         delivery_count: int = 0, enqueued_at: int = 0,
         producer_id: str | None = None, producer_seq: int | None = None,
-        size: int = -1,
+        size: int = -1, floor: str | None = None,
     ) -> None:
         self.id = id
         self.destination = destination
@@ -238,6 +241,8 @@ class Message:
         self.producer_id = producer_id
         self.producer_seq = producer_seq
         self.size = size if size >= 0 else message_size(headers, body)
+        #: The oldest STOMP version that can carry every header (``header_floor``).
+        self.floor = header_floor(headers) if floor is None else floor
 
     @property
     def dedup_key(self) -> str | None:
@@ -625,7 +630,10 @@ class Subscription:
                 "message-id": message.message_id,
                 "destination": message.destination,
             }
-            headers.update(message.headers)
+            if message.floor > self.conn.version:  # versions compare as strings
+                headers.update(headers_for(self.conn.version, message.headers))
+            else:
+                headers.update(message.headers)
             if self.ack_mode != ACK_AUTO:
                 headers["ack"] = f"{self.key}:{message.message_id}"
             if previous_deliveries:
@@ -695,7 +703,7 @@ class Transaction:
     acks: list[tuple[str, Frame]] = field(default_factory=list)  # ("ACK"|"NACK", frame)
     size: int = 0  # bytes of bodies and headers held
     #: Deliveries its ACKs cover, by subscription: their prefetch slots are free (as in
-    #: ActiveMQ) though the ACKs apply only at COMMIT; ABORT redelivers them.
+    #: ActiveMQ) though the ACKs apply only at COMMIT; ABORT leaves them with the consumer.
     held: list[tuple[Subscription, list[str]]] = field(default_factory=list)
 
     def add(self, frame: Frame, name: str) -> None:
@@ -1209,7 +1217,7 @@ class Broker:
         the producer numbered them, and the audit must not see a hole. What its ACKs
         covered is redelivered."""
         if tx.held:
-            self._redeliver_held(tx)
+            self._release_held(tx)
         identities = [self._number(m) for m in tx.sends
                       if m.persistent and m.dedup_key is not None]
         if identities:
@@ -1249,7 +1257,7 @@ class Broker:
         return Message(
             m.id, m.destination, m.message_id, m.headers, m.body, m.priority, m.expires_at,
             m.persistent if persistent is None else persistent, m.delivery_count,
-            m.enqueued_at, m.producer_id, m.producer_seq, m.size,
+            m.enqueued_at, m.producer_id, m.producer_seq, m.size, m.floor,
         )
 
     def _route_committed(self, m: Message, durables: list[DurableSource]) -> None:
@@ -1541,21 +1549,15 @@ class Broker:
         tx.held.append((sub, ids))
         sub.source.dispatch()
 
-    def _redeliver_held(self, tx: Transaction) -> None:
+    @staticmethod
+    def _release_held(tx: Transaction) -> None:
         """ABORT (or the connection's end) of a transaction with ACKs: what they covered
-        goes back to its destination, flagged redelivered (its slot was already given to
-        another message, so it cannot just stay with the consumer)."""
-        batch = self.writes.batch
+        stays with the consumer, awaiting acknowledgement under its ack id, as in
+        ActiveMQ (its ``Stomp12Test`` acks the same messages right after ABORT). Only
+        the prefetch slots its ACKs freed are taken again; a message the client never
+        settles goes back when its subscription ends, like any other."""
         for sub, ids in tx.held:
-            returned = sub.untrack([mid for mid in ids
-                                    if mid in sub.held and mid in sub.inflight])
-            if not returned:
-                continue
             sub.held.difference_update(ids)
-            if not sub.closed:
-                for d in returned:
-                    self._redeliver_or_dead_letter(sub.source, d, batch)
-                sub.source.dispatch()
         tx.held.clear()
 
     def _check_commit(self, session: Session, tx: Transaction) -> None:
@@ -1587,8 +1589,8 @@ class Broker:
     def _unsettle(self, settled: list[Settled]) -> None:
         """The store refused a COMMIT: the messages its ACKs (and NACKs past the
         redelivery limit) settled in memory are not settled in the store. They go
-        back to their destination, redelivered: an ACK's as an ABORT sends back
-        what its ACKs held, a NACK's as if the NACK had not come (so not to the
+        back to their destination, redelivered: an ACK's (they left the consumer when the
+        COMMIT applied them), a NACK's as if the NACK had not come (so not to the
         dead-letter queue). Ack rows cannot be refused on their own (integer ids
         the master allocated): a SEND of the transaction was."""
         for command, sub, done in settled:

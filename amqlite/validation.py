@@ -3,8 +3,10 @@
 A value the store cannot hold (a destination longer than its column, an ``expires``
 past BIGINT) used to fail the group commit, which the master took for a lost store:
 one SEND demoted the whole group. A header a consumer's STOMP version cannot carry
-raised inside dispatch. Both are refused here, when the frame arrives, with an ERROR
-to that client only (``BrokerError``); nothing is stored and nothing half-applied.
+raised inside dispatch. The first is refused here, when the frame arrives, with an ERROR
+to that client only (``BrokerError``); nothing is stored and nothing half-applied. The
+second is not an error of the sender's: such a header is left out of that consumer's
+MESSAGE and named in ``OMITTED_HEADERS_HEADER`` (``headers_for``).
 
 The limits come from ``store.schema`` (one constant per column), so the schema and
 the checks cannot drift.
@@ -13,9 +15,17 @@ the checks cannot drift.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import quote
 
 from amqlite.codec import ProtocolError, parse_uint
-from amqlite.wire import PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
+from amqlite.wire import (
+    OMITTED_HEADERS_HEADER,
+    PRODUCER_ID_HEADER,
+    PRODUCER_SEQ_HEADER,
+    STOMP_1_0,
+    STOMP_1_1,
+    STOMP_1_2,
+)
 from store.schema import (
     BIGINT_MAX,
     CLIENT_ID_LENGTH,
@@ -32,11 +42,14 @@ __all__ = [
     "MAX_PRIORITY_VALUE",
     "MAX_SUBSCRIPTION_ID_LENGTH",
     "BrokerError",
+    "carries",
     "check_connect",
     "check_destination",
     "check_subscribe",
     "check_user_headers",
     "destination_kind",
+    "header_floor",
+    "headers_for",
     "parse_ack_key",
     "parse_send",
 ]
@@ -54,11 +67,13 @@ MAX_PRIORITY_VALUE = 2**31 - 1
 MAX_ACK_KEY = BIGINT_MAX
 
 _PERSISTENT = {"true": True, "false": False}
-#: A header name every STOMP version can carry in a MESSAGE: 1.0 cannot escape, so no
-#: ':' (it would split the name) and no EOL; NUL ends the frame for most clients.
-_BAD_IN_NAME = (":", "\r", "\n", "\x00")
-#: A value likewise: 1.0 cannot escape EOLs, 1.1 cannot carry a CR at all.
-_BAD_IN_VALUE = ("\r", "\n", "\x00")
+#: Characters of a header name that STOMP 1.0 cannot carry in a MESSAGE (it cannot
+#: escape: ':' would split the name, an EOL would end the line).
+_BAD_IN_NAME_1_0 = (":", "\r", "\n")
+#: Characters of a value that STOMP 1.0 cannot carry (no escapes: an EOL ends the line).
+_BAD_IN_VALUE_1_0 = ("\r", "\n")
+#: STOMP 1.1 escapes LF and ':' but has no escape for CR: a CR anywhere is 1.2 only.
+_BAD_1_1 = "\r"
 
 
 class BrokerError(Exception):
@@ -99,29 +114,62 @@ def _check_name(what: str, value: str, limit: int) -> None:
         raise BrokerError(f"{what} {_shown(value)}: NUL is not allowed")
 
 
-def check_user_headers(headers: Mapping[str, str]) -> int:
-    """Every header copied from SEND to MESSAGE must be encodable for STOMP 1.0, 1.1 and
-    1.2 consumers alike; say which header is not, and why. Returns the characters of
-    the names and values (the message's size needs them: one pass, not two)."""
+def check_user_headers(headers: Mapping[str, str]) -> tuple[int, str]:
+    """``(characters, floor)`` of the headers a SEND hands on to its MESSAGEs: the
+    characters of names and values (the message's size needs them: one pass, not two)
+    and the oldest STOMP version that can carry every one of them (``header_floor``).
+
+    Nothing the sender's own version could express is refused here: the codec already
+    refused what that version cannot carry (an undefined escape, a raw CR in 1.1). A
+    consumer of an older version gets such a header left out (``headers_for``)."""
     names = "".join(headers)
     values = "".join(headers.values())
-    # Fast path: a few C-level scans of two joined strings for the usual clean frame
-    # (NUL cannot get here: the codec refuses it in any header).
+    # Fast path: a few C-level scans of two joined strings for the usual clean frame.
     if not (":" in names or "\r" in names or "\n" in names or "\r" in values
             or "\n" in values or "\x00" in names or "\x00" in values):
-        return len(names) + len(values)
+        return len(names) + len(values), STOMP_1_0
     for name, value in headers.items():
-        for char in _BAD_IN_NAME:
-            if char in name:
-                raise BrokerError(
-                    f"header name {_shown(name)} contains {char!r}: STOMP 1.0 consumers "
-                    "cannot receive it")
-        for char in _BAD_IN_VALUE:
-            if char in value:
-                why = ("STOMP 1.0 and 1.1 consumers cannot receive it" if char == "\r"
-                       else "STOMP 1.0 consumers cannot receive it")
-                raise BrokerError(f"header {_shown(name)}: value contains {char!r}: {why}")
-    return len(names) + len(values)
+        if "\x00" in name or "\x00" in value:  # the codec refuses it; a defence in depth
+            raise BrokerError(f"header {_shown(name)}: NUL is not allowed")
+    return len(names) + len(values), header_floor(headers)
+
+
+def header_floor(headers: Mapping[str, str]) -> str:
+    """The oldest STOMP version whose MESSAGE frame can carry every header as it is."""
+    floor = STOMP_1_0
+    for name, value in headers.items():
+        if _BAD_1_1 in name or _BAD_1_1 in value:
+            return STOMP_1_2
+        if any(c in name for c in _BAD_IN_NAME_1_0) or any(
+                c in value for c in _BAD_IN_VALUE_1_0):
+            floor = STOMP_1_1
+    return floor
+
+
+def carries(version: str, name: str, value: str) -> bool:
+    """Whether a MESSAGE of STOMP ``version`` can carry this header as it is."""
+    if version == STOMP_1_2:
+        return True
+    if _BAD_1_1 in name or _BAD_1_1 in value:
+        return False
+    return version != STOMP_1_0 or not (
+        any(c in name for c in _BAD_IN_NAME_1_0) or any(c in value for c in _BAD_IN_VALUE_1_0))
+
+
+def headers_for(version: str, headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers a consumer of ``version`` gets of a message whose ``header_floor`` is
+    newer: those it can carry, and ``OMITTED_HEADERS_HEADER`` naming the others
+    (percent-encoded, comma-separated), so that its framing never breaks and it knows
+    what it did not get."""
+    kept: dict[str, str] = {}
+    omitted: list[str] = []
+    for name, value in headers.items():
+        if carries(version, name, value):
+            kept[name] = value
+        else:
+            omitted.append(quote(name, safe=""))
+    kept[OMITTED_HEADERS_HEADER] = ",".join(omitted)
+    return kept
 
 
 def _uint(headers: Mapping[str, str], name: str, limit: int) -> int | None:

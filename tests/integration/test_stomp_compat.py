@@ -4,7 +4,11 @@ amqlite), against a real broker process:
 * STOMP 1.0 header values are trimmed (the 1.0 specification's examples put a space after
   the colon; ActiveMQ trims), and only on 1.0 connections;
 * an ACK inside a transaction frees its prefetch slot at once, as in ActiveMQ, while the
-  ACK itself applies only at COMMIT and ABORT redelivers;
+  ACK itself applies only at COMMIT; after ABORT the messages stay with the consumer,
+  acknowledgeable under their ack ids (issue 21, ActiveMQ's ``Stomp12Test``);
+* a header value with an escaped newline (stomp.py's ``test_specialchars``) reaches 1.1
+  and 1.2 consumers byte for byte; a 1.0 consumer gets the message without it, named
+  in ``amqlite.omittedHeaders`` (issue 21);
 * an ACK naming the wrong subscription says so in its ERROR.
 """
 
@@ -107,10 +111,12 @@ def test_ack_in_transaction_frees_the_prefetch_slot_and_applies_at_commit(
     assert after.listener.bodies() == ["marker"]  # "a" was settled by the COMMIT
 
 
-def test_abort_redelivers_what_a_transaction_acked(broker: BrokerProcess,
-                                                    clients: ClientPool) -> None:
+def test_abort_leaves_what_a_transaction_acked_with_the_consumer(
+        broker: BrokerProcess, clients: ClientPool) -> None:
+    """After ABORT "a" is still the consumer's: nothing is redelivered while it holds
+    it, and its ACK outside the transaction settles it."""
     queue = f"/queue/{unique('txprefetchabort')}"
-    _, consumer = _a_and_b_with_prefetch_one(broker, clients, queue)
+    producer, consumer = _a_and_b_with_prefetch_one(broker, clients, queue)
     listener = consumer.listener
     [first] = listener.wait_messages(1)
     tx = unique("tx")
@@ -118,12 +124,64 @@ def test_abort_redelivers_what_a_transaction_acked(broker: BrokerProcess,
     consumer.ack(first, transaction=tx)
     second = listener.wait_messages(2, timeout=WAIT)[1]
     consumer.tx("abort", tx)
-    # "b" holds the only slot: "a" waits for it, then comes again, flagged.
-    assert listener.holds_for(lambda: listener.count() == 2, QUIET), listener.bodies()
     consumer.ack(second)
-    again = listener.wait_messages(3, timeout=WAIT)[2]
-    assert again.body == "a"
-    assert again.headers.get("redelivered") == "true", again.headers
+    assert listener.holds_for(lambda: listener.count() == 2, QUIET), listener.bodies()
+    consumer.ack(first)  # its ack id still names it
+    producer.send(queue, "marker")
+    marker = listener.wait_messages(3, timeout=WAIT)[2]
+    assert marker.body == "marker"
+    consumer.ack(marker)
+    consumer.close()
+    after = clients(broker.port)
+    after.subscribe(queue)
+    assert after.listener.wait_quiet(QUIET, timeout=WAIT)
+    assert after.listener.bodies() == [], "a settled message came back"
+
+
+@pytest.mark.parametrize("command", ["ACK", "NACK"])
+def test_messages_acked_in_an_aborted_transaction_are_settled_after_it(
+        broker: BrokerProcess, command: str) -> None:
+    """ActiveMQ's ``Stomp12Test`` (retirement after transaction abort): ten messages, a
+    prefetch of 1, each ACKed inside a transaction that is then aborted; each is then
+    ACKed (or NACKed) at once outside it and gets its RECEIPT, the connection stays."""
+    queue = f"/queue/{unique('abortretire')}"
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        for n in range(10):
+            raw.send_frame("SEND", {"destination": queue, "receipt": f"s{n}"}, str(n).encode())
+            raw.expect("RECEIPT", f"SEND {n}")
+        raw.send_frame("SUBSCRIBE", {"id": "1", "destination": queue,
+                                     "ack": "client-individual",
+                                     "activemq.prefetchSize": "1"})
+        raw.send_frame("BEGIN", {"transaction": "tx1"})
+        ack_ids = []
+        for n in range(10):
+            message = raw.expect("MESSAGE", f"message {n}")
+            assert message.body == str(n).encode()
+            ack_ids.append(message.headers["ack"])  # as on the wire: sent back as it is
+            raw.send_frame("ACK", {"transaction": "tx1", "id": message.headers["ack"]})
+        raw.send_frame("ABORT", {"transaction": "tx1"})
+        for n, ack in enumerate(ack_ids):
+            raw.send_frame(command, {"id": ack, "receipt": f"r{n}"})
+            receipt = raw.expect("RECEIPT", f"{command} {n} after ABORT")
+            assert receipt.headers["receipt-id"] == f"r{n}"
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_escaped_newline_in_a_header_value_reaches_consumers_byte_for_byte(
+        broker: BrokerProcess, clients: ClientPool, version: str) -> None:
+    """stomp.py's own ``test_specialchars``: its escapes go out and come back intact."""
+    queue = f"/queue/{unique('special')}"
+    consumer = clients(broker.port, version=version)
+    consumer.subscribe(queue)
+    producer = clients(broker.port, version=version)
+    special = {"special-1": "test with colon : test", "special-2": "test with backslash \\ test",
+               "special-3": "test with newline \n"}
+    producer.send(queue, "special", headers=special)
+    [message] = consumer.listener.wait_messages(1)
+    for name, value in special.items():
+        assert message.headers[name] == value, (name, message.headers)
+    assert not consumer.listener.errors and not producer.listener.errors
 
 
 def test_ack_naming_the_wrong_subscription_says_so(broker: BrokerProcess,

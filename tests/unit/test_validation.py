@@ -3,6 +3,8 @@ headers, store-sized values and headers every STOMP version can carry."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 
 from amqlite.codec import Frame, FrameParser, ProtocolError, encode_frame, parse_uint
@@ -14,9 +16,11 @@ from amqlite.validation import (
     check_destination,
     check_subscribe,
     check_user_headers,
+    headers_for,
     parse_ack_key,
     parse_send,
 )
+from amqlite.wire import OMITTED_HEADERS_HEADER
 from store import schema
 
 PID, SEQ = "amqlite.producerId", "amqlite.producerSeq"
@@ -176,21 +180,43 @@ def test_connect_client_id() -> None:
 # --- headers every STOMP version can carry (class 3) ----------------------------------------
 
 
-@pytest.mark.parametrize(("headers", "named"), [
-    ({"a:b": "v"}, "a:b"), ({"a\rb": "v"}, "a\\rb"), ({"ab\n": "v"}, "ab\\n"),
-    ({"h": "v\r"}, "'h'"), ({"h": "a\rb"}, "'h'"), ({"h": "a\nb"}, "'h'"),
+@pytest.mark.parametrize(("headers", "floor"), [
+    ({"a:b": "v"}, "1.1"), ({"a\rb": "v"}, "1.2"), ({"ab\n": "v"}, "1.1"),
+    ({"h": "v\r"}, "1.2"), ({"h": "a\rb"}, "1.2"), ({"h": "a\nb"}, "1.1"),
+    ({"h": "a\nb", "k": "\r"}, "1.2"), ({"h": "a:b"}, "1.0"),
 ])
-def test_user_headers_not_encodable_for_every_version_refused(headers: dict[str, str],
-                                                             named: str) -> None:
-    with pytest.raises(BrokerError) as info:
-        check_user_headers({"ok": "fine", **headers})
-    assert named in str(info.value)
+def test_user_headers_some_version_cannot_carry_are_accepted_with_their_floor(
+        headers: dict[str, str], floor: str) -> None:
+    chars, got = check_user_headers({"ok": "fine", **headers})
+    assert got == floor
+    assert chars == sum(len(k) + len(v) for k, v in {"ok": "fine", **headers}.items())
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
+def test_headers_for_an_older_consumer_leave_out_and_name_what_it_cannot_carry(
+        version: str) -> None:
+    headers = {"ok": "fine", "a:b": "v", "lf": "a\nb", "cr": "a\rb"}
+    got = headers_for(version, headers)
+    carried = {"1.0": {"ok"}, "1.1": {"ok", "a:b", "lf"}, "1.2": set(headers)}[version]
+    assert {k: v for k, v in got.items() if k != OMITTED_HEADERS_HEADER} == {
+        k: headers[k] for k in carried}
+    omitted = [quote(k, safe="") for k in headers if k not in carried]
+    assert got[OMITTED_HEADERS_HEADER] == ",".join(omitted)
+    data = encode_frame(Frame("MESSAGE", {"destination": "/queue/a", "message-id": "m",
+                                          "subscription": "s", **got}, b"b"), version)
+    [frame] = FrameParser(version=version).feed(data)  # the framing holds
+    assert frame.body == b"b"
+
+
+def test_nul_in_a_user_header_is_refused() -> None:
+    with pytest.raises(BrokerError):
+        check_user_headers({"h": "a\x00b"})
 
 
 def test_user_headers_accepted_are_encodable_for_every_version() -> None:
     headers = {"x-colon": "a:b:c", "x-back": "a\\b", "x-utf8": "ünï", "x-empty": "",
                "x-space": " v "}
-    check_user_headers(headers)
+    assert check_user_headers(headers)[1] == "1.0"
     for version in ("1.0", "1.1", "1.2"):
         data = encode_frame(Frame("MESSAGE", {"destination": "/queue/a", "message-id": "m",
                                               "subscription": "s", **headers}, b"b"), version)
