@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqlite.settings import Settings
-from lockers.blocking import run_blocking
-from lockers.one_line import one_line
-from lockers.zk_connect import (
+from lockers.connections.blocking import run_blocking
+from lockers.connections.errors import one_line
+from lockers.connections.zookeeper import (
     ZkTarget,
     ZkUrlError,
     is_zk_url,

@@ -68,7 +68,7 @@ def open_locker(
 
     ``session_timeout``: ZooKeeper's session timeout; the file and PostgreSQL
     lockers have no session to time out and ignore it (PostgreSQL's TCP
-    timeouts are ``lockers.pg_tuning.PG_DEAD_PEER_TIMEOUT``). ``node`` names this
+    timeouts are ``lockers.connections.postgres.PG_DEAD_PEER_TIMEOUT``). ``node`` names this
     broker in the lock (file note, znode data, ``application_name``); default
     ``host:pid``. ``lease``: PostgreSQL's lease in seconds (``lockers.pg_lease``;
     None: its default, 0: none), so a paused master loses the lock; the others
@@ -117,7 +117,7 @@ def open_locker(
         )
 
     if scheme == "zk":
-        from lockers.zk_connect import ZkUrlError, parse_zk_url
+        from lockers.connections.zookeeper import ZkUrlError, parse_zk_url
 
         try:
             target = parse_zk_url(url)

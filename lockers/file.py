@@ -23,7 +23,7 @@ from lockers.base import (
     LockLost,
     LockState,
 )
-from lockers.blocking import run_blocking
+from lockers.connections.blocking import run_blocking
 
 log = logging.getLogger(__name__)
 

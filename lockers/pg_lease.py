@@ -37,8 +37,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg import errors
 
-from lockers.one_line import one_line
-from lockers.pg_tuning import idle_session_unlimited
+from lockers.connections.errors import one_line
+from lockers.connections.postgres import idle_session_unlimited
 
 log = logging.getLogger(__name__)
 

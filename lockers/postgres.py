@@ -45,23 +45,23 @@ from lockers.base import (
     LockLost,
     LockState,
 )
-from lockers.blocking import collect_outcome, run_blocking
-from lockers.one_line import one_line
-from lockers.pg_lease import LEASE_APPLICATION_PREFIX, PG_LEASE, LeaseKeeper, LeaseWatcher
-from lockers.pg_tuning import (
+from lockers.connections.blocking import collect_outcome, run_blocking
+from lockers.connections.errors import one_line
+from lockers.connections.postgres import (
     PG_DEAD_PEER_TIMEOUT,
     PG_STATEMENT_TIMEOUT,
     idle_session_unlimited,
     server_tcp_settings,
     tcp_settings,
 )
+from lockers.pg_lease import LEASE_APPLICATION_PREFIX, PG_LEASE, LeaseKeeper, LeaseWatcher
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 #: The lock session's libpq keepalives and timeouts (PG_DEAD_PEER_TIMEOUT,
-#: PG_STATEMENT_TIMEOUT, tcp_settings) live in lockers.pg_tuning, beside the store
+#: PG_STATEMENT_TIMEOUT, tcp_settings) live in lockers.connections.postgres, beside the store
 #: pool's, with the reason they differ.
 
 #: Client-side bound on those same calls: the statement timeout plus a round

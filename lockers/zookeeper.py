@@ -47,8 +47,8 @@ from lockers.base import (
     LockLost,
     LockState,
 )
-from lockers.blocking import collect_outcome, run_blocking
-from lockers.zk_connect import (
+from lockers.connections.blocking import collect_outcome, run_blocking
+from lockers.connections.zookeeper import (
     ZK_DEFAULT_ROOT,
     ZK_RETRY_MAX_DELAY,
     new_zk_client,

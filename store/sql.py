@@ -63,8 +63,8 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import SQLAlchemyError, StatementError
 from sqlalchemy.pool import QueuePool
 
-from lockers.one_line import one_line
-from lockers.pg_tuning import (
+from lockers.connections.errors import one_line
+from lockers.connections.postgres import (
     STORE_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     STORE_POOL_TUNING,
     STORE_STATEMENT_TIMEOUT_MS,
@@ -111,7 +111,7 @@ POOL_OVERFLOW = 2
 #: How long a thread waits for a pooled connection before giving up (s).
 POOL_TIMEOUT_S = 10.0
 #: The pool's libpq keepalives, connect timeout and server-side statement and
-#: idle-in-transaction timeouts (STORE_*) live in lockers.pg_tuning, beside the
+#: idle-in-transaction timeouts (STORE_*) live in lockers.connections.postgres, beside the
 #: lock session's, with the reason they differ.
 #: The integrity check counts every row: allow it 10 minutes (0 = no limit).
 INTEGRITY_STATEMENT_TIMEOUT_MS = 600_000

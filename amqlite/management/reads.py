@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from lockers.one_line import one_line
+from lockers.connections.errors import one_line
 from store import StoreError, open_store, schema
 
 #: Bytes of a body shown when browsing; the whole body comes with one message.

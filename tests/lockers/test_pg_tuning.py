@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lockers.pg_tuning import (
+from lockers.connections.postgres import (
     PG_DEAD_PEER_TIMEOUT,
     STORE_POOL_TUNING,
     TcpTuning,

@@ -1,4 +1,4 @@
-"""The ZooKeeper plumbing the locker and the registry share (lockers/zk_connect.py),
+"""The ZooKeeper plumbing the locker and the registry share (lockers/connections/zookeeper.py),
 and the bounded, cancellable lock wait composed of kazoo's public API."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import time
 import pytest
 
 from amqlite.registry import RegistryError, zk_target
-from lockers import LockerError, open_locker, zk_connect
+from lockers import LockerError, open_locker
+from lockers.connections import zookeeper as zk_connect
 from lockers.zookeeper import ZK_CANCEL_GRACE, ZK_WAIT_SLICE, ZooKeeperLocker
 from tests.helpers.lockers import eventually, run
 from tests.helpers.servers import ZooKeeperServer

@@ -521,7 +521,7 @@ def test_big_fast_batch(make_store: MakeStore) -> None:
 
 
 #: How soon the server must have rolled back the transaction of a closed writer
-#: socket: far below a new master's lock wait (lockers/pg_tuning.py), far above a
+#: socket: far below a new master's lock wait (lockers/connections/postgres.py), far above a
 #: loaded machine's scheduling delay.
 ROLLED_BACK_WITHIN_S = 2.0
 

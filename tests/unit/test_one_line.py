@@ -1,4 +1,4 @@
-"""``lockers.one_line``: the one helper that turns an error into one line (lockers,
+"""``lockers.connections.errors``: the one helper that turns an error into one line (lockers,
 store, registry and management API use it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from lockers.one_line import one_line
+from lockers.connections.errors import one_line
 
 
 def test_first_line_only() -> None:

@@ -2,7 +2,7 @@
 ``collect_outcome`` for such a call nobody awaits any more.
 
 Used by every locker backend and by the ZooKeeper registry (``amqlite.registry``),
-so it sits in a public module of its own on the lowest floor that uses it.
+so it sits on the floor they share (``lockers.connections``).
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 registry (``amqlite.registry``): the zk:// URL, the kazoo client, its stop.
 
 Both talk to the same ensemble named by the same ``--locker zk://...`` URL, so
-they must read it alike and retry alike. It lives here, on the lockers floor,
-because ``lockers`` must not import ``amqlite``. kazoo is imported only when a
-client is made: reading a URL (the CLI, a file-locked node) does not load it.
+they must read it alike and retry alike. It lives here, on the floor they share
+(``lockers.connections``), because ``lockers`` must not import ``amqlite``. kazoo is
+imported only when a client is made: reading a URL (the CLI, a file-locked node) does
+not load it.
 """
 
 from __future__ import annotations

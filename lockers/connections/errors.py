@@ -1,7 +1,7 @@
 """``one_line``: an exception as the one line a log, a CLI error or an API answer shows.
 
 Used by the lockers, the store and ``amqlite`` (registry, management), so it sits on the
-lowest floor that uses it: ``store`` already imports ``lockers`` (``pg_tuning``), and
+floor they share (``lockers.connections``): ``store`` already imports ``lockers``, and
 neither imports ``amqlite``.
 """
 
