@@ -2,7 +2,7 @@
 ``fabric:cluster-list`` and ``container-create|start|stop|list|delete`` for amqlite.
 
 This module parses the command line and prints; the containers themselves
-(their home, directories, processes) are managed by ``amqlite.containers``.
+(their home, directories, processes) are managed by ``cli.containers``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ from typing import NoReturn
 
 import click
 
-from amqlite.containers import (
+from amqlite.registry import (
+    GroupView,
+    RegistryError,
+    Role,
+    display_url,
+    group_views,
+    read_members,
+    registry_url,
+)
+from amqlite.settings import SettingsError, load_settings
+from cli.containers import (
     HOME_ENV,
     START_WAIT,
     TAKEOVER_WAIT,
@@ -30,16 +40,6 @@ from amqlite.containers import (
     start_container,
     stop_container,
 )
-from amqlite.registry import (
-    GroupView,
-    RegistryError,
-    Role,
-    display_url,
-    group_views,
-    read_members,
-    registry_url,
-)
-from amqlite.settings import SettingsError, load_settings
 
 #: Exit codes: a failed operation, and a bad request (click's usage code).
 EXIT_FAILED = 1

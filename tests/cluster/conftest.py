@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amqlite.containers import broker_runs
+from cli.containers import broker_runs
 
 # The broker harness's fixtures and its failure hook (broker logs on failure).
 from tests.helpers.broker_fixtures import (  # noqa: F401

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from amqlite.containers import broker_runs as _runs
 from amqlite.settings import load_settings
+from cli.containers import broker_runs as _runs
 from tests.helpers.broker_proc import unique
 from tests.helpers.cluster import (
     Producer,

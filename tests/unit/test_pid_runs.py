@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from amqlite.containers import broker_runs
 from amqlite.pidfile import pid_runs, process_alive
+from cli.containers import broker_runs
 from tests.helpers.poll import poll
 
 

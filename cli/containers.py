@@ -1,6 +1,7 @@
 """Containers: named broker processes on this machine (Fuse Fabric's
 ``container-create|start|stop|list|delete``), managed here; ``cli.cluster_cmds``
-only parses the command line and prints what these functions return.
+only parses the command line and prints what these functions return. Operator
+tooling of the CLI alone, so it lives in ``cli`` (it uses ``amqlite``, never the reverse).
 
 Each container has its own directory under one home (``AMQLITE_HOME``, default
 ``$XDG_DATA_HOME/amqlite/containers``, i.e. ``~/.local/share/amqlite/containers``)::
