@@ -168,7 +168,11 @@ NO_HEARTBEAT = Heartbeat(0, 0)
 
 
 def parse_heartbeat(value: str | None) -> tuple[int, int]:
-    """Parse a ``heart-beat`` header strictly: ``"cx,cy"``; absent means ``(0, 0)``."""
+    """Parse a ``heart-beat`` header strictly: ``"cx,cy"``; absent means ``(0, 0)``.
+
+    The one heart-beat parser: the broker's ``heartbeat`` setting is read with it too
+    (``Settings.heartbeat_ms``, which turns the ProtocolError into a SettingsError).
+    """
     if value is None:
         return (0, 0)
     match = _HEARTBEAT_VALUE.fullmatch(value)

@@ -21,7 +21,9 @@ from amqlite.codec import (
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_HEADER_COUNT,
     DEFAULT_MAX_HEADER_LENGTH,
+    ProtocolError,
 )
+from amqlite.protocol import MAX_HEARTBEAT_MS, parse_heartbeat
 from amqlite.tls import TlsError, check_pair, server_context
 from amqlite.wire import DEFAULT_STOMP_PORT
 
@@ -120,7 +122,7 @@ class Settings:
     #: default: tcp://<bind> and ssl://<ssl_bind> for the listeners that are on.
     advertise: str = ""
     rejoin: bool = False
-    lock_poll_interval: float = 0.5  # DESIGN.md; Artemis backup retries every 500 ms
+    lock_poll_interval: float = 0.5  # an Artemis backup retries every 500 ms; docs/design.md
     lock_keepalive: float = 1.0
     #: A crashed or paused master's takeover with ZooKeeper (lockers/zookeeper.py).
     zk_session_timeout: float = 4.0
@@ -196,7 +198,14 @@ class Settings:
 
     @property
     def heartbeat_ms(self) -> tuple[int, int]:
-        return parse_heartbeat(self.heartbeat)
+        """``heartbeat`` parsed as a CONNECT ``heart-beat`` header is (one parser)."""
+        try:
+            return parse_heartbeat(self.heartbeat)
+        except ProtocolError:
+            raise SettingsError(
+                f"heartbeat: expected 'send_ms,expect_ms', two integers in "
+                f"0..{MAX_HEARTBEAT_MS}, got {self.heartbeat!r}"
+            ) from None
 
     def resolved(self) -> Settings:
         """Fill the defaults that depend on other settings and validate."""
@@ -224,7 +233,7 @@ class Settings:
             listeners.append(("tcp", parse_bind(s.bind)))
         if s.ssl_bind:
             listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT, "--ssl-bind")))
-        parse_heartbeat(s.heartbeat)
+        s.heartbeat_ms  # noqa: B018 - a bad value stops the start here
         if not s.advertise:
             uris = []
             for scheme, (host, port) in listeners:
@@ -303,16 +312,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def parse_heartbeat(value: str) -> tuple[int, int]:
-    try:
-        a, b = (int(x) for x in value.split(","))
-    except ValueError:
-        raise SettingsError(f"heartbeat: expected 'send_ms,expect_ms', got {value!r}") from None
-    if a < 0 or b < 0:
-        raise SettingsError("heartbeat: values must be >= 0")
-    return a, b
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}

@@ -52,7 +52,7 @@ PRODUCER_SEQ_HEADER = "amqlite.producerSeq"
 DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 #: MESSAGE to a consumer whose STOMP version cannot carry some of the message's headers
 #: (a LF or ':' for 1.0, a CR for 1.0 and 1.1): those are left out and named here,
-#: percent-encoded and comma-separated (docs/stomp.md).
+#: percent-encoded and comma-separated (README.md, "STOMP surface").
 OMITTED_HEADERS_HEADER = "amqlite.omittedHeaders"
 #: CONNECTED / RECEIPT, broker -> client: the group's URIs, master first (ActiveMQ's
 #: updateClusterClients), and whether clients should reconnect to spread out.
@@ -63,7 +63,8 @@ CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
 
 # -- ports -------------------------------------------------------------------------------
 #: STOMP's IANA-registered port, what ActiveMQ's stomp connector uses: the broker's
-#: default listener and the client's default when a URI names none (DESIGN.md).
+#: default listener and the client's default when a URI names none (docs/design.md,
+#: "STOMP surface").
 DEFAULT_STOMP_PORT = 61613
 #: The management HTTP listener: ActiveMQ's web console port, on loopback.
 DEFAULT_HTTP_PORT = 8161

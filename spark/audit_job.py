@@ -134,6 +134,60 @@ FINDINGS: dict[str, str] = {
 }
 
 
+# --------------------------------------------------------------------------- the store's schema
+
+#: The store tables the audit reads, the columns it reads from each, and the Spark
+#: SQL type each column is read as (every read casts to it, see ``_typed``: JDBC
+#: reports types per backend). A copy of ``store/schema.py``, kept here because
+#: this file ships alone to spark-submit; tests/unit/test_audit_schema.py checks
+#: that the two agree. A plain literal, so that the test reads it without pyspark.
+STORE_COLUMNS: dict[str, dict[str, str]] = {
+    "amq_groups": {
+        "grp": "string",
+        "epoch": "bigint",
+        "epoch_started_at": "bigint",
+        "dedup_window_ms": "bigint",
+    },
+    "amq_registry": {
+        "grp": "string",
+        "name": "string",
+        "role": "string",
+        "epoch": "bigint",
+        "heartbeat_at": "bigint",
+    },
+    "amq_destinations": {"grp": "string", "id": "bigint", "name": "string", "kind": "string"},
+    "amq_subscriptions": {"grp": "string", "id": "bigint", "destination_id": "bigint"},
+    "amq_messages": {
+        "grp": "string",
+        "id": "bigint",
+        "destination_id": "bigint",
+        "producer_id": "string",
+        "producer_seq": "bigint",
+        "dedup_key": "string",
+        "expires_at": "bigint",
+        "enqueued_at": "bigint",
+        "inflight_epoch": "bigint",
+        # Content, read only for rows with a producer (``_message_select``):
+        "headers": "string",
+        "body": "binary",
+    },
+    "amq_sub_pending": {
+        "grp": "string",
+        "sub_id": "bigint",
+        "msg_id": "bigint",
+        "inflight_epoch": "bigint",
+    },
+    "amq_dedup": {
+        "grp": "string",
+        "dedup_key": "string",
+        "producer_id": "string",
+        "producer_seq": "bigint",
+        "msg_id": "bigint",
+        "created_at": "bigint",
+    },
+}
+
+
 class AuditError(Exception):
     """A problem we can explain in one line: exit code 2, no traceback."""
 
@@ -529,16 +583,11 @@ def _typed(df: DataFrame, types: dict[str, str]) -> DataFrame:
     return df.select(*[F.col(c).cast(t).alias(c) for c, t in types.items()])
 
 
+#: amq_messages' content columns: not in every read (``_message_select``).
+MESSAGE_CONTENT = ("headers", "body")
+#: The amq_messages columns every check reads.
 MESSAGE_TYPES = {
-    "grp": "string",
-    "id": "bigint",
-    "destination_id": "bigint",
-    "producer_id": "string",
-    "producer_seq": "bigint",
-    "dedup_key": "string",
-    "expires_at": "bigint",
-    "enqueued_at": "bigint",
-    "inflight_epoch": "bigint",
+    c: t for c, t in STORE_COLUMNS["amq_messages"].items() if c not in MESSAGE_CONTENT
 }
 
 
@@ -549,15 +598,16 @@ def _message_select(reader: StoreReader, max_id: int) -> tuple[str, dict[str, st
     per producer)."""
     cols = ", ".join(MESSAGE_TYPES)
     where = reader.where_group(f"id <= {max_id}")
+    columns = STORE_COLUMNS["amq_messages"]
     if reader.source.backend == "postgresql":
         content = (
             "CASE WHEN producer_id IS NULL THEN NULL ELSE sha256(body) END AS body_sha, "
             "CASE WHEN producer_id IS NULL THEN NULL ELSE headers END AS headers"
         )
-        types = {**MESSAGE_TYPES, "body_sha": "binary", "headers": "string"}
+        types = {**MESSAGE_TYPES, "body_sha": "binary", "headers": columns["headers"]}
     else:  # a local file; and SQLite types a CASE expression as a number
         content = "body, headers"
-        types = {**MESSAGE_TYPES, "body": "binary", "headers": "string"}
+        types = {**MESSAGE_TYPES, "body": columns["body"], "headers": columns["headers"]}
     return f"SELECT {cols}, {content} FROM amq_messages{where}", types
 
 
@@ -994,35 +1044,12 @@ def _now_ms(reader: StoreReader) -> int:
     return int(time.time() * 1000)
 
 
-GROUP_TYPES = {
-    "grp": "string",
-    "epoch": "bigint",
-    "epoch_started_at": "bigint",
-    "dedup_window_ms": "bigint",
-}
-REGISTRY_TYPES = {
-    "grp": "string",
-    "name": "string",
-    "role": "string",
-    "epoch": "bigint",
-    "heartbeat_at": "bigint",
-}
-DESTINATION_TYPES = {"grp": "string", "id": "bigint", "name": "string", "kind": "string"}
-SUBSCRIPTION_TYPES = {"grp": "string", "id": "bigint", "destination_id": "bigint"}
-PENDING_TYPES = {
-    "grp": "string",
-    "sub_id": "bigint",
-    "msg_id": "bigint",
-    "inflight_epoch": "bigint",
-}
-DEDUP_TYPES = {
-    "grp": "string",
-    "dedup_key": "string",
-    "producer_id": "string",
-    "producer_seq": "bigint",
-    "msg_id": "bigint",
-    "created_at": "bigint",
-}
+GROUP_TYPES = STORE_COLUMNS["amq_groups"]
+REGISTRY_TYPES = STORE_COLUMNS["amq_registry"]
+DESTINATION_TYPES = STORE_COLUMNS["amq_destinations"]
+SUBSCRIPTION_TYPES = STORE_COLUMNS["amq_subscriptions"]
+PENDING_TYPES = STORE_COLUMNS["amq_sub_pending"]
+DEDUP_TYPES = STORE_COLUMNS["amq_dedup"]
 
 
 def _select(types: dict[str, str], table: str, where: str) -> str:
@@ -1132,7 +1159,7 @@ def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
         again = reader.big(
             "amq_messages (confirm)",
             f"SELECT grp, id FROM amq_messages{reader.where_group(f'id <= {m_hi}')}",
-            {"grp": "string", "id": "bigint"},
+            {c: STORE_COLUMNS["amq_messages"][c] for c in ("grp", "id")},
             "id",
             m_lo,
             m_hi,
