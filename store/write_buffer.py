@@ -48,7 +48,7 @@ class WriteUnit(Generic[C]):
     the spans, and only a unit the store refuses on its own fails
     (``rejected``), so only that frame's client gets an ERROR."""
 
-    __slots__ = ("claimable", "conn", "receipt", "rejected", "span", "start")
+    __slots__ = ("conn", "receipt", "rejected", "span", "start")
 
     def __init__(self, conn: C | None, batch: Batch) -> None:
         #: The client to blame when the store refuses the unit, and the
@@ -58,9 +58,6 @@ class WriteUnit(Generic[C]):
         self.start = (len(batch.destinations), len(batch.subscriptions), len(batch.inserts),
                       len(batch.identities))
         self.span: UnitSpan | None = None
-        #: The frame's commit point (``Broker._finish_write``) is still to come
-        #: and belongs with this unit (see ``WriteBuffer.claim``).
-        self.claimable = False
         #: The store refused this unit's data (nothing of it was written).
         self.rejected: StoreRejected | None = None
 
@@ -144,16 +141,17 @@ class WriteBuffer(Generic[C]):
         unit.end(self.batch)
         self.current = None
 
-    def claim(self, conn: C) -> WriteUnit[C] | None:
-        """The unit ``conn``'s current frame staged and left for its commit
-        point (a durable SUBSCRIBE, an ABORT), if any: its RECEIPT must wait
-        for that unit, and an ERROR for it must carry the receipt-id."""
-        if self.units:
-            unit = self.units[-1]
-            if unit.claimable and unit.conn is conn:
-                unit.claimable = False
-                return unit
-        return None
+    def in_current_unit(self, row: DestinationRow) -> bool:
+        """Whether the unit being staged already carries ``row`` (a destination row
+        staged by an earlier unit that may yet be refused must be in this one too)."""
+        unit = self.current
+        return unit is not None and row in self.batch.destinations[unit.start[0]:]
+
+    def stage_point(self, callback: ResultCallback) -> None:
+        """A commit point: ``callback(result)`` once everything staged so far outside
+        units committed, ``callback(None)`` when that failed."""
+        self.callbacks.append((None, callback))
+        self._schedule()
 
     def stage_unit(self, unit: WriteUnit[C], callback: ResultCallback) -> None:
         """``callback(result)`` once ``unit`` committed, ``callback(None)``

@@ -36,7 +36,7 @@ PURGE_CHUNK = 5000
 #: Messages copied per batch by a move or retry: they carry their bodies (up to
 #: max_frame_size each), so fewer than a purge.
 MOVE_CHUNK = 500
-#: Header naming where a dead letter came from (broker._redeliver_or_dead_letter).
+#: Header naming where a dead letter came from (amqlite.broker.acks.redeliver_or_dead_letter).
 ORIGINAL_DESTINATION = "original-destination"
 
 
@@ -283,7 +283,7 @@ class Actions:
             copy = Message(next(broker.ids), dest, r["message_id"], headers, r["body"],
                            r["priority"], r["expires_at"], True, enqueued_at=now_ms())
             batch.inserts.append(NewMessage(
-                id=copy.id, destination_id=broker._destination_id(dest, batch),
+                id=copy.id, destination_id=broker.destination_id(dest),
                 message_id=copy.message_id, headers=headers, body=copy.body,
                 priority=copy.priority, expires_at=copy.expires_at,
                 enqueued_at=copy.enqueued_at))
@@ -303,7 +303,7 @@ class Actions:
             for copy in copies:
                 broker.queue(copy.destination).pending_inserts -= 1
                 if ok:
-                    broker._route_committed(copy, [])
+                    broker.route_committed(copy)
 
         await self._commit(stored)
 
@@ -320,6 +320,6 @@ class Actions:
         if durable.consumers:
             raise ActionError(409, f"durable subscription {name!r} of {client_id!r} is active: "
                                    "close its connection first")
-        self.broker._remove_durable(durable)
+        self.broker.remove_durable(durable)
         await self._commit()
         return {"removed": 1, "client_id": client_id, "name": name, "topic": durable.topic}

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from amqlite import broker as broker_mod
 from amqlite.broker import Broker
+from amqlite.broker import memory as memory_mod
+from amqlite.broker import source as source_mod
 from amqlite.codec import Frame
 from amqlite.settings import Settings
 from store import GroupCommitter, Store, StoreError, open_store
@@ -112,7 +113,7 @@ def send(broker: Broker, client: FrameSink, dest: str, body: str, **headers: str
 
 
 def test_deep_queue_is_paged_not_loaded_whole(store: Store, settings: Settings) -> None:
-    total = broker_mod.MAX_IN_MEMORY * 3
+    total = source_mod.MAX_IN_MEMORY * 3
 
     async def scenario() -> None:
         async with Master(store, settings, "a") as broker:
@@ -123,7 +124,7 @@ def test_deep_queue_is_paged_not_loaded_whole(store: Store, settings: Settings) 
                                                    "receipt": "last"}, b"last"))
             await until(lambda: len(producer.of("RECEIPT")) == 1)
             queue = broker.queues["/queue/deep"]
-            assert queue.in_memory_stored <= broker_mod.MAX_IN_MEMORY
+            assert queue.in_memory_stored <= source_mod.MAX_IN_MEMORY
             assert queue.store_has_more
 
             consumer = connect(broker)
@@ -137,7 +138,7 @@ def test_deep_queue_is_paged_not_loaded_whole(store: Store, settings: Settings) 
                 consumer.frames.clear()
                 for m in batch:
                     seen.append(m.body)
-                    assert queue.in_memory_stored <= broker_mod.MAX_IN_MEMORY
+                    assert queue.in_memory_stored <= source_mod.MAX_IN_MEMORY
                     broker.handle(consumer, Frame("ACK", {"id": m.headers["ack"]}))
             assert seen == [f"m{i}".encode() for i in range(total)] + [b"last"]
         assert store.check_integrity(store.claim_epoch("probe")).actual_count == 0
@@ -277,8 +278,8 @@ def test_a_queue_full_of_non_persistent_messages_pauses_its_producer_until_drain
     store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Memory-only messages are bounded by flow control, not by dropping them."""
-    monkeypatch.setattr(broker_mod, "MAX_NONPERSISTENT_BACKLOG", 10)
-    monkeypatch.setattr(broker_mod, "RESUME_NONPERSISTENT_BACKLOG", 5)
+    monkeypatch.setattr(memory_mod, "MAX_NONPERSISTENT_BACKLOG", 10)
+    monkeypatch.setattr(memory_mod, "RESUME_NONPERSISTENT_BACKLOG", 5)
 
     async def scenario() -> None:
         async with Master(store, settings, "a") as broker:

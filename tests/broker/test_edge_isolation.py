@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from amqlite import broker as broker_mod
 from amqlite.broker import Broker, BrokerError
+from amqlite.broker import session as broker_mod
 from amqlite.codec import Frame, ProtocolError
 from amqlite.settings import Settings
 from store import Store

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from amqlite import broker as broker_mod
 from amqlite.broker import Broker, message_size
+from amqlite.broker import message as message_mod
+from amqlite.broker import source as source_mod
 from amqlite.codec import Frame
 from amqlite.settings import Settings
 from store import Store
@@ -58,7 +59,7 @@ def ack_all(broker: Broker, client: FrameSink, done: set[str]) -> int:
 def test_message_size_counts_body_headers_and_overhead() -> None:
     headers = {"a": "bc", "content-type": "text/plain"}
     assert message_size(headers, b"12345") == (
-        5 + 3 + 22 + 2 * broker_mod.HEADER_OVERHEAD + broker_mod.MESSAGE_OVERHEAD)
+        5 + 3 + 22 + 2 * message_mod.HEADER_OVERHEAD + message_mod.MESSAGE_OVERHEAD)
 
 
 def test_accounting_returns_to_zero_when_everything_is_acknowledged(
@@ -147,7 +148,7 @@ def test_producer_that_also_consumes_takes_what_waits(store: Store,
 
 def test_persistent_messages_past_the_budget_stay_in_the_store(
         store: Store, settings: Settings) -> None:
-    total = 3 * broker_mod.MIN_IN_MEMORY
+    total = 3 * source_mod.MIN_IN_MEMORY
 
     async def scenario() -> None:
         async with Master(store, settings, "a") as broker:
@@ -156,7 +157,7 @@ def test_persistent_messages_past_the_budget_stay_in_the_store(
                 send(broker, producer, "/queue/p", f"{i:04d}{BODY}", receipt=f"r{i}")
             await until(lambda: len(producer.of("RECEIPT")) == total)
             queue = broker.queues["/queue/p"]
-            assert queue.in_memory_stored == broker_mod.MIN_IN_MEMORY  # the floor
+            assert queue.in_memory_stored == source_mod.MIN_IN_MEMORY  # the floor
             assert queue.store_has_more
             assert not producer.paused  # persistent: the store holds them
             consumer = connect(broker)

@@ -47,7 +47,7 @@ def poison_name(dialect: str) -> str:
 def poison_sends(broker: Broker, poison: Callable[[Message], None]) -> None:
     """Messages whose body is b"poison" get ``poison`` after the broker built
     (and validated) them."""
-    number = broker._number
+    number = broker.number
 
     def numbered(m: Message) -> Message:
         m = number(m)
@@ -55,7 +55,7 @@ def poison_sends(broker: Broker, poison: Callable[[Message], None]) -> None:
             poison(m)
         return m
 
-    broker._number = numbered  # type: ignore[method-assign]
+    broker.number = numbered  # type: ignore[method-assign]
 
 
 def queue_bodies(store: SqlStore, queue: str) -> list[bytes]:

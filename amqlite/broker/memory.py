@@ -1,0 +1,120 @@
+"""Memory is a budget in bytes: what waits in sources, and the producers held back.
+
+``Settings.max_memory`` is broker-wide, ``Settings.max_destination_memory`` per
+destination (a queue, a durable or a non-durable topic subscription). Sources add
+and subtract ``Message.size`` as messages wait (``Source.bytes``, and
+``MemoryBudget.waiting_bytes`` here); subscriptions count what is in flight
+(``Subscription.inflight_bytes``). Past a budget: persistent messages stay in the
+store, producers of non-persistent messages are paused (flow control) until below
+``RESUME_FRACTION`` of it, and a slow non-durable topic subscriber misses messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from amqlite.broker.session import Client
+    from amqlite.broker.source import Source
+
+log = logging.getLogger("amqlite.broker")
+
+#: Flow control resumes when usage drops below this fraction of the budget
+#: (hysteresis, so a producer is not paused and resumed on every message).
+RESUME_FRACTION = 0.75
+#: Non-persistent messages live only in memory: past this many waiting in one
+#: queue, the connections sending to it are paused until it drains to
+#: RESUME_NONPERSISTENT_BACKLOG (ActiveMQ's producer flow control). 20 000 1 KB
+#: messages are ~50 MB of Python objects: a few busy queues stay well inside
+#: the 200 MB a broker should need.
+MAX_NONPERSISTENT_BACKLOG = 20_000
+RESUME_NONPERSISTENT_BACKLOG = MAX_NONPERSISTENT_BACKLOG // 2
+
+
+class MemoryBudget:
+    """The byte budgets, the bytes waiting broker-wide, and the producers paused for
+    them (ActiveMQ's producer flow control, RabbitMQ's memory alarm)."""
+
+    def __init__(self, max_memory: int, max_destination_memory: int) -> None:
+        self.memory_budget = max_memory
+        self.memory_resume = int(max_memory * RESUME_FRACTION)
+        self.destination_budget = max_destination_memory
+        self.destination_resume = int(max_destination_memory * RESUME_FRACTION)
+        self.waiting_bytes = 0  # Message.size of every message waiting in a source
+        #: Producers paused because the broker-wide budget was reached.
+        self.blocked_producers: set[Client] = set()
+        #: Producers paused for any memory reason -> the sources that paused them
+        #: (None: the broker-wide budget); see ``may_overdraw``.
+        self.blocked_producers_all: dict[Client, set[Source | None]] = {}
+
+    def full(self, source_bytes: int) -> bool:
+        """A source holding ``source_bytes``, or the whole broker, is at its budget."""
+        return (source_bytes >= self.destination_budget
+                or self.waiting_bytes >= self.memory_budget)
+
+    def room(self, source_bytes: int) -> int:
+        """Bytes a source holding ``source_bytes`` may still take (maybe negative)."""
+        return min(self.destination_budget - source_bytes,
+                   self.memory_budget - self.waiting_bytes)
+
+    def released(self, source: Source, size: int) -> None:
+        """``size`` bytes left ``source``: let producers held back for it (or for the
+        whole broker) read again once below the resume levels."""
+        self.waiting_bytes -= size
+        if (source.blocked_producers
+                and source.nonpersistent <= RESUME_NONPERSISTENT_BACKLOG
+                and source.bytes <= self.destination_resume):
+            for producer in source.blocked_producers:
+                self._unblocked(producer, source)
+                producer.resume_reading(f"flow:{source.name}")
+            source.blocked_producers.clear()
+        if self.blocked_producers and self.waiting_bytes <= self.memory_resume:
+            self.resume_producers()
+
+    def block_producer(self, producer: Client, source: Source) -> None:
+        """Stop reading from a producer whose message put ``source`` or the broker
+        at its byte budget; ``released`` resumes it below the resume level."""
+        if producer.closed:
+            return
+        reasons = self.blocked_producers_all.setdefault(producer, set())
+        if (source.bytes >= self.destination_budget
+                or source.nonpersistent >= MAX_NONPERSISTENT_BACKLOG) \
+                and producer not in source.blocked_producers:
+            source.blocked_producers.add(producer)
+            reasons.add(source)
+            producer.pause_reading(f"flow:{source.name}")
+        if self.waiting_bytes >= self.memory_budget and producer not in self.blocked_producers:
+            self.blocked_producers.add(producer)
+            reasons.add(None)
+            log.info("memory budget reached (%d bytes waiting): pausing producers",
+                     self.waiting_bytes)
+            producer.pause_reading("memory")
+        if not reasons:
+            del self.blocked_producers_all[producer]
+
+    def resume_producers(self) -> None:
+        """The broker is below its resume level: read from its producers again."""
+        blocked, self.blocked_producers = self.blocked_producers, set()
+        for producer in blocked:
+            self._unblocked(producer, None)
+            producer.resume_reading("memory")
+
+    def _unblocked(self, producer: Client, source: Source | None) -> None:
+        reasons = self.blocked_producers_all.get(producer)
+        if reasons is not None:
+            reasons.discard(source)
+            if not reasons:
+                del self.blocked_producers_all[producer]
+
+    def forget(self, conn: Client) -> None:
+        """A connection went away: it is no longer held back anywhere."""
+        for source in self.blocked_producers_all.pop(conn, ()):
+            (self if source is None else source).blocked_producers.discard(conn)
+
+    def may_overdraw(self, conn: Client, inflight_bytes: int, limit: int) -> bool:
+        """A consumer whose connection we stopped reading (it also produces) cannot
+        send its ACKs: let it take what waits, up to one destination budget past
+        ``limit``, so the waiting bytes drop, its reading resumes, its ACKs arrive."""
+        return (conn in self.blocked_producers_all
+                and inflight_bytes < limit + self.destination_budget)

@@ -1,0 +1,290 @@
+"""Sources: the ordered backlogs consumers take from.
+
+A source is a queue, a durable topic subscription (stored once, owed per
+subscription) or a non-durable topic subscription (memory only, one consumer).
+Queues are never loaded whole: each keeps stored messages in memory while the
+destination and the broker are under their byte budgets (at most
+``MAX_IN_MEMORY``, at least ``MIN_IN_MEMORY``) and pages the rest in by id (ids
+are allocated in commit order). Bytes are accounted in ``amqlite.broker.memory``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from amqlite.broker import memory
+from amqlite.broker.message import Message, now_ms
+from amqlite.wire import ACK_AUTO
+from store.api import Ref, StoredMessage
+
+if TYPE_CHECKING:
+    from amqlite.broker.core import Broker
+    from amqlite.broker.session import Client
+    from amqlite.broker.subscription import Subscription
+
+log = logging.getLogger("amqlite.broker")
+
+#: Stored messages a destination keeps in memory at most, when its byte
+#: budget allows; the rest stay in the store and are paged in by id.
+#: ActiveMQ's store cursor pages 200 at a time with a memory limit per
+#: destination; 1000 keeps a fast consumer busy between pages.
+MAX_IN_MEMORY = 1000
+#: Stored messages a destination may keep (and page in) even over its byte
+#: budget, so its consumers never starve while other destinations fill the
+#: broker: 16 x the largest frame is the worst case above the budget.
+MIN_IN_MEMORY = 16
+#: Page size for loading from the store (at most; fewer when bytes are short),
+#: and the level below which we load.
+PAGE_SIZE = 500
+LOW_WATER = 250
+#: A non-durable topic subscriber that falls this far behind (in messages, or
+#: in bytes: the destination budget) misses what is published until it catches
+#: up (ActiveMQ's slow-consumer limit for topics: a publisher is never held
+#: back by one slow subscriber).
+MAX_TOPIC_BACKLOG = 10_000
+#: Log a slow topic subscriber's drops on the first and then every this many.
+DROP_LOG_EVERY = 1000
+
+
+class Source:
+    """An ordered backlog with consumers: a queue, a durable subscription, or a
+    non-durable topic subscription (memory only, one consumer)."""
+
+    def __init__(self, broker: Broker, name: str, store_id: int | None, stored: bool) -> None:
+        self.broker = broker
+        self.memory = broker.memory
+        self.name = name
+        self.store_id = store_id  # destination id (queue) or subscription id (durable)
+        self.stored = stored  # pages from the store
+        self._heap: list[tuple[int, int, Message]] = []
+        self.in_memory_stored = 0  # stored messages in the heap
+        self.nonpersistent = 0
+        self.bytes = 0  # Message.size of everything in the heap
+        #: Size of a stored row, to page in no more than the budget holds: the
+        #: largest seen (a recovered queue starts from the largest frame).
+        self.row_size = broker.settings.max_frame_size
+        self.cursor = 0  # highest stored id paged in or appended
+        self.store_has_more = stored
+        self.paging = False
+        self.consumers: list[Subscription] = []
+        self._rr = 0
+        self.blocked_producers: set[Client] = set()
+        #: Inserts staged for this queue and not yet committed that were not
+        #: handed to a consumer up front: while any is pending, a newer
+        #: message must not be handed over first (a consumer sees queue order).
+        self.pending_inserts = 0
+
+    # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
+    def ref(self, message: Message) -> Ref:
+        return (None, message.id)
+
+    def push(self, message: Message) -> None:
+        heapq.heappush(self._heap, (-message.priority, message.id, message))
+        size = message.size
+        self.bytes += size
+        self.memory.waiting_bytes += size
+        if message.persistent:
+            self.in_memory_stored += 1
+        else:
+            self.nonpersistent += 1
+
+    def over_budget(self) -> bool:
+        """This destination or the whole broker holds as many bytes as allowed."""
+        return self.memory.full(self.bytes)
+
+    def append_committed(self, message: Message) -> None:
+        """A freshly committed message: keep it in memory unless the store pages
+        (it does once this destination or the broker is out of bytes)."""
+        if self.store_has_more or (
+            self.in_memory_stored >= MIN_IN_MEMORY
+            and (self.in_memory_stored >= MAX_IN_MEMORY or self.over_budget())
+        ):
+            self.store_has_more = True  # the pager will find it by id
+            self.row_size = max(self.row_size, message.size)
+            return
+        self.cursor = max(self.cursor, message.id)
+        self.push(message)
+
+    def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
+        """Queue a memory-only message; past the limits, hold its producer back."""
+        self.push(message)
+        if producer is not None and (
+            self.nonpersistent >= memory.MAX_NONPERSISTENT_BACKLOG or self.over_budget()
+        ):
+            self.memory.block_producer(producer, self)
+
+    def pop(self) -> Message | None:
+        if not self._heap:
+            return None
+        message = heapq.heappop(self._heap)[2]
+        if message.persistent:
+            self._released(message.size, 1, 0)
+        else:
+            self._released(message.size, 0, 1)
+        return message
+
+    def _released(self, size: int, stored: int, nonpersistent: int) -> None:
+        """Messages left memory: give their bytes back and let producers that were
+        held back for this destination (or the whole broker) read again."""
+        self.bytes -= size
+        self.in_memory_stored -= stored
+        self.nonpersistent -= nonpersistent
+        self.memory.released(self, size)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def discard(self) -> None:
+        """The source is gone (its subscription ended): free what waited in it,
+        in the budgets too, and let its paused producers go."""
+        self._heap.clear()
+        self._released(self.bytes, self.in_memory_stored, self.nonpersistent)
+
+    # -- consumers ----------------------------------------------------------
+    def add_consumer(self, sub: Subscription) -> None:
+        self.consumers.append(sub)
+        self.dispatch()
+
+    def remove_consumer(self, sub: Subscription) -> None:
+        if sub in self.consumers:
+            self.consumers.remove(sub)
+
+    def _next_consumer(self) -> Subscription | None:
+        n = len(self.consumers)
+        for i in range(n):
+            sub = self.consumers[(self._rr + i) % n]
+            if sub.has_credit():
+                self._rr = (self._rr + i + 1) % n
+                return sub
+        return None
+
+    def hand_over_to(self, message: Message) -> Subscription | None:
+        """The consumer a new message may go to in the commit that stores it:
+        one in a client ack mode whose turn it is, when nothing is ahead of the
+        message (in memory, in the store, or committing). Auto-ack consumers
+        take theirs after the commit, as before (the turn is kept for them)."""
+        if (self.broker.paused or self._heap or self.store_has_more or self.paging
+                or self.pending_inserts or message.expired(message.enqueued_at)):
+            return None
+        turn = self._rr
+        sub = self._next_consumer()
+        if sub is None or sub.ack_mode == ACK_AUTO:
+            self._rr = turn
+            return None
+        return sub
+
+    def dispatch(self) -> None:
+        """Hand waiting messages to consumers with credit, round robin (fair)."""
+        if self.broker.paused or not self.consumers:
+            return
+        now = now_ms()
+        while self._heap:
+            sub = self._next_consumer()
+            if sub is None:
+                break
+            message = self.pop()
+            assert message is not None
+            if message.expired(now):
+                self.broker.expire(self, message)
+                continue
+            sub.deliver(message)
+        self.maybe_page()
+
+    # -- paging ---------------------------------------------------------------
+    def maybe_page(self) -> None:
+        if (
+            self.stored
+            and self.store_id is not None
+            and self.store_has_more
+            and not self.paging
+            and self.in_memory_stored < LOW_WATER
+            and self.consumers
+        ):
+            limit = self.page_limit()
+            if limit > 0:
+                self.paging = True
+                self.broker.load_page(self, limit)
+
+    def page_limit(self) -> int:
+        """Rows to page in: what the byte budgets leave room for (by the largest
+        row seen), at most PAGE_SIZE, at least up to the MIN_IN_MEMORY floor."""
+        free = self.memory.room(self.bytes)
+        limit = min(PAGE_SIZE, LOW_WATER * 2 - self.in_memory_stored,
+                    max(free, 0) // max(self.row_size, 1))
+        return max(limit, MIN_IN_MEMORY - self.in_memory_stored)
+
+    def page_loaded(self, rows: list[StoredMessage], limit: int) -> None:
+        self.paging = False
+        largest = 0
+        for row in rows:
+            if row.id <= self.cursor:
+                continue  # already in memory (appended after commit)
+            self.cursor = row.id
+            message = Message.from_row(row, self.name)
+            largest = max(largest, message.size)
+            self.push(message)
+        if largest:
+            self.row_size = largest
+        self.store_has_more = len(rows) >= limit
+        self.dispatch()
+
+    # -- management (amqlite.management.actions) -------------------------------------------
+    def drop(self, predicate: Callable[[Message], bool]) -> list[Message]:
+        """Remove the waiting messages ``predicate`` picks (purge, move, delete by an
+        operator), freeing their bytes like ``pop``; what is in flight to consumers is
+        not here and is left alone."""
+        kept, dropped = [], []
+        for entry in self._heap:
+            (dropped if predicate(entry[2]) else kept).append(entry)
+        if not dropped:
+            return []
+        heapq.heapify(kept)
+        self._heap = kept
+        messages = [e[2] for e in dropped]
+        stored = sum(1 for m in messages if m.persistent)
+        self._released(sum(m.size for m in messages), stored, len(messages) - stored)
+        return messages
+
+    def inflight_ids(self) -> set[int]:
+        """Ids of this source's messages delivered and not yet acknowledged."""
+        return {d.message.id for sub in self.consumers for d in sub.inflight.values()}
+
+
+class DurableSource(Source):
+    """A durable topic subscription's backlog: stored once, owed per subscription."""
+
+    def __init__(self, broker: Broker, name: str, sub_id: int, client_id: str,
+                 sub_name: str, topic: str, owner: str | None = None) -> None:
+        super().__init__(broker, name, sub_id, stored=True)
+        self.client_id = client_id
+        self.sub_name = sub_name
+        self.topic = topic
+        #: The login that created it: only it may reattach, replace or remove it.
+        #: None: made without authentication, or stored before owners were.
+        self.owner = owner
+
+    def ref(self, message: Message) -> Ref:
+        return (self.store_id, message.id)
+
+
+class TopicSubscriptionSource(Source):
+    """A non-durable topic subscription: memory only, one consumer."""
+
+    def __init__(self, broker: Broker, name: str) -> None:
+        super().__init__(broker, name, None, stored=False)
+        self.dropped = 0
+
+    def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
+        """A subscriber that is behind past the count or byte limits misses this one."""
+        if self._heap and (self.nonpersistent >= MAX_TOPIC_BACKLOG or self.over_budget()):
+            self.dropped += 1
+            self.broker.stats["dropped"] += 1
+            if self.dropped % DROP_LOG_EVERY == 1:
+                log.warning("%s: slow subscriber %d messages (%d bytes) behind; "
+                            "%d dropped so far", self.name, self.nonpersistent, self.bytes,
+                            self.dropped)
+            return
+        self.push(message)

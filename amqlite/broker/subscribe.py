@@ -1,0 +1,113 @@
+"""SUBSCRIBE and UNSUBSCRIBE: which source a subscription takes from, and its end."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from amqlite.broker import destinations, receipts
+from amqlite.broker.source import Source, TopicSubscriptionSource
+from amqlite.broker.subscription import Subscription
+from amqlite.codec import Frame
+from amqlite.validation import BrokerError, check_destination, check_subscribe
+from amqlite.wire import ACK_AUTO, ACK_MODES
+from store.write_buffer import WriteUnit
+
+if TYPE_CHECKING:
+    from amqlite.broker.core import Broker
+    from amqlite.broker.session import Client, Session
+
+#: The SUBSCRIBE/UNSUBSCRIBE headers naming a durable topic subscription: ActiveMQ's,
+#: and the one RabbitMQ and the STOMP world also use.
+DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
+
+
+def durable_name(headers: dict[str, str]) -> str | None:
+    return headers.get(DURABLE_NAME_HEADERS[0]) or headers.get(DURABLE_NAME_HEADERS[1])
+
+
+def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
+    """Attach a new subscription to its source; the RECEIPT waits for a new durable
+    subscription's row (``receipts.answer``)."""
+    h = frame.headers
+    destination = h["destination"]
+    kind = check_destination(destination)
+    prefetch = check_subscribe(h, broker.settings.default_prefetch)
+    sub_id = h.get("id") or destination  # STOMP 1.0 may omit id
+    if sub_id in session.subscriptions:
+        raise BrokerError(f"subscription id {sub_id!r} already in use")
+    ack_mode = h.get("ack", ACK_AUTO)
+    if ack_mode not in ACK_MODES:
+        raise BrokerError(f"ack mode {ack_mode!r}: use one of {', '.join(ACK_MODES)}")
+    name = durable_name(h)
+    source: Source
+    unit: WriteUnit[Client] | None = None
+    on_result: receipts.OnResult | None = None
+    if kind == "queue":
+        source = broker.queue(destination)
+    elif name:
+        client_id = session.conn.client_id
+        if not client_id:
+            raise BrokerError("a durable subscription needs client-id on CONNECT")
+        source, unit, on_result = destinations.durable(broker, client_id, name, destination,
+                                                       session.conn.login)
+        if source.consumers:
+            raise BrokerError(f"durable subscription {name!r} is already active")
+    else:
+        source = TopicSubscriptionSource(broker, destination)
+        broker.topics.setdefault(destination, []).append(source)
+    sub = Subscription(session.conn, sub_id, next(session.keys), destination, ack_mode,
+                       prefetch, source)
+    session.subscriptions[sub_id] = sub
+    session.by_key[sub.key] = sub
+    source.add_consumer(sub)
+    receipts.answer(broker, session, h.get("receipt"), unit, on_result)
+
+
+def unsubscribe(broker: Broker, session: Session, frame: Frame) -> None:
+    h = frame.headers
+    sub_id = h.get("id") or h.get("destination")
+    sub = session.subscriptions.get(sub_id or "")
+    name = durable_name(h)
+    durable = None
+    if name and session.conn.client_id:
+        durable = broker.durables.get((session.conn.client_id, name))
+        if durable is not None:
+            destinations.check_owner(broker, durable, session.conn.login)  # before changes
+    if sub is not None:
+        close_subscription(broker, session, sub)
+    elif not name:
+        raise BrokerError(f"no subscription {sub_id!r}")
+    if durable is not None:
+        destinations.remove_durable(broker, durable)
+    receipts.answer(broker, session, h.get("receipt"))
+
+
+def close_subscription(broker: Broker, session: Session, sub: Subscription) -> None:
+    """Return what the subscriber had not acknowledged; it will be redelivered."""
+    sub.closed = True
+    session.subscriptions.pop(sub.id, None)
+    session.by_key.pop(sub.key, None)
+    source = sub.source
+    source.remove_consumer(sub)
+    if isinstance(source, TopicSubscriptionSource):
+        peers = broker.topics.get(sub.destination, [])
+        if source in peers:
+            peers.remove(source)
+        source.discard()
+        return
+    if sub.inflight:
+        returned = []
+        for delivery in sub.inflight.values():
+            if delivery.pending:
+                delivery.orphaned = True  # its commit requeues it
+            else:
+                returned.append(delivery)
+        releases = [d.ref for d in returned if d.ref is not None]
+        if releases:
+            broker.writes.stage_releases(releases)
+        for delivery in returned:
+            source.push(delivery.message)
+        sub.inflight.clear()
+        sub.held.clear()
+        sub.inflight_bytes = 0
+        source.dispatch()

@@ -1,0 +1,174 @@
+"""Subscriptions and the deliveries they hold until acknowledged.
+
+A message delivered in a client ack mode is recorded as delivered
+(``delivery_count + 1``) before its MESSAGE frame is written, so a message seen
+again after a crash is always flagged ``redelivered``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from amqlite.broker.message import Message
+from amqlite.broker.session import Client
+from amqlite.broker.source import Source
+from amqlite.codec import Frame
+from amqlite.validation import headers_for
+from amqlite.wire import ACK_AUTO, DELIVERY_COUNT_HEADER
+from store.api import Ref
+
+log = logging.getLogger("amqlite.broker")
+
+#: Message bytes one subscription may hold unacknowledged, whatever its
+#: ``activemq.prefetchSize``: a huge prefetch must not page the backlog into
+#: RAM. 8 MiB is ActiveMQ's default prefetch (1000) of 8 KB messages.
+MAX_INFLIGHT_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Delivery:
+    message: Message
+    ref: Ref | None  # None: nothing stored to acknowledge
+    #: Handed over with its insert, which has not committed yet (see Broker._send).
+    pending: bool = False
+    #: Its MESSAGE frame went out: only then may the client acknowledge it (a
+    #: cumulative ACK must not cover a delivery still waiting for its commit).
+    written: bool = False
+    #: Order in which its MESSAGE went out on the subscription. A cumulative
+    #: ACK covers what was written up to the acked message, which is not the
+    #: order deliveries entered ``inflight``: a persistent delivery waits for
+    #: its record to commit while a non-persistent one behind it goes at once.
+    written_seq: int = 0
+    #: Its subscription closed before that commit: the commit requeues it.
+    orphaned: bool = False
+
+
+class Subscription:
+    """One SUBSCRIBE of one connection."""
+
+    def __init__(self, conn: Client, sub_id: str, key: int, destination: str,
+                 ack_mode: str, prefetch: int, source: Source) -> None:
+        self.conn = conn
+        self.id = sub_id
+        self.key = key  # small per-connection number, prefix of STOMP 1.2 ack ids
+        self.destination = destination
+        self.ack_mode = ack_mode
+        self.prefetch = prefetch
+        self.source = source
+        self.inflight: dict[str, Delivery] = {}  # by message-id, in delivery order
+        self.inflight_bytes = 0  # Message.size of what is in self.inflight
+        #: Message ids in ``inflight`` acked inside a transaction not yet committed: they
+        #: do not count against the prefetch (ActiveMQ frees the slot at the ACK).
+        self.held: set[str] = set()
+        self.written_count = 0  # MESSAGE frames written, numbers Delivery.written_seq
+        self.closed = False
+
+    def has_credit(self) -> bool:
+        if self.closed or self.conn.closed or not self.conn.can_write():
+            return False
+        if self.ack_mode == ACK_AUTO:
+            return True
+        if (len(self.inflight) - len(self.held) < self.prefetch
+                and self.inflight_bytes < MAX_INFLIGHT_BYTES):
+            return True
+        return self.source.memory.may_overdraw(self.conn, self.inflight_bytes,
+                                               MAX_INFLIGHT_BYTES)
+
+    def deliver(self, message: Message) -> None:
+        broker = self.source.broker
+        stored = message.persistent and self.source.stored
+        ref = self.source.ref(message) if stored else None
+        if self.ack_mode == ACK_AUTO:
+            if not self._write(message, message.delivery_count):
+                self.source.push(message)  # not sent: another consumer takes it
+                return
+            message.delivery_count += 1
+            broker.dequeued[self.destination] += 1
+            if ref is not None:
+                broker.writes.stage().acks.append(ref)
+            return
+        previous = message.delivery_count
+        message.delivery_count += 1
+        delivery = Delivery(message, ref)
+        self.track(delivery)
+        if ref is None:
+            self.write(delivery, previous)
+            return
+        # Record the delivery before the client can see it (see module docstring).
+        broker.writes.stage_delivery(
+            ref, lambda ok: self._delivery_recorded(delivery, previous, ok))
+
+    def track(self, delivery: Delivery) -> None:
+        """Awaiting acknowledgement: in ``inflight``, its bytes in ``inflight_bytes``."""
+        self.inflight[delivery.message.message_id] = delivery
+        self.inflight_bytes += delivery.message.size
+
+    def untrack(self, message_ids: list[str]) -> list[Delivery]:
+        """Settled or returned: out of ``inflight``, with their bytes."""
+        taken = [self.inflight.pop(mid) for mid in message_ids]
+        for d in taken:
+            self.inflight_bytes -= d.message.size
+        return taken
+
+    def _delivery_recorded(self, delivery: Delivery, previous: int, ok: bool) -> None:
+        if ok:
+            self.write(delivery, previous)
+
+    def write(self, delivery: Delivery, previous_deliveries: int) -> None:
+        """Send a recorded delivery, unless it was settled or its subscription
+        closed while the record committed."""
+        if self.closed or self.inflight.get(delivery.message.message_id) is not delivery:
+            return
+        delivery.written = True
+        self.written_count += 1
+        delivery.written_seq = self.written_count
+        self._write(delivery.message, previous_deliveries)
+
+    def covered(self, message_id: str) -> list[str]:
+        """The message ids an ACK or NACK of ``message_id`` settles: in ``client``
+        mode (cumulative) every delivery written up to it, in the order the client
+        saw them; else just it."""
+        if self.ack_mode != "client":
+            return [message_id]
+        last = self.inflight[message_id].written_seq
+        return [mid for mid, d in self.inflight.items() if d.written and d.written_seq <= last]
+
+    def _write(self, message: Message, previous_deliveries: int) -> bool:
+        """Write one MESSAGE; False if it could not be. Never raises: one message
+        this consumer cannot take must not stop dispatch to the others (defence in
+        depth; SEND validation keeps such messages out). The consumer is closed
+        with an ERROR and what it holds unacknowledged goes back to the source."""
+        try:
+            headers = {
+                "subscription": self.id,
+                "message-id": message.message_id,
+                "destination": message.destination,
+            }
+            if message.floor > self.conn.version:  # versions compare as strings
+                headers.update(headers_for(self.conn.version, message.headers))
+            else:
+                headers.update(message.headers)
+            if self.ack_mode != ACK_AUTO:
+                headers["ack"] = f"{self.key}:{message.message_id}"
+            if previous_deliveries:
+                headers["redelivered"] = "true"
+                headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
+            self.conn.write_frame(Frame("MESSAGE", headers, message.body))
+        except Exception as exc:
+            if not self.closed:
+                self.closed = True  # no credit: dispatch skips it from now on
+                log.exception("subscription %s of %s: cannot deliver %s; closing it",
+                              self.id, self.destination, message.message_id)
+                self.source.broker.loop.call_soon(
+                    self.conn.close_with_error, "cannot deliver a message",
+                    f"message {message.message_id} cannot be sent to subscription "
+                    f"{self.id}: {exc}")
+            return False
+        self.source.broker.stats["delivered"] += 1
+        return True
+
+
+#: What one ACK or NACK of a COMMIT settled in memory: (command, subscription,
+#: deliveries), kept until the store took the COMMIT (see ``Broker._unsettle``).
+Settled = tuple[str, Subscription, list[Delivery]]
