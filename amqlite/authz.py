@@ -36,15 +36,16 @@ from __future__ import annotations
 import enum
 import tomllib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from amqlite.auth import AuthError, check_hash
+
+if TYPE_CHECKING:
+    from amqlite.broker.wildcard import Pattern, WildcardIndex
 
 #: Cached decisions at most; past it the cache starts over (it holds
 #: (login, destination, permission) triples, a few hundred bytes each).
 DECISION_CACHE_SIZE = 65_536
-#: Destination prefixes a pattern may start with (STOMP names, see
-#: amqlite.validation.destination_kind).
-PREFIXES = ("/queue/", "/topic/")
 #: The ``[groups]`` entry that lists administrators of the management API.
 ADMIN_GROUP = "admins"
 
@@ -57,46 +58,29 @@ class Permission(enum.Enum):
 
 @dataclass(frozen=True)
 class Entry:
-    """One ``[[authorization]]`` table."""
+    """One ``[[authorization]]`` table; its pattern is matched by
+    amqlite.broker.wildcard, the same rules as wildcard subscriptions."""
 
-    pattern: str
-    prefix: str
-    segments: tuple[str, ...]
+    pattern: Pattern
     groups: dict[Permission, frozenset[str]]
     auto_create: bool = False
 
     def matches(self, destination: str) -> bool:
-        if not destination.startswith(self.prefix):
-            return False
-        parts = destination[len(self.prefix):].split(".")
-        for i, seg in enumerate(self.segments):
-            if seg == ">":  # last (checked at load): one or more segments, so
-                return i < len(parts)  # "/queue/a.>" is a's children, not "/queue/a"
-            if i >= len(parts):
-                return False
-            if seg != "*" and seg != parts[i]:
-                return False
-        return len(parts) == len(self.segments)
+        return self.pattern.matches(destination)
 
 
-def parse_pattern(pattern: object, where: str) -> tuple[str, tuple[str, ...]]:
-    """``/queue/a.*.>`` -> ("/queue/", ("a", "*", ">")); AuthError when malformed."""
+def parse_pattern(pattern: object, where: str) -> Pattern:
+    """``/queue/a.*.>`` compiled (amqlite.broker.wildcard); AuthError when malformed."""
     if not isinstance(pattern, str):
         raise AuthError(f"{where}: destination must be a string like \"/queue/orders.>\"")
-    prefix = next((p for p in PREFIXES if pattern.startswith(p)), None)
-    if prefix is None or len(pattern) == len(prefix):
-        raise AuthError(f"{where}: destination {pattern!r} must be /queue/PATTERN or "
-                        f"/topic/PATTERN")
-    segments = tuple(pattern[len(prefix):].split("."))
-    for i, seg in enumerate(segments):
-        if not seg:
-            raise AuthError(f"{where}: destination {pattern!r} has an empty segment")
-        if seg not in ("*", ">") and ("*" in seg or ">" in seg):
-            raise AuthError(f"{where}: destination {pattern!r}: '*' and '>' must be whole "
-                            f"segments")
-        if seg == ">" and i != len(segments) - 1:
-            raise AuthError(f"{where}: destination {pattern!r}: '>' must be the last segment")
-    return prefix, segments
+    # Imported here, not at the top: the amqlite.broker package imports this module,
+    # so importing amqlite.authz first would find it half initialized.
+    from amqlite.broker.wildcard import WildcardError, compile_pattern
+
+    try:
+        return compile_pattern(pattern)
+    except WildcardError as e:
+        raise AuthError(f"{where}: {e}") from None
 
 
 @dataclass
@@ -107,6 +91,15 @@ class Policy:
     entries: list[Entry]
     member_of: dict[str, frozenset[str]]  # login -> its groups
     _cache: dict[tuple[str | None, str, Permission], bool] = field(default_factory=dict)
+    #: The entries by pattern: a decision looks only at the entries that match.
+    _index: WildcardIndex[Entry] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from amqlite.broker.wildcard import WildcardIndex  # see parse_pattern
+
+        self._index = WildcardIndex()
+        for entry in self.entries:
+            self._index.add(entry.pattern, entry)
 
     @property
     def enabled(self) -> bool:
@@ -128,14 +121,14 @@ class Policy:
         if self.allowed(login, destination, Permission.ADMIN):
             return True
         return (self.allowed(login, destination, permission)
-                and any(e.auto_create and e.matches(destination) for e in self.entries))
+                and any(e.auto_create for e in self._index.matching(destination)))
 
     def _decide(self, login: str | None, destination: str, permission: Permission) -> bool:
         if not self.entries:
             return True
         groups = self.member_of.get(login or "", frozenset())
-        return any(e.matches(destination) and not groups.isdisjoint(e.groups[permission])
-                   for e in self.entries)
+        return any(not groups.isdisjoint(e.groups[permission])
+                   for e in self._index.matching(destination))
 
 
 @dataclass
@@ -189,7 +182,7 @@ def load_users_file(path: str) -> UsersFile:
         unknown = set(raw) - {"destination", "read", "write", "admin", "auto_create"}
         if unknown:
             raise AuthError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-        prefix, segments = parse_pattern(raw.get("destination"), where)
+        pattern = parse_pattern(raw.get("destination"), where)
         per: dict[Permission, frozenset[str]] = {}
         for perm in Permission:
             names = raw.get(perm.value, [])
@@ -203,7 +196,7 @@ def load_users_file(path: str) -> UsersFile:
         auto_create = raw.get("auto_create", False)
         if not isinstance(auto_create, bool):
             raise AuthError(f"{where}: auto_create must be true or false")
-        entries.append(Entry(raw["destination"], prefix, segments, per, auto_create))
+        entries.append(Entry(pattern, per, auto_create))
     member_of: dict[str, set[str]] = {}
     for name, members in groups.items():
         for m in members:
