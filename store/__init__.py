@@ -25,8 +25,9 @@ from store.api import (
     UnitSpan,
 )
 from store.group_commit import GroupCommitter
+from store.registry_sql import REGISTRY_MAX_AGE_MS, read_registry
 from store.schema import SCHEMA_VERSION
-from store.sql import REGISTRY_MAX_AGE_MS, SqlStore, read_registry
+from store.sql import SqlStore
 from store.url import parse_store_url
 
 
@@ -35,7 +36,7 @@ def open_store(url: str, group: str, **opts: Any) -> Store:
     (blocking: connects, creates/upgrades the schema) where blocking is fine,
     and retry it while the database is unreachable.
 
-    ``opts`` override store.sql's defaults (pool_size, statement_timeout_ms,
+    ``opts`` override store.engine's defaults (pool_size, statement_timeout_ms,
     busy_timeout_ms, connect_timeout_s, application_name, ...). A bad URL
     raises ``StoreError`` here, with one clear line.
     """

@@ -321,7 +321,7 @@ class Store(abc.ABC):
     ) -> list[StoredMessage]:
         """Queue messages with id > after_id, by id (in flight or not).
 
-        Deliberately no ``FOR UPDATE SKIP LOCKED``: see ``store.sql``."""
+        Deliberately no ``FOR UPDATE SKIP LOCKED``: see ``store.recovery``."""
 
     @abc.abstractmethod
     def load_subscription_page(

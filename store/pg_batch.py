@@ -12,7 +12,7 @@ That needs two things the step-by-step path did in Python:
 * The fence aborts the transaction by itself: ``SELECT 1 / count(*)`` over the
   guarded UPDATE of the group row divides by zero when the epoch is no longer
   ours, and a pipeline skips everything after an error, COMMIT included. It is
-  still the first statement, so the fencing argument of ``store.sql`` holds
+  still the first statement, so the fencing argument of ``store.fencing`` holds
   unchanged (the row lock is taken before any write).
 * Duplicate detection happens in the INSERT: the dedup rows go in with ``ON
   CONFLICT DO NOTHING RETURNING``, and only the messages whose key came back

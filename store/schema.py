@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 
 #: Bumped whenever a table or column changes; ``store`` upgrades older stores
-#: (``store.sql.UPGRADES``). v2: ``amq_subscriptions.owner``.
+#: (``store.migrations.UPGRADES``). v2: ``amq_subscriptions.owner``.
 SCHEMA_VERSION = 2
 
 # Column sizes that bound what a client may send. The broker validates every

@@ -1,7 +1,7 @@
 """libpq connection tuning for amqlite's two kinds of PostgreSQL session, side by side.
 
 Both the lock session (lockers.postgres, lockers.pg_lease) and the store's pool
-(store.sql) must notice a dead server or a dead network long before the kernel
+(store.engine) must notice a dead server or a dead network long before the kernel
 does (2 h keepalive, ~15 min of retransmissions). They tune for different jobs:
 
 =====================  ==========================  ==========================

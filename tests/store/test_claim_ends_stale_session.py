@@ -10,7 +10,9 @@ import psycopg
 import pytest
 
 from store import Batch, NewMessage, open_store
-from store.sql import CLAIM_LOCK_TIMEOUT_MS, SqlStore, store_application_name
+from store.engine import store_application_name
+from store.fencing import CLAIM_LOCK_TIMEOUT_MS
+from store.sql import SqlStore
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,8 @@ from store import (
     SubscriptionRow,
     pg_batch,
 )
-from store import sql as store_sql
-from store.sql import store_application_name
+from store import fencing as store_fencing
+from store.engine import store_application_name
 from tests.helpers.poll import poll
 from tests.helpers.store import (
     DLQ,
@@ -77,7 +77,7 @@ def patient_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """A claim that waits on the group row more than CLAIM_LOCK_TIMEOUT_MS
     (1 s) ends the store sessions holding it, our blocked batch included. The
     tests below hold it on purpose while they poll: give them the deadline."""
-    monkeypatch.setattr(store_sql, "CLAIM_LOCK_TIMEOUT_MS", int(DEADLINE_S * 1000))
+    monkeypatch.setattr(store_fencing, "CLAIM_LOCK_TIMEOUT_MS", int(DEADLINE_S * 1000))
 
 
 # -- helpers -------------------------------------------------------------------

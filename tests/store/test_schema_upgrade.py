@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from store import Batch, SqlStore, StoreError, StoreUnusable, SubscriptionRow
-from store import sql as store_sql
+from store import engine as store_sql  # the pool's STORE_STATEMENT_TIMEOUT_MS
 from store.schema import SCHEMA_VERSION
 from tests.helpers.store import (
     SUB1,

@@ -17,7 +17,7 @@ from store import (
     parse_store_url,
     read_registry,
 )
-from store import sql as store_sql
+from store import migrations as store_migrations
 from store.schema import SCHEMA_VERSION
 from tests.helpers.servers import free_port
 from tests.helpers.store import (
@@ -106,7 +106,7 @@ def test_older_schema_runs_the_upgrade_hooks(
     a = make_store()
     sql(a, "UPDATE amq_meta SET value = '0' WHERE key = 'schema_version'")
     ran: list[int] = []
-    monkeypatch.setitem(store_sql.UPGRADES, 0, lambda conn: ran.append(0))
+    monkeypatch.setitem(store_migrations.UPGRADES, 0, lambda conn: ran.append(0))
     make_store()
     assert ran == [0]
     assert one(a, "SELECT value FROM amq_meta") == str(SCHEMA_VERSION)
