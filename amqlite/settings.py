@@ -2,20 +2,30 @@
 
 Precedence, highest first: command-line option, ``AMQLITE_<NAME>`` environment
 variable, ``--config FILE`` (TOML, keys are the field names below, optionally
-under a ``[broker]`` table), then the defaults here.
+under a ``[broker]`` table), then the defaults here. Every field is all three: the
+options of ``amqlite start`` are made from the fields (``--kebab-case``, booleans
+``--x/--no-x``), their help and origin texts from each field's metadata (``doc``).
+
+Settings are checked here, once, whatever their source: ``Settings.resolved`` checks
+each value against its domain (``Domain`` in the field's metadata, then the rules
+between fields); ``load_settings`` also parses the store and locker URLs with those
+backends' own parsers, and ``read_settings`` names the settings that were given but do
+not apply to the chosen store or locker. A bad value is one ``SettingsError`` line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import socket
 import ssl
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from amqlite.codec import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -26,6 +36,7 @@ from amqlite.codec import (
 from amqlite.protocol import MAX_HEARTBEAT_MS, parse_heartbeat
 from amqlite.tls import TlsError, check_pair, server_context
 from amqlite.wire import DEFAULT_STOMP_PORT
+from lockers import DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_POLL_INTERVAL, GROUP_NAME
 
 #: Listen on loopback unless told otherwise: security by default.
 DEFAULT_BIND = f"127.0.0.1:{DEFAULT_STOMP_PORT}"
@@ -97,75 +108,216 @@ def default_node_name() -> str:
 
 
 class SettingsError(ValueError):
-    """A setting has a value we cannot use; the message names it."""
+    """A setting has a value we cannot use; the message names it (``setting``: which)."""
+
+    def __init__(self, message: str, setting: str = "") -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+class Domain(NamedTuple):
+    """The values a setting may take: ``accepts`` tests one, ``must_be`` says which."""
+
+    accepts: Callable[[Any], bool]
+    must_be: Callable[[], str]  # called for the message only (it may import a backend)
+
+
+def _domain(must_be: str, accepts: Callable[[Any], bool]) -> Domain:
+    return Domain(accepts, lambda: must_be)
+
+
+def _min_lease() -> float:
+    from lockers.pg_lease import PG_MIN_LEASE  # psycopg: imported when checked
+
+    return PG_MIN_LEASE
+
+
+def _max_prefetch() -> int:
+    from amqlite.validation import MAX_PREFETCH  # the store's schema: imported when checked
+
+    return MAX_PREFETCH
+
+
+def _destination_ok(value: str) -> bool:
+    from amqlite.validation import BrokerError, check_destination
+
+    try:
+        check_destination(value)
+    except BrokerError:
+        return False
+    return True
+
+
+#: Log levels ``log_level`` takes (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SECONDS = _domain("a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
+SECONDS_OR_ZERO = _domain("a number of seconds >= 0", lambda v: math.isfinite(v) and v >= 0)
+COUNT = _domain("an integer > 0", lambda v: v > 0)
+COUNT_OR_ZERO = _domain("an integer >= 0", lambda v: v >= 0)
+BYTES = _domain("a number of bytes > 0", lambda v: v > 0)
+NAME = _domain("a name without '/' or control characters",
+               lambda v: bool(v.strip()) and "/" not in v and v.isprintable())
+LEVEL = _domain(f"one of {', '.join(LOG_LEVELS)}", lambda v: v.upper() in LOG_LEVELS)
+DESTINATION = _domain("a destination /queue/NAME or /topic/NAME", _destination_ok)
+#: 0 (no lease) or at least what the PostgreSQL locker accepts, whatever the locker:
+#: a value the one locker that reads it would refuse is refused for all.
+LEASE = Domain(
+    lambda v: v == 0 or _min_lease() <= v < math.inf,
+    lambda: f"0 (no lease) or at least {_min_lease():g} s, the PostgreSQL locker's "
+            "minimum (PG_MIN_LEASE, lockers/pg_lease.py)")
+PREFETCH = Domain(
+    lambda v: 0 < v <= _max_prefetch(),
+    lambda: f"an integer from 1 to {_max_prefetch()}, the most a SUBSCRIBE may ask "
+            "(MAX_PREFETCH, amqlite/validation.py)")
+
+#: Keys of a field's metadata (see ``doc``).
+HELP, ORIGIN, DOMAIN, METAVAR, DERIVED = "help", "origin", "domain", "metavar", "derived"
+
+
+def doc(text: str, origin: str = "", *, domain: Domain | None = None, metavar: str = "",
+        derived: str = "") -> dict[str, Any]:
+    """A field's metadata: ``text`` says what it does, ``origin`` where its default comes
+    from, ``domain`` what it may be (checked by ``resolved``), ``metavar`` its value in
+    ``--help``, ``derived`` the default when it is computed from other settings."""
+    return {HELP: text, ORIGIN: origin, DOMAIN: domain, METAVAR: metavar, DERIVED: derived}
 
 
 @dataclass
 class Settings:
-    group: str = "default"
-    name: str = field(default_factory=default_node_name)
-    data_dir: str = ""  # default: default_data_dir(group)
-    store: str = ""  # default: sqlite:///<data_dir>/amqlite.db
-    locker: str = ""  # default: file://<data_dir>/amqlite.lock
-    bind: str = DEFAULT_BIND  # HOST:PORT, or "off" (then ssl_bind is the only listener)
-    #: STOMP over TLS, HOST:PORT (empty: none); needs ssl_cert and ssl_key.
-    ssl_bind: str = ""
-    #: PEM certificate (chain) and its private key, for ssl_bind and the HTTP listener.
-    ssl_cert: str = ""
-    ssl_key: str = ""
-    #: PEM CA certificates: when set, TLS clients must present a certificate it signed.
-    ssl_ca: str = ""
-    #: With ssl_cert set, the management API speaks HTTPS with the same certificate
-    #: settings (ssl_ca included); false keeps it plain HTTP.
-    http_ssl: bool = True
-    #: URIs clients should use to reach this node (registry/cluster-list), comma-separated;
-    #: default: tcp://<bind> and ssl://<ssl_bind> for the listeners that are on.
-    advertise: str = ""
-    rejoin: bool = False
-    lock_poll_interval: float = 0.5  # an Artemis backup retries every 500 ms; docs/design.md
-    lock_keepalive: float = 1.0
-    #: A crashed or paused master's takeover with ZooKeeper (lockers/zookeeper.py).
-    zk_session_timeout: float = 4.0
-    #: PostgreSQL locker: seconds a paused (SIGSTOP, frozen VM) master keeps the
-    #: lock before a slave ends its session; renewed every third of it from a
-    #: thread. 0 turns it off. lockers/pg_lease.py says where 3 s comes from.
-    lock_lease: float = 3.0
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    #: 0: a quarter of max_connections (UNAUTHENTICATED_SHARE)
-    max_unauthenticated: int = 0
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    frame_timeout: float = DEFAULT_FRAME_TIMEOUT
-    max_handshake_bytes: int = DEFAULT_MAX_HANDSHAKE_BYTES
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
-    max_header_length: int = DEFAULT_MAX_HEADER_LENGTH
-    heartbeat: str = f"{DEFAULT_HEARTBEAT[0]},{DEFAULT_HEARTBEAT[1]}"
-    max_redeliveries: int = DEFAULT_MAX_REDELIVERIES
-    dead_letter_queue: str = DEFAULT_DLQ
-    default_prefetch: int = DEFAULT_PREFETCH
-    max_memory: int = DEFAULT_MAX_MEMORY  # bytes
-    max_destination_memory: int = DEFAULT_MAX_DESTINATION_MEMORY  # bytes
-    dedup_window: float = DEFAULT_DEDUP_WINDOW
-    housekeeping_interval: float = DEFAULT_HOUSEKEEPING_INTERVAL
-    users_file: str = ""  # TOML users file with hashed passwords; empty = no auth
-    #: Management HTTP listener, HOST:PORT or "off". Empty: 127.0.0.1, port derived from
-    #: the STOMP port (8161 + (port - 61613)) or the next free one (see amqlite.management).
-    http_bind: str = ""
-    #: Without a users file the HTTP listener must stay on loopback unless this is set.
-    http_allow_remote: bool = False
-    log_level: str = "INFO"
-    #: Seconds a starting node waits for its store and locker to become reachable
-    #: before it gives up with a non-zero exit; 0 waits for ever (ActiveMQ's JDBC
-    #: store does), which suits a supervisor that starts nodes before their database.
-    start_timeout: float = DEFAULT_START_TIMEOUT
-    #: Accept a PostgreSQL store whose server runs with fsync = off (a server crash
-    #: can then lose RECEIPTed messages): for throwaway test setups only.
-    allow_fsync_off: bool = False
-    # Broker-side cluster client options (ActiveMQ's transportConnector attributes).
-    update_cluster_clients: bool = False
-    rebalance_cluster_clients: bool = False
-    update_cluster_clients_on_remove: bool = False
-    update_cluster_filter: str = ""
+    group: str = field(default="default", metadata=doc(
+        "Broker group: nodes of one group share one store and one lock."))
+    name: str = field(default_factory=default_node_name, metadata=doc(
+        "This node's name in logs, the lock and the registry.", domain=NAME,
+        derived="HOST-PID"))
+    data_dir: str = field(default="", metadata=doc(
+        "Data directory of the embedded store, the lock file and pid files.",
+        metavar="DIR", derived="$XDG_DATA_HOME/amqlite/GROUP (~/.local/share/amqlite/GROUP)"))
+    store: str = field(default="", metadata=doc(
+        "Store URL: sqlite:///PATH or postgresql://USER@HOST/DB.", metavar="URL",
+        derived="sqlite:///DATA_DIR/amqlite.db"))
+    locker: str = field(default="", metadata=doc(
+        "Locker URL: file:///PATH, postgresql://... or zk://HOST:PORT[/ROOT].",
+        metavar="URL", derived="file://DATA_DIR/amqlite.lock"))
+    bind: str = field(default=DEFAULT_BIND, metadata=doc(
+        "STOMP listener HOST:PORT, or 'off' (then --ssl-bind is the only listener).",
+        "loopback unless told otherwise; 61613 is STOMP's IANA port (amqlite/wire.py)",
+        metavar="HOST:PORT"))
+    ssl_bind: str = field(default="", metadata=doc(
+        "STOMP over TLS listener HOST:PORT (ssl:// URIs); needs --ssl-cert and --ssl-key.",
+        f"a port left out is {DEFAULT_SSL_PORT}, ActiveMQ's stomp+ssl port",
+        metavar="HOST:PORT", derived="none"))
+    ssl_cert: str = field(default="", metadata=doc(
+        "PEM certificate (chain) of the TLS listeners.", metavar="FILE", derived="none"))
+    ssl_key: str = field(default="", metadata=doc(
+        "PEM private key of --ssl-cert.", metavar="FILE", derived="none"))
+    ssl_ca: str = field(default="", metadata=doc(
+        "PEM CA certificates: TLS clients must present a certificate one signed.",
+        metavar="FILE", derived="none"))
+    http_ssl: bool = field(default=True, metadata=doc(
+        "With --ssl-cert, serve the management API over HTTPS with the same certificate "
+        "settings (--ssl-ca included); off keeps it plain HTTP."))
+    advertise: str = field(default="", metadata=doc(
+        "URIs clients should use to reach this node (registry, cluster-list), "
+        "comma-separated.", metavar="URIS",
+        derived="tcp://BIND and ssl://SSL_BIND of the listeners that are on"))
+    rejoin: bool = field(default=False, metadata=doc(
+        "After losing mastership, wait as slave again instead of exiting (exit code 3)."))
+    lock_poll_interval: float = field(default=DEFAULT_POLL_INTERVAL, metadata=doc(
+        "Seconds between a slave's tries for the file lock (the other lockers wait on "
+        "their server).", "an Artemis backup retries every 500 ms (lockers/base.py)",
+        domain=SECONDS))
+    lock_keepalive: float = field(default=DEFAULT_KEEPALIVE_INTERVAL, metadata=doc(
+        "Seconds between a master's checks that it still holds the lock.",
+        "Artemis checks every 2 s; ours is one cheap query (lockers/base.py)",
+        domain=SECONDS))
+    zk_session_timeout: float = field(default=4.0, metadata=doc(
+        "ZooKeeper locker: seconds a crashed or paused master keeps the lock.",
+        "ZK_SESSION_TIMEOUT, lockers/zookeeper.py: the least a stock server grants",
+        domain=SECONDS))
+    lock_lease: float = field(default=3.0, metadata=doc(
+        "PostgreSQL locker: seconds a paused master keeps the lock before a slave ends "
+        "its session; 0: no lease.",
+        "PG_LEASE, lockers/pg_lease.py: renewed every second, takeover within 5 s",
+        domain=LEASE))
+    max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=doc(
+        "Open sockets; past it new ones get an ERROR and are closed.",
+        "ActiveMQ's transport maximumConnections", domain=COUNT))
+    max_unauthenticated: int = field(default=0, metadata=doc(
+        "Sockets not logged in yet; past it the oldest gets ERROR 'server busy'. "
+        "0: the derived default.", domain=COUNT_OR_ZERO,
+        derived=f"max_connections / {UNAUTHENTICATED_SHARE}"))
+    connect_timeout: float = field(default=DEFAULT_CONNECT_TIMEOUT, metadata=doc(
+        "Seconds a socket has to CONNECT and be answered.", "RabbitMQ's handshake_timeout",
+        domain=SECONDS))
+    frame_timeout: float = field(default=DEFAULT_FRAME_TIMEOUT, metadata=doc(
+        "Seconds a frame has to complete after its first byte, whatever the heart-beat.",
+        "nginx's client_header_timeout and client_body_timeout", domain=SECONDS))
+    max_handshake_bytes: int = field(default=DEFAULT_MAX_HANDSHAKE_BYTES, metadata=doc(
+        "Bytes a socket may have buffered before it gets CONNECTED.",
+        "room for long bearer-token passcodes, the top of brokers' handshake range",
+        domain=BYTES, metavar="BYTES"))
+    max_frame_size: int = field(default=DEFAULT_MAX_FRAME_SIZE, metadata=doc(
+        "Bytes of one frame; a bigger one gets an ERROR and the socket is closed.",
+        "ActiveMQ allows 100 MB; a CPython frame is held several times over "
+        "(amqlite/codec.py)", domain=BYTES, metavar="BYTES"))
+    max_header_count: int = field(default=DEFAULT_MAX_HEADER_COUNT, metadata=doc(
+        "Headers of one frame.", "ActiveMQ's StompWireFormat.MAX_HEADERS", domain=COUNT))
+    max_header_length: int = field(default=DEFAULT_MAX_HEADER_LENGTH, metadata=doc(
+        "Bytes of one 'name:value' header line.",
+        "ActiveMQ's StompWireFormat.MAX_HEADER_LENGTH", domain=BYTES, metavar="BYTES"))
+    heartbeat: str = field(default=f"{DEFAULT_HEARTBEAT[0]},{DEFAULT_HEARTBEAT[1]}", metadata=doc(
+        "Server heart-beat offer 'send_ms,expect_ms'; silent clients are dropped after 2x.",
+        "what stomp.py examples and RabbitMQ commonly use", metavar="MS,MS"))
+    max_redeliveries: int = field(default=DEFAULT_MAX_REDELIVERIES, metadata=doc(
+        "Redeliveries of a message before it goes to --dead-letter-queue.",
+        "ActiveMQ's RedeliveryPolicy.maximumRedeliveries", domain=COUNT_OR_ZERO))
+    dead_letter_queue: str = field(default=DEFAULT_DLQ, metadata=doc(
+        "Where messages past --max-redeliveries go.", "ActiveMQ's ActiveMQ.DLQ as a STOMP "
+        "name", domain=DESTINATION, metavar="DESTINATION"))
+    default_prefetch: int = field(default=DEFAULT_PREFETCH, metadata=doc(
+        "Unacked messages per client-ack subscription that asks for none "
+        "(activemq.prefetchSize).", "ActiveMQ's queue prefetch for STOMP", domain=PREFETCH))
+    max_memory: int = field(default=DEFAULT_MAX_MEMORY, metadata=doc(
+        "Bytes of messages waiting in memory, broker-wide; past it producers are paused "
+        "and persistent messages stay in the store.", "between RabbitMQ's 0.4 of a 1 GiB "
+        "VM and ActiveMQ's 64 MB memoryUsage", domain=BYTES, metavar="BYTES"))
+    max_destination_memory: int = field(default=DEFAULT_MAX_DESTINATION_MEMORY, metadata=doc(
+        "The same per destination.", "a quarter of max_memory (ActiveMQ's per-destination "
+        "memoryLimit)", domain=BYTES, metavar="BYTES"))
+    dedup_window: float = field(default=DEFAULT_DEDUP_WINDOW, metadata=doc(
+        "Seconds a producer identity is remembered after its message was stored.",
+        "re-sends after a failover come within seconds; 10 minutes leaves margin",
+        domain=SECONDS_OR_ZERO))
+    housekeeping_interval: float = field(default=DEFAULT_HOUSEKEEPING_INTERVAL, metadata=doc(
+        "Seconds between a master's housekeeping rounds (reap expired, prune dedup).",
+        domain=SECONDS))
+    users_file: str = field(default="", metadata=doc(
+        "TOML users file of hashed passwords; when set, CONNECT must authenticate.",
+        metavar="FILE", derived="none: no authentication"))
+    http_bind: str = field(default="", metadata=doc(
+        "Management HTTP listener HOST:PORT, or 'off'.", metavar="HOST:PORT",
+        derived="127.0.0.1:8161 + (STOMP port - 61613), or the next free port"))
+    http_allow_remote: bool = field(default=False, metadata=doc(
+        "Let the management API listen beyond loopback without a users file."))
+    log_level: str = field(default="INFO", metadata=doc(
+        "Log level.", domain=LEVEL, metavar="|".join(LOG_LEVELS)))
+    start_timeout: float = field(default=DEFAULT_START_TIMEOUT, metadata=doc(
+        "Seconds a starting node waits for its store and locker to become reachable; "
+        "0 waits for ever.", "ActiveMQ's JDBC store waits for ever", domain=SECONDS_OR_ZERO,
+        derived="0 (for ever)"))
+    allow_fsync_off: bool = field(default=False, metadata=doc(
+        "Accept a PostgreSQL store whose server runs with fsync = off (a crash can lose "
+        "RECEIPTed messages): throwaway test setups only."))
+    update_cluster_clients: bool = field(default=False, metadata=doc(
+        "Tell clients the group's URIs (ActiveMQ's updateClusterClients)."))
+    rebalance_cluster_clients: bool = field(default=False, metadata=doc(
+        "With --update-cluster-clients, ask clients to rebalance (rebalanceClusterClients)."))
+    update_cluster_clients_on_remove: bool = field(default=False, metadata=doc(
+        "With --update-cluster-clients, tell clients when a node goes too "
+        "(updateClusterClientsOnRemove)."))
+    update_cluster_filter: str = field(default="", metadata=doc(
+        "With --update-cluster-clients, a regular expression of the node names to tell "
+        "clients about (updateClusterFilter).", metavar="REGEX", derived="all nodes"))
 
     # -- derived ----------------------------------------------------------
     @property
@@ -204,20 +356,28 @@ class Settings:
         except ProtocolError:
             raise SettingsError(
                 f"heartbeat: expected 'send_ms,expect_ms', two integers in "
-                f"0..{MAX_HEARTBEAT_MS}, got {self.heartbeat!r}"
+                f"0..{MAX_HEARTBEAT_MS}, got {self.heartbeat!r}", "heartbeat"
             ) from None
 
     def resolved(self) -> Settings:
         """Fill the defaults that depend on other settings and validate."""
         s = dataclasses.replace(self)
-        if not s.group or "/" in s.group:
-            raise SettingsError(f"--group: invalid group name {s.group!r}")
+        if not GROUP_NAME.fullmatch(s.group):
+            raise SettingsError(f"group: invalid group name {s.group!r}: use letters, "
+                                "digits, '.', '_' and '-' (at most 100)", "group")
         if not s.data_dir:
             s.data_dir = str(default_data_dir(s.group))
         if not s.store:
             s.store = f"sqlite:///{Path(s.data_dir).resolve() / 'amqlite.db'}"
         if not s.locker:
             s.locker = f"file://{Path(s.data_dir).resolve() / 'amqlite.lock'}"
+        for f in dataclasses.fields(s):
+            domain: Domain | None = f.metadata.get(DOMAIN)
+            value = getattr(s, f.name)
+            if domain is not None and not domain.accepts(value):
+                raise SettingsError(f"{f.name}: must be {domain.must_be()}, got {value!r}",
+                                    f.name)
+        s.log_level = s.log_level.upper()
         if not s.plain_enabled and not s.ssl_bind:
             raise SettingsError("bind = off needs ssl_bind: a broker needs one listener")
         try:
@@ -233,6 +393,10 @@ class Settings:
             listeners.append(("tcp", parse_bind(s.bind)))
         if s.ssl_bind:
             listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT, "--ssl-bind")))
+        for scheme, (_, port) in listeners:
+            if port == 0:  # any free port: nothing a client or the registry could name
+                option = "bind" if scheme == "tcp" else "ssl_bind"
+                raise SettingsError(f"{option}: port 0 is no address clients can use", option)
         s.heartbeat_ms  # noqa: B018 - a bad value stops the start here
         if not s.advertise:
             uris = []
@@ -240,41 +404,39 @@ class Settings:
                 host = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
                 uris.append(f"{scheme}://{host}:{port}")
             s.advertise = ",".join(uris)
-        for name in ("max_connections", "max_frame_size", "max_header_count",
-                     "max_header_length", "default_prefetch", "max_handshake_bytes",
-                     "connect_timeout", "frame_timeout", "max_memory",
-                     "max_destination_memory"):
-            if getattr(s, name) <= 0:
-                raise SettingsError(f"{name}: must be a positive number")
+        check_advertise(s.advertise_uris)
         if s.max_unauthenticated == 0:
             s.max_unauthenticated = default_max_unauthenticated(s.max_connections)
         if not 0 < s.max_unauthenticated <= s.max_connections:
-            raise SettingsError("max_unauthenticated: must be between 1 and max_connections")
+            raise SettingsError("max_unauthenticated: must be between 1 and max_connections",
+                                "max_unauthenticated")
         if s.update_cluster_filter:
             try:
                 re.compile(s.update_cluster_filter)
             except re.error as e:
-                raise SettingsError(f"update_cluster_filter: not a regular expression: {e}") \
-                    from None
+                raise SettingsError(f"update_cluster_filter: not a regular expression: {e}",
+                                    "update_cluster_filter") from None
         if s.http_bind and s.http_bind.lower() != HTTP_OFF:
             if ":" not in s.http_bind:
-                raise SettingsError(f"http_bind: expected HOST:PORT or off, got {s.http_bind!r}")
+                raise SettingsError(f"http_bind: expected HOST:PORT or off, got {s.http_bind!r}",
+                                    "http_bind")
             host, _ = parse_bind(s.http_bind, option="http_bind")
             if not s.users_file and not s.http_allow_remote and not is_loopback(host):
                 raise SettingsError(
                     f"http_bind {s.http_bind}: without a users_file the management API stays "
-                    "on loopback; set http_allow_remote = true to expose it anyway")
-        if not 0 <= s.dedup_window < float("inf"):
-            raise SettingsError("dedup_window: must be >= 0 seconds")
-        if not 0 <= s.start_timeout < float("inf"):
-            raise SettingsError("start_timeout: must be >= 0 seconds (0: wait for ever)")
-        if s.max_redeliveries < 0:
-            raise SettingsError("max_redeliveries: must be >= 0")
-        if s.lock_poll_interval <= 0 or s.lock_keepalive <= 0:
-            raise SettingsError("lock_poll_interval/lock_keepalive: must be > 0")
-        if not s.lock_lease >= 0 or s.lock_lease == float("inf"):
-            raise SettingsError("lock_lease: must be >= 0 seconds (0: no lease)")
+                    "on loopback; set http_allow_remote = true to expose it anyway", "http_bind")
         return s
+
+
+def check_advertise(uris: list[str]) -> None:
+    """Each advertised URI must be one a client can use (the client's own parser)."""
+    from amqlite.client.uri import URIError, parse_tcp_uri
+
+    for uri in uris:
+        try:
+            parse_tcp_uri(uri)
+        except URIError as e:
+            raise SettingsError(f"advertise: {e}", "advertise") from None
 
 
 def default_max_unauthenticated(max_connections: int) -> int:
@@ -285,6 +447,7 @@ def default_max_unauthenticated(max_connections: int) -> int:
 def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT,
                option: str = "--bind") -> tuple[str, int]:
     """``HOST:PORT`` (or ``HOST``) -> (host, port); SettingsError naming ``option``."""
+    setting = option.lstrip("-").replace("-", "_")
     host, sep, port = bind.rpartition(":")
     if not sep:
         host, port = bind, str(default_port)
@@ -292,13 +455,13 @@ def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT,
     try:
         p = int(port)
     except ValueError:
-        raise SettingsError(f"{option}: port must be a number in {bind!r}") from None
+        raise SettingsError(f"{option}: port must be a number in {bind!r}", setting) from None
     if host.isdigit():
         # "61613" alone would be the IPv4 address 0.0.240.173 to the resolver.
         raise SettingsError(f"{option}: {bind!r} is not HOST:PORT (for a port, write "
-                            f"127.0.0.1:{host} or 0.0.0.0:{host})")
+                            f"127.0.0.1:{host} or 0.0.0.0:{host})", setting)
     if not 0 <= p <= 65535:
-        raise SettingsError(f"{option}: port out of range in {bind!r}")
+        raise SettingsError(f"{option}: port out of range in {bind!r}", setting)
     return host, p
 
 
@@ -315,6 +478,96 @@ def is_loopback(host: str) -> bool:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+#: A field's type, from its annotation (a string under ``from __future__ import annotations``).
+_KINDS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One setting as ``amqlite start`` offers it: option, variable, help and default."""
+
+    name: str
+    kind: type
+    help: str
+    origin: str
+    metavar: str
+    default: str  # as shown: the value, or how it is derived
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return f"AMQLITE_{self.name.upper()}"
+
+
+def _shown(f: dataclasses.Field[Any]) -> str:
+    if f.metadata.get(DERIVED):
+        return str(f.metadata[DERIVED])
+    value = f.default
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if f.metadata.get(METAVAR) == "BYTES" and value % 1024 == 0:
+        size, unit = (value // 1024**2, "MiB") if value % 1024**2 == 0 else (value // 1024, "KiB")
+        return f"{value} ({size} {unit})"
+    return str(value)
+
+
+def definitions() -> list[Definition]:
+    """Every setting, in the order of the Settings fields."""
+    return [Definition(name=f.name, kind=_KINDS[str(f.type)], help=f.metadata.get(HELP, ""),
+                       origin=f.metadata.get(ORIGIN, ""), metavar=f.metadata.get(METAVAR, ""),
+                       default=_shown(f))
+            for f in dataclasses.fields(Settings)]
+
+
+def check_backends(s: Settings) -> None:
+    """The store and locker URLs, parsed by their backends (no connection is made)."""
+    from lockers import LockerError, open_locker
+    from store import StoreError, parse_store_url
+
+    try:
+        parse_store_url(s.store)
+    except StoreError as e:
+        raise SettingsError(f"store: {e}", "store") from None
+    try:
+        open_locker(s.locker, s.group, node=s.name, lease=s.lock_lease,
+                    session_timeout=s.zk_session_timeout, keepalive_interval=s.lock_keepalive)
+    except LockerError as e:
+        raise SettingsError(f"locker: {e}", "locker") from None
+
+
+def _scheme(url: str) -> str:
+    scheme = url.split("://", 1)[0].lower()
+    return "postgresql" if scheme.startswith("postgres") else scheme
+
+
+def unused(s: Settings, given: Mapping[str, str]) -> list[str]:
+    """Warnings for the settings in ``given`` (name -> where it was set) that do not apply
+    to this node's store, locker or other settings and are ignored."""
+    locker, store = _scheme(s.locker), _scheme(s.store)
+    not_cluster = None if s.update_cluster_clients else "update_cluster_clients is off"
+    why = {
+        "lock_lease": None if locker == "postgresql"
+        else f"only the PostgreSQL locker has a lease, the locker is {locker}://",
+        "zk_session_timeout": None if locker == "zk"
+        else f"only the ZooKeeper locker has a session, the locker is {locker}://",
+        "lock_poll_interval": None if locker == "file"
+        else f"only the file locker polls, the {locker}:// locker waits on its server",
+        "allow_fsync_off": None if store == "postgresql"
+        else f"only a PostgreSQL store's fsync is checked, the store is {store}://",
+        "http_ssl": None if s.ssl_cert else "without ssl_cert the management API is HTTP",
+        "rebalance_cluster_clients": not_cluster,
+        "update_cluster_clients_on_remove": not_cluster,
+        "update_cluster_filter": not_cluster,
+    }
+    return [f"{name} ({given[name]}) does not apply and is ignored: {reason}"
+            for name, reason in why.items() if reason and name in given]
+
+
 #: How a wrong-type TOML value is explained.
 _TOML_TYPES = {str: "a string (in quotes)", int: "an integer", float: "a number",
                bool: "true or false"}
@@ -333,7 +586,7 @@ def _coerce(name: str, value: Any, source: str | None = None) -> Any:
             return float(value)
         if not isinstance(value, str) or kind is str:
             raise SettingsError(f"{name} in {source}: expected {_TOML_TYPES[kind]}, got "
-                                f"{type(value).__name__} {value!r}")
+                                f"{type(value).__name__} {value!r}", name)
         # A quoted number or boolean ("2.0", "true": what `amqlite container` writes) is
         # read as the environment's text is, below; one that does not parse is refused.
     text = str(value).strip()
@@ -349,47 +602,73 @@ def _coerce(name: str, value: Any, source: str | None = None) -> Any:
         if kind is float:
             return float(text)
     except ValueError:
-        raise SettingsError(f"{name}: cannot use {text!r} as {kind.__name__}") from None
+        raise SettingsError(f"{name}: cannot use {text!r} as {kind.__name__}", name) from None
     return text
+
+
+def _read_config(config_file: str) -> dict[str, Any]:
+    try:
+        with open(config_file, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise SettingsError(f"--config: cannot read {config_file}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError(f"--config: {config_file} is not valid TOML: {e}") from None
+    if BROKER_TABLE in data:
+        outside = sorted(k for k in data if k != BROKER_TABLE)
+        if outside:
+            # Either layout works, a mix is refused: silently ignoring one half
+            # would start a broker that is not the one the file describes.
+            raise SettingsError(
+                f"--config: {config_file} has a [{BROKER_TABLE}] table and top-level "
+                f"settings ({', '.join(outside)}): put them all in one place")
+        data = data[BROKER_TABLE]
+        if not isinstance(data, dict):
+            raise SettingsError(f"--config: {BROKER_TABLE} in {config_file} must be a table")
+    for key in data:
+        if key.replace("-", "_") not in _FIELDS:
+            raise SettingsError(f"--config: unknown setting {key!r} in {config_file}")
+    return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def read_settings(
+    cli: dict[str, Any] | None = None,
+    config_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Settings, list[str]]:
+    """Merge defaults < config file < environment < command line, check everything
+    (``resolved``, ``check_backends``); also the warnings for settings given that do not
+    apply (``unused``). A SettingsError names where the bad value was set."""
+    values: dict[str, Any] = {}
+    given: dict[str, str] = {}  # setting -> where its value came from
+    try:
+        if config_file:
+            for key, value in _read_config(config_file).items():
+                given[key] = f"in {config_file}"
+                values[key] = _coerce(key, value, config_file)
+        env = os.environ if environ is None else environ
+        for key in _FIELDS:
+            env_name = f"AMQLITE_{key.upper()}"
+            if env_name in env:
+                given[key] = env_name
+                values[key] = _coerce(key, env[env_name])
+        for key, value in (cli or {}).items():
+            if value is not None:
+                given[key] = "--" + key.replace("_", "-")
+                values[key] = _coerce(key, value)
+        settings = Settings(**values).resolved()
+        check_backends(settings)
+    except SettingsError as e:
+        if e.setting in given and given[e.setting] not in str(e):
+            raise SettingsError(f"{e} ({given[e.setting]})", e.setting) from None
+        raise
+    return settings, unused(settings, given)
 
 
 def load_settings(
     cli: dict[str, Any] | None = None,
     config_file: str | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Merge defaults < config file < environment < command line."""
-    values: dict[str, Any] = {}
-    if config_file:
-        try:
-            with open(config_file, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as e:
-            raise SettingsError(f"--config: cannot read {config_file}: {e.strerror}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise SettingsError(f"--config: {config_file} is not valid TOML: {e}") from None
-        if BROKER_TABLE in data:
-            outside = sorted(k for k in data if k != BROKER_TABLE)
-            if outside:
-                # Either layout works, a mix is refused: silently ignoring one half
-                # would start a broker that is not the one the file describes.
-                raise SettingsError(
-                    f"--config: {config_file} has a [{BROKER_TABLE}] table and top-level "
-                    f"settings ({', '.join(outside)}): put them all in one place")
-            data = data[BROKER_TABLE]
-            if not isinstance(data, dict):
-                raise SettingsError(f"--config: {BROKER_TABLE} in {config_file} must be a table")
-        for key, value in data.items():
-            key = key.replace("-", "_")
-            if key not in _FIELDS:
-                raise SettingsError(f"--config: unknown setting {key!r} in {config_file}")
-            values[key] = _coerce(key, value, config_file)
-    env = os.environ if environ is None else environ
-    for key in _FIELDS:
-        env_name = f"AMQLITE_{key.upper()}"
-        if env_name in env:
-            values[key] = _coerce(key, env[env_name])
-    for key, value in (cli or {}).items():
-        if value is not None:
-            values[key] = _coerce(key, value)
-    return Settings(**values).resolved()
+    """``read_settings`` without its warnings."""
+    return read_settings(cli, config_file, environ)[0]

@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from amqlite import __version__
-from amqlite.settings import DEFAULT_BIND, SettingsError, load_settings
+from amqlite.settings import Definition, SettingsError, definitions, load_settings, read_settings
 from cli import cluster_cmds
 
 #: Exit status for a usage or configuration error (click uses 2 for usage too).
@@ -35,35 +36,48 @@ def cli() -> None:
     """amqlite: a highly available STOMP 1.2 message broker."""
 
 
+#: Option spellings ``amqlite start`` had before its options were made from the settings;
+#: they stay (README, scripts), beside the generated ``--kebab-case`` one.
+OPTION_ALIASES: dict[str, tuple[str, ...]] = {"http_bind": ("--http",)}
+#: ``--help``'s value placeholder where a setting's metadata names none.
+METAVARS: dict[type, str] = {float: "SECONDS", int: "N", str: "TEXT"}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def setting_help(d: Definition) -> str:
+    """A setting's ``--help`` text: what it does, its default and where that comes from."""
+    origin = f"; {d.origin}" if d.origin else ""
+    return f"{d.help} [default: {d.default}{origin}]"
+
+
+def setting_options(command: F) -> F:
+    """One option per setting (amqlite.settings.Settings), in the fields' order. Values
+    reach load_settings as text (booleans as True/False, None when not given), so a bad
+    one is its one-line SettingsError, whatever the source."""
+    for d in reversed(definitions()):
+        if d.kind is bool:
+            flag = d.option.removeprefix("--")
+            command = click.option(f"--{flag}/--no-{flag}", d.name, default=None,
+                                   help=setting_help(d))(command)
+        else:
+            command = click.option(d.option, *OPTION_ALIASES.get(d.name, ()), d.name,
+                                   metavar=d.metavar or METAVARS[d.kind],
+                                   help=setting_help(d))(command)
+    return command
+
+
 @cli.command()
-@click.option("--group", help="Broker group: nodes of one group share one store and one lock.")
-@click.option("--name", help="This node's name (default: host-pid).")
-@click.option("--data-dir", help="Data directory of the embedded store and lock file.")
-@click.option("--store", help="Store URL: sqlite:///path or postgresql://user@host/db.")
-@click.option("--locker", help="Locker URL: file:///path, postgresql://..., zk://host:port/root.")
-@click.option("--bind", help=f"Address to listen on (default {DEFAULT_BIND}), or 'off' "
-                             "(only --ssl-bind).")
-@click.option("--ssl-bind", metavar="HOST:PORT", help="STOMP over TLS listener (ssl:// URIs).")
-@click.option("--ssl-cert", metavar="FILE", help="PEM certificate (chain) for TLS listeners.")
-@click.option("--ssl-key", metavar="FILE", help="PEM private key of --ssl-cert.")
-@click.option("--ssl-ca", metavar="FILE",
-              help="PEM CA file: TLS clients must present a certificate it signed.")
-@click.option("--http-ssl/--no-http-ssl", "http_ssl", default=None,
-              help="With --ssl-cert, serve the management API over HTTPS (default on).")
-@click.option("--http", "http_bind",
-              help="Management HTTP listener HOST:PORT, or 'off' (default 127.0.0.1:8161, "
-                   "or a port derived from --bind's).")
-@click.option("--advertise", help="Client URI published in the registry (default tcp://BIND).")
-@click.option("--rejoin/--no-rejoin", default=None,
-              help="After losing mastership, go back to waiting as slave instead of exiting.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              help="TOML file with settings (see README).")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
-                                               case_sensitive=False))
+              help="TOML file of settings: the option names below, as snake_case keys, at "
+                   "top level or all under [broker].")
+@setting_options
 def start(config_file: str | None, **options: Any) -> None:
     """Start a broker node: slave until it holds the group's lock, then master.
 
-    Precedence: options > AMQLITE_* environment > --config file > defaults.
+    Every setting is an option here, an environment variable AMQLITE_<NAME> (e.g.
+    AMQLITE_LOCK_LEASE) and a --config key (lock_lease). Precedence: options >
+    AMQLITE_* environment > --config file > defaults.
     """
     from amqlite.auth import AuthError
     from amqlite.node import EXIT_ERROR, run_node
@@ -71,10 +85,12 @@ def start(config_file: str | None, **options: Any) -> None:
     from store import StoreError, StoreUnusable
 
     try:
-        settings = load_settings(options, config_file)
+        settings, warnings = read_settings(options, config_file)
     except SettingsError as exc:
         fail(str(exc))
-    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    for warning in warnings:
+        logging.getLogger("amqlite.settings").warning("%s", warning)
     try:
         code = run_node(settings)
     except (SettingsError, StoreUnusable) as exc:  # the settings must change
