@@ -36,12 +36,9 @@ from __future__ import annotations
 import enum
 import tomllib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from amqlite.auth import AuthError, check_hash
-
-if TYPE_CHECKING:
-    from amqlite.broker.wildcard import Pattern, WildcardIndex
+from amqlite.wildcard import Pattern, WildcardError, WildcardIndex, compile_pattern
 
 #: Cached decisions at most; past it the cache starts over (it holds
 #: (login, destination, permission) triples, a few hundred bytes each).
@@ -59,7 +56,7 @@ class Permission(enum.Enum):
 @dataclass(frozen=True)
 class Entry:
     """One ``[[authorization]]`` table; its pattern is matched by
-    amqlite.broker.wildcard, the same rules as wildcard subscriptions."""
+    amqlite.wildcard, the same rules as wildcard subscriptions."""
 
     pattern: Pattern
     groups: dict[Permission, frozenset[str]]
@@ -70,13 +67,9 @@ class Entry:
 
 
 def parse_pattern(pattern: object, where: str) -> Pattern:
-    """``/queue/a.*.>`` compiled (amqlite.broker.wildcard); AuthError when malformed."""
+    """``/queue/a.*.>`` compiled (amqlite.wildcard); AuthError when malformed."""
     if not isinstance(pattern, str):
         raise AuthError(f"{where}: destination must be a string like \"/queue/orders.>\"")
-    # Imported here, not at the top: the amqlite.broker package imports this module,
-    # so importing amqlite.authz first would find it half initialized.
-    from amqlite.broker.wildcard import WildcardError, compile_pattern
-
     try:
         return compile_pattern(pattern)
     except WildcardError as e:
@@ -95,8 +88,6 @@ class Policy:
     _index: WildcardIndex[Entry] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from amqlite.broker.wildcard import WildcardIndex  # see parse_pattern
-
         self._index = WildcardIndex()
         for entry in self.entries:
             self._index.add(entry.pattern, entry)

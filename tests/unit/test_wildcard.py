@@ -1,4 +1,4 @@
-"""ActiveMQ destination wildcards (amqlite.broker.wildcard), without a broker."""
+"""ActiveMQ destination wildcards (amqlite.wildcard), without a broker."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from amqlite.broker import wildcard
-from amqlite.broker.wildcard import (
+from amqlite import wildcard
+from amqlite.wildcard import (
     Pattern,
     WildcardError,
     WildcardIndex,
