@@ -14,7 +14,10 @@ One concern a module:
 * ``subscribe`` -- SUBSCRIBE/UNSUBSCRIBE;
 * ``destinations`` -- destination rows, durable subscriptions, deleting one;
 * ``routing`` -- where a visible message goes;
-* ``core`` -- ``Broker``: the state, connections, authorization, the operator API.
+* ``core`` -- ``Broker``: the state, connections, authorization;
+* ``operations`` -- the operator API (``Operations``: purge, move, retry, delete,
+  remove a durable subscription, close a connection, send): the only way the
+  management API changes anything.
 
 Room for what comes next: selectors (``selector``), wildcard matching
 (``wildcard``) and scheduled delivery (``schedule``) are modules of their own here.
@@ -24,6 +27,7 @@ from amqlite.broker.core import Broker
 from amqlite.broker.destinations import ForgottenDestination
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message, checked_send, message_size, now_ms
+from amqlite.broker.operations import ErrorKind, OperationError, Operations
 from amqlite.broker.session import MAX_OPEN_TRANSACTIONS, Client, Session, Transaction
 from amqlite.broker.source import DurableSource, Source, TopicSubscriptionSource
 from amqlite.broker.subscription import MAX_INFLIGHT_BYTES, Delivery, Subscription
@@ -37,9 +41,12 @@ __all__ = [
     "Client",
     "Delivery",
     "DurableSource",
+    "ErrorKind",
     "ForgottenDestination",
     "MemoryBudget",
     "Message",
+    "OperationError",
+    "Operations",
     "Session",
     "Source",
     "Subscription",

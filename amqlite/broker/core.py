@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
-from amqlite.broker import destinations, routing, send
+from amqlite.broker import destinations, send
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message
@@ -221,24 +221,6 @@ class Broker:
             source.page_loaded(f.result(), limit)
 
         future.add_done_callback(loaded)
-
-    # -- the operator API (amqlite.management) ----------------------------------------
-    def destination_id(self, name: str) -> int:
-        """The store id of ``name``, its row staged with the current batch if new."""
-        return destinations.destination_id(self, name, self.writes.batch)
-
-    def route_committed(self, m: Message) -> None:
-        """A message an operator's write stored in a queue: make it visible."""
-        routing.route_committed(self, m, [])
-
-    def remove_durable(self, durable: DurableSource) -> None:
-        destinations.remove_durable(self, durable)
-
-    def forget_destination(self, name: str) -> destinations.ForgottenDestination:
-        return destinations.forget_destination(self, name)
-
-    def settle_forgotten(self, gone: destinations.ForgottenDestination) -> None:
-        destinations.settle_forgotten(self, gone)
 
     # -- flow of the whole broker --------------------------------------------------------
     def pause(self) -> None:

@@ -231,7 +231,7 @@ class Source:
         self.store_has_more = len(rows) >= limit
         self.dispatch()
 
-    # -- management (amqlite.management.actions) -------------------------------------------
+    # -- the operator API (amqlite.broker.operations) ------------------------------------------
     def drop(self, predicate: Callable[[Message], bool]) -> list[Message]:
         """Remove the waiting messages ``predicate`` picks (purge, move, delete by an
         operator), freeing their bytes like ``pop``; what is in flight to consumers is

@@ -11,7 +11,7 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     GET    /api/v1/group                      every node of the group (registry)
     GET    /api/v1/destinations               name, kind, waiting, in flight, consumers...
     GET    /api/v1/destinations/{kind}/{name}
-    DELETE /api/v1/destinations/{kind}/{name}  remove it for good (see Actions.delete_destination)
+    DELETE /api/v1/destinations/{kind}/{name}  remove it for good (Operations.delete_destination)
     GET    /api/v1/messages/queue/{name}?after=ID&limit=N   browse without consuming
     GET    /api/v1/message/{id}               one whole message
     DELETE /api/v1/message/{id}
@@ -22,6 +22,10 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     DELETE /api/v1/connections/{address}
     GET    /api/v1/subscriptions              durable subscriptions, online or not
     DELETE /api/v1/subscriptions/{client_id}/{name}
+
+What an action does is the broker's operator API (``amqlite.broker.operations``);
+here: parsing, logins and permissions, the HTTP status of its errors, and the log of
+who asked.
 
 Errors are JSON ``{"error": "..."}`` with the status: 400 malformed, 401 login, 403 not
 an administrator or a failed CSRF check, 404 unknown, 409 conflict, 429 too many failed
@@ -37,6 +41,7 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +49,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from amqlite.authz import Permission
+from amqlite.broker.operations import Connection, OperationError, Operations
 from amqlite.listen import HTTP_BACKLOG, listening_sockets
-from amqlite.management.actions import ActionError, Actions
+from amqlite.management.actions import ActionError
 from amqlite.management.metrics import Metrics
 from amqlite.management.reads import DestinationDepth, StoreReader
 from amqlite.management.security import (
@@ -332,10 +338,10 @@ class ManagementServer:
             return response
         except Forbidden as e:
             return _error(403, str(e))
+        except OperationError as e:
+            return await self._failed(ActionError.of(e))
         except ActionError as e:
-            if e.status == 503:
-                return await self._not_master(str(e))
-            return _error(e.status, str(e))
+            return await self._failed(e)
         except web.HTTPException as e:
             if e.status >= 400:
                 return _error(e.status, e.reason)
@@ -355,6 +361,11 @@ class ManagementServer:
             expected = f"{request.scheme}://{request.host}"
             if origin != expected:
                 raise Forbidden(f"cross-origin request from {origin} refused")
+
+    async def _failed(self, e: ActionError) -> web.Response:
+        if e.status == 503:
+            return await self._not_master(str(e))
+        return _error(e.status, str(e))
 
     async def _not_master(self, why: str | None = None) -> web.Response:
         node = self.node
@@ -382,7 +393,8 @@ class ManagementServer:
             raise ActionError(404, f"no such resource: {request.path}")
         return f"/{kind}/{request.match_info['name']}"
 
-    def _logged(self, request: web.Request, what: str, result: dict[str, Any]) -> web.Response:
+    def _logged(self, request: web.Request, what: str,
+                result: Mapping[str, Any]) -> web.Response:
         self.view.reader.invalidate()
         log.info("management: %s by %s from %s: %s", what, request["login"] or "(no login)",
                  request.remote, json.dumps(result, sort_keys=True))
@@ -522,8 +534,15 @@ class ManagementServer:
         return web.json_response({"subscriptions": out})
 
     # -- actions ------------------------------------------------------------------------------
-    def _actions(self) -> Actions:
-        return Actions(self.view.broker, self.view.reader)
+    def _operations(self) -> Operations:
+        broker = self.view.broker
+        if broker is None:  # demoted while the request was read
+            raise ActionError(503, "this node is no longer the serving master")
+        return Operations(broker, self.view.reader, self._connections)
+
+    def _connections(self) -> Iterable[Connection]:
+        server = self.view.server
+        return server.connections if server is not None else ()
 
     def _require(self, request: web.Request, destination: str,
                  permission: Permission = Permission.ADMIN) -> None:
@@ -534,18 +553,18 @@ class ManagementServer:
     async def purge(self, request: web.Request) -> web.Response:
         name = self._destination(request)
         self._require(request, name)
-        result = await self._actions().purge(name)
+        result = await self._operations().purge(name)
         return self._logged(request, f"purge {name}", result)
 
     async def delete_destination(self, request: web.Request) -> web.Response:
         name = self._destination(request)
         self._require(request, name)
-        result = await self._actions().delete_destination(name)
+        result = await self._operations().delete_destination(name)
         return self._logged(request, f"delete {name}", result)
 
     async def delete_message(self, request: web.Request) -> web.Response:
         mid = self._message_id(request)
-        result = await self._actions().delete_message(
+        result = await self._operations().delete_message(
             mid, lambda destination: self._require(request, destination))
         return self._logged(request, f"delete message {mid}", result)
 
@@ -558,14 +577,14 @@ class ManagementServer:
         self._require(request, name)
         self._require(request, target)
         ids = self._ids(body)
-        result = await self._actions().move(name, target, ids)
+        result = await self._operations().move(name, target, ids)
         return self._logged(request, f"move {name} -> {target}", result)
 
     async def retry(self, request: web.Request) -> web.Response:
         name = self._destination(request)
         self._require(request, name)
         ids = self._ids(await self._body(request))
-        result = await self._actions().move(name, None, ids, retry=True)
+        result = await self._operations().retry(name, ids)
         return self._logged(request, f"retry {name}", result)
 
     @staticmethod
@@ -580,18 +599,12 @@ class ManagementServer:
 
     async def close_connection(self, request: web.Request) -> web.Response:
         address = request.match_info["address"]
-        server = self.view.server
-        conn = next((c for c in server.connections if c.peer == address), None)
-        if conn is None:
-            raise ActionError(404, f"no connection from {address}")
-        result = self._actions().close_connection(conn, request["login"] or "an administrator")
+        result = self._operations().close_connection(
+            address, request["login"] or "an administrator")
         return self._logged(request, f"close connection {address}", result)
 
     async def remove_subscription(self, request: web.Request) -> web.Response:
         client_id, name = request.match_info["client_id"], request.match_info["name"]
-        if self.access.per_destination and self.view.broker is not None:
-            durable = self.view.broker.durables.get((client_id, name))
-            if durable is not None:
-                self._require(request, durable.topic)
-        result = await self._actions().remove_durable(client_id, name)
+        result = await self._operations().remove_durable(
+            client_id, name, lambda topic: self._require(request, topic))
         return self._logged(request, f"remove durable subscription {client_id}/{name}", result)

@@ -4,7 +4,7 @@ The broker's store is driven by the group committer's thread; reading through it
 put operators' browsing between SENDs and their RECEIPTs. The management API opens a
 second handle (its own connection pool, like the integrity check does) and runs these
 blocking reads in a worker thread. Nothing here writes: every change goes through the
-broker's write buffer (``amqlite.management.actions``), fenced like any other commit.
+broker's write buffer (``amqlite.broker.operations``), fenced like any other commit.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ import asyncio
 
 import pytest
 
-from amqlite.broker import ForgottenDestination
+from amqlite.broker import Broker, ForgottenDestination, Operations, destinations
 from amqlite.codec import Frame
-from amqlite.management.actions import Actions
 from amqlite.management.reads import StoreReader
 from amqlite.settings import Settings
 from store import SqlStore
@@ -24,7 +23,9 @@ BEFORE, DURING, AFTER = 5, 4, 2
 
 @pytest.mark.parametrize("store_url", ["sqlite", "postgresql"], indirect=True)
 def test_sends_racing_a_delete_are_removed_or_kept_whole(store: SqlStore,
-                                                         settings: Settings) -> None:
+                                                         settings: Settings,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
     async def scenario() -> None:
         async with Master(store, settings, "a") as broker:
             reader = StoreReader(settings.store, settings.group)
@@ -43,17 +44,17 @@ def test_sends_racing_a_delete_are_removed_or_kept_whole(store: SqlStore,
             old_id = broker.destination_rows[QUEUE]
             for _ in range(2):
                 send("before")  # staged, not committed when the delete starts
-            forget = broker.forget_destination
+            forget = destinations.forget_destination
 
-            def forget_while_sending(name: str) -> ForgottenDestination:
+            def forget_while_sending(b: Broker, name: str) -> ForgottenDestination:
                 """SENDs staged right before and right after the cut, in its loop step."""
                 send("before")
-                gone = forget(name)
+                gone = forget(b, name)
                 send("cut-after")
                 return gone
 
-            broker.forget_destination = forget_while_sending  # type: ignore[method-assign]
-            task = asyncio.create_task(Actions(broker, reader).delete_destination(QUEUE))
+            monkeypatch.setattr(destinations, "forget_destination", forget_while_sending)
+            task = asyncio.create_task(Operations(broker, reader).delete_destination(QUEUE))
             for _ in range(DURING):
                 await asyncio.sleep(0)  # one loop step: let the delete make progress
                 send("during")
