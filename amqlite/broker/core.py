@@ -27,6 +27,7 @@ from amqlite.broker.source import DurableSource, Source, TopicSubscriptionSource
 from amqlite.broker.subscribe import close_subscription
 from amqlite.codec import Frame
 from amqlite.validation import BrokerError
+from amqlite.wildcard import WildcardIndex
 from store.write_buffer import WriteBuffer
 
 if TYPE_CHECKING:
@@ -68,6 +69,10 @@ class Broker:
         self.topics: dict[str, list[TopicSubscriptionSource]] = {}
         self.durables: dict[tuple[str, str], DurableSource] = {}
         self.durables_by_topic: dict[str, list[DurableSource]] = {}
+        #: Wildcard topic subscriptions (``amqlite.wildcard``): routing asks these for
+        #: the patterns a concrete topic matches (empty: one length test per publish).
+        self.topic_patterns: WildcardIndex[TopicSubscriptionSource] = WildcardIndex()
+        self.durable_patterns: WildcardIndex[DurableSource] = WildcardIndex()
         self.sessions: dict[Client, Session] = {}
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
@@ -159,6 +164,11 @@ class Broker:
         if handler is None:
             raise BrokerError(f"unexpected frame {frame.command}")
         handler(self, self.sessions[conn], frame)
+
+    def may_read(self, login: str | None, destination: str) -> bool:
+        """May ``login`` read ``destination``? (A wildcard subscription's check, per
+        concrete destination; the policy caches its decisions.)"""
+        return self.authz is None or self.authz.allowed(login, destination, Permission.READ)
 
     def authorize(self, conn: Client, destination: str, permission: Permission) -> None:
         """BrokerError (nothing done) unless the connection's login may use ``destination``

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from amqlite.broker import receipts
 from amqlite.broker.source import DurableSource
 from amqlite.validation import BrokerError, destination_kind
+from amqlite.wildcard import is_wildcard
 from store.api import Batch, BatchResult, DestinationRow, SubscriptionRow
 from store.write_buffer import WriteUnit
 
@@ -114,6 +115,8 @@ def check_owner(broker: Broker, durable: DurableSource, login: str | None) -> No
 def add_durable(broker: Broker, durable: DurableSource) -> None:
     broker.durables[(durable.client_id, durable.sub_name)] = durable
     broker.durables_by_topic.setdefault(durable.topic, []).append(durable)
+    if is_wildcard(durable.topic):
+        durable.pattern = broker.durable_patterns.add(durable.topic, durable)
 
 
 def remove_durable(broker: Broker, durable: DurableSource) -> None:
@@ -121,6 +124,8 @@ def remove_durable(broker: Broker, durable: DurableSource) -> None:
     peers = broker.durables_by_topic.get(durable.topic, [])
     if durable in peers:
         peers.remove(durable)
+    if durable.pattern is not None:
+        broker.durable_patterns.remove(durable.pattern, durable)
     if durable.store_id is not None:
         broker.writes.stage().removed_subscriptions.append(durable.store_id)
     durable.discard()

@@ -17,6 +17,7 @@ from amqlite.broker.message import checked_send
 from amqlite.broker.session import MAX_OPEN_TRANSACTIONS, Session, Transaction
 from amqlite.codec import Frame
 from amqlite.validation import BrokerError
+from amqlite.wildcard import is_wildcard
 
 if TYPE_CHECKING:
     from amqlite.broker.core import Broker
@@ -62,8 +63,11 @@ def on_ack(broker: Broker, session: Session, frame: Frame) -> None:
 
 
 def on_subscribe(broker: Broker, session: Session, frame: Frame) -> None:
-    if broker.authz is not None:
-        broker.authorize(session.conn, frame.headers.get("destination", ""), Permission.READ)
+    destination = frame.headers.get("destination", "")
+    # A wildcard is checked per concrete destination as messages come (routing); a
+    # pattern is no destination to create.
+    if broker.authz is not None and not is_wildcard(destination):
+        broker.authorize(session.conn, destination, Permission.READ)
     subscribe.subscribe(broker, session, frame)
 
 

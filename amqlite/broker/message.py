@@ -10,11 +10,13 @@ import time
 
 from amqlite.codec import Frame
 from amqlite.validation import (
+    BrokerError,
     check_destination,
     check_user_headers,
     header_floor,
     parse_send,
 )
+from amqlite.wildcard import is_wildcard
 from amqlite.wire import DELIVERY_COUNT_HEADER
 from store.api import StoredMessage
 
@@ -44,6 +46,9 @@ def checked_send(frame: Frame) -> Message:
     h = frame.headers
     destination = h["destination"]
     check_destination(destination)
+    if ("*" in destination or ">" in destination) and is_wildcard(destination):
+        raise BrokerError(f"destination {destination[:60]!r} is a wildcard: a SEND needs "
+                          "one destination")
     persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
     headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
     chars, floor = check_user_headers(headers)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from amqlite.broker.core import Broker
     from amqlite.broker.message import Message
     from amqlite.broker.session import Client
-    from amqlite.broker.source import DurableSource, Source
+    from amqlite.broker.source import DurableSource, Source, TopicSubscriptionSource
 
 log = logging.getLogger("amqlite.broker")
 
@@ -30,6 +30,30 @@ def dispatch_logged(source: Source) -> None:
         log.exception("dispatch of %s failed", source.name)
 
 
+def topic_subscribers(broker: Broker, topic: str) -> list[TopicSubscriptionSource]:
+    """The non-durable subscribers of ``topic``: its own, and those of wildcard patterns
+    that match it and whose login may read it (checked per concrete destination, so a
+    pattern never delivers from a topic its login may not read, even one created after
+    the SUBSCRIBE)."""
+    own = broker.topics.get(topic)
+    if not broker.topic_patterns:
+        return own or []
+    matched = [s for s in broker.topic_patterns.matching(topic)
+               if broker.may_read(s.login, topic)]
+    return [*own, *matched] if own else matched
+
+
+def durables_for(broker: Broker, topic: str) -> list[DurableSource] | None:
+    """The durable subscriptions a message to ``topic`` is stored for (see
+    ``topic_subscribers``; a durable pattern is checked against its owner's login)."""
+    own = broker.durables_by_topic.get(topic)
+    if not broker.durable_patterns:
+        return own
+    matched = [d for d in broker.durable_patterns.matching(topic)
+               if broker.may_read(d.owner, topic)]
+    return [*own, *matched] if own else matched
+
+
 def route_now(broker: Broker, m: Message, producer: Client | None = None) -> None:
     """A message with nothing to store: to its queue, or to the topic's subscribers."""
     if destination_kind(m.destination) == "queue":
@@ -41,10 +65,10 @@ def route_now(broker: Broker, m: Message, producer: Client | None = None) -> Non
 
 
 def publish_memory(broker: Broker, m: Message, producer: Client | None = None) -> None:
-    for source in broker.topics.get(m.destination, ()):
+    for source in topic_subscribers(broker, m.destination):
         source.add_nonpersistent(m.copy(persistent=False))
         source.dispatch()
-    for durable in broker.durables_by_topic.get(m.destination, ()):
+    for durable in durables_for(broker, m.destination) or ():
         # a non-persistent message reaches only online durable subscribers
         if durable.consumers:
             durable.add_nonpersistent(m.copy(persistent=False), producer)
@@ -62,6 +86,6 @@ def route_committed(broker: Broker, m: Message, durables: list[DurableSource]) -
     for durable in durables:
         durable.append_committed(m.copy())
         dispatch_logged(durable)
-    for source in broker.topics.get(m.destination, ()):
+    for source in topic_subscribers(broker, m.destination):
         source.add_nonpersistent(m.copy(persistent=False))
         dispatch_logged(source)

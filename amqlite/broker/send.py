@@ -53,7 +53,7 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         elif destination_kind(m.destination) == "queue":
             to_store.append((m, []))
         else:
-            durables = broker.durables_by_topic.get(m.destination)
+            durables = routing.durables_for(broker, m.destination)
             if durables:
                 to_store.append((m, list(durables)))
             elif m.dedup_key is not None:

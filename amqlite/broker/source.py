@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from amqlite.broker import memory
 from amqlite.broker.message import Message, now_ms
+from amqlite.wildcard import Pattern
 from amqlite.wire import ACK_AUTO
 from store.api import Ref, StoredMessage
 
@@ -76,6 +77,8 @@ class Source:
         #: handed to a consumer up front: while any is pending, a newer
         #: message must not be handed over first (a consumer sees queue order).
         self.pending_inserts = 0
+        #: A topic subscription's wildcard pattern (``amqlite.wildcard``), if any.
+        self.pattern: Pattern | None = None
 
     # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
     def ref(self, message: Message) -> Ref:
@@ -273,9 +276,12 @@ class DurableSource(Source):
 class TopicSubscriptionSource(Source):
     """A non-durable topic subscription: memory only, one consumer."""
 
-    def __init__(self, broker: Broker, name: str) -> None:
+    def __init__(self, broker: Broker, name: str, login: str | None = None) -> None:
         super().__init__(broker, name, None, stored=False)
         self.dropped = 0
+        #: Its subscriber's login: what a wildcard pattern may deliver is checked
+        #: against it per concrete topic.
+        self.login = login
 
     def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
         """A subscriber that is behind past the count or byte limits misses this one."""

@@ -9,6 +9,7 @@ from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.broker.subscription import Subscription
 from amqlite.codec import Frame
 from amqlite.validation import BrokerError, check_destination, check_subscribe
+from amqlite.wildcard import WildcardError, compile_pattern, is_wildcard
 from amqlite.wire import ACK_AUTO, ACK_MODES
 from store.write_buffer import WriteUnit
 
@@ -31,6 +32,15 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
     h = frame.headers
     destination = h["destination"]
     kind = check_destination(destination)
+    pattern = None
+    if ("*" in destination or ">" in destination) and is_wildcard(destination):
+        try:
+            pattern = compile_pattern(destination)
+        except WildcardError as e:
+            raise BrokerError(str(e)) from None
+        if kind == "queue":
+            raise BrokerError(f"{destination[:60]!r}: wildcards are for topics; subscribe "
+                              "to each queue by name")
     prefetch = check_subscribe(h, broker.settings.default_prefetch)
     sub_id = h.get("id") or destination  # STOMP 1.0 may omit id
     if sub_id in session.subscriptions:
@@ -53,8 +63,12 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
         if source.consumers:
             raise BrokerError(f"durable subscription {name!r} is already active")
     else:
-        source = TopicSubscriptionSource(broker, destination)
-        broker.topics.setdefault(destination, []).append(source)
+        topic = TopicSubscriptionSource(broker, destination, session.conn.login)
+        if pattern is None:
+            broker.topics.setdefault(destination, []).append(topic)
+        else:
+            topic.pattern = broker.topic_patterns.add(pattern, topic)
+        source = topic
     sub = Subscription(session.conn, sub_id, next(session.keys), destination, ack_mode,
                        prefetch, source)
     session.subscriptions[sub_id] = sub
@@ -93,6 +107,8 @@ def close_subscription(broker: Broker, session: Session, sub: Subscription) -> N
         peers = broker.topics.get(sub.destination, [])
         if source in peers:
             peers.remove(source)
+        if source.pattern is not None:
+            broker.topic_patterns.remove(source.pattern, source)
         source.discard()
         return
     if sub.inflight:
