@@ -104,6 +104,11 @@ Ref = tuple[int | None, int]
 #: COMMIT (whose ACKs must not apply when its SENDs are refused) also of
 #: ``acks``: 8 or 10 numbers, pairs in ``_UNIT_FIELDS`` order.
 UnitSpan = tuple[int, ...]
+#: A conjunction of ``(kind, field, op, value)`` terms a page of messages must satisfy:
+#: kind ``"column"`` (priority, enqueued_at, expires_at, message_id) or ``"header"``
+#: (a user header, text; NULL when absent); op one of = <> < > <= >= in, not in,
+#: is null, is not null. The broker's selectors make them (``amqlite.broker.selective``).
+PageFilter = tuple[tuple[str, str, str, object], ...]
 #: ``BatchResult.rejected`` key of the part of a batch outside every unit.
 OUTSIDE_UNITS = -1
 
@@ -322,6 +327,14 @@ class Store(abc.ABC):
         """Queue messages with id > after_id, by id (in flight or not).
 
         Deliberately no ``FOR UPDATE SKIP LOCKED``: see ``store.recovery``."""
+
+    def load_page_matching(
+        self, destination_id: int, after_id: int, limit: int, terms: PageFilter
+    ) -> list[StoredMessage]:
+        """``load_page`` narrowed by ``terms`` where the store can check them: the rows
+        are candidates, which the caller still checks (a selective consumer's scan).
+        Without a filter of its own, a store returns the plain page."""
+        return self.load_page(destination_id, after_id, limit)
 
     @abc.abstractmethod
     def load_subscription_page(

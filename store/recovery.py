@@ -26,6 +26,7 @@ from store.api import (
     DestinationRow,
     Fenced,
     Integrity,
+    PageFilter,
     Recovery,
     StoredMessage,
     StoreError,
@@ -174,6 +175,13 @@ class Recovering(FencedStore):
         params = {"g": self.group, "d": destination_id, "after": after_id, "n": limit}
         with self._tx("load_page", write=False) as conn:
             return self._stored(conn.execute(self._st.page, params))
+
+    def load_page_matching(
+        self, destination_id: int, after_id: int, limit: int, terms: PageFilter
+    ) -> list[StoredMessage]:
+        params = {"g": self.group, "d": destination_id, "after": after_id, "n": limit}
+        with self._tx("load_page_matching", write=False) as conn:
+            return self._stored(conn.execute(self._st.filtered_page(terms), params))
 
     def load_subscription_page(
         self, subscription_id: int, after_id: int, limit: int

@@ -10,20 +10,27 @@ transaction (``store.fencing``).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import (
     ARRAY,
+    JSON,
     BigInteger,
+    BindParameter,
+    ColumnElement,
+    Select,
     all_,
     and_,
     any_,
     bindparam,
     case,
+    cast,
     delete,
     exists,
+    func,
     select,
     update,
 )
@@ -61,6 +68,15 @@ def greatest(col: Any, value: Any) -> Any:
     return case((col > value, col), else_=value)
 
 
+#: Header names a page filter may look into (``PageFilter``): plain names only, so a
+#: name is never spliced into a JSON path it could break out of.
+FILTERABLE_HEADER = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,99}")
+#: The message columns a page filter may compare.
+FILTERABLE_COLUMNS = ("priority", "enqueued_at", "expires_at", "message_id")
+_COMPARE = {"=": "__eq__", "<>": "__ne__", "<": "__lt__", ">": "__gt__", "<=": "__le__",
+            ">=": "__ge__"}
+
+
 class Statements:
     """A store's statements (``sqlite``: built for SQLite, else for PostgreSQL).
     ``ins_*`` are driver-level INSERTs (``exec_driver_sql``), the rest SQLAlchemy Core."""
@@ -82,7 +98,7 @@ class Statements:
         self.ins_pending = self._driver_insert(
             p, ("grp", "sub_id", "msg_id"), {"delivery_count": "0", "inflight_epoch": "NULL"}
         )
-        grp = bindparam("g")
+        grp: BindParameter[str] = bindparam("g")
         in_ = self._in
         max_id = bindparam("max_id", type_=BigInteger)
         self.fence = (
@@ -251,7 +267,56 @@ class Statements:
         """``col IN :name`` for a list: an expanding IN on SQLite, ``= ANY`` of
         one array parameter on PostgreSQL (see ARRAY_CHUNK)."""
         if self.sqlite:
-            values = bindparam(name, expanding=True)
+            values: BindParameter[Any] = bindparam(name, expanding=True)
             return col.not_in(values) if negate else col.in_(values)
         array = bindparam(name, type_=ARRAY(col.type))
         return col != all_(array) if negate else col == any_(array)
+
+    # -- a selective consumer's scan (store.api.PageFilter) ------------------------------
+    def filtered_page(self, terms: Sequence[tuple[str, str, str, object]]) -> Select[Any]:
+        """``page`` narrowed by the terms the database can check; a term it cannot
+        (a number compared with a header, an unusual header name) is left out, so the
+        rows are candidates the caller still checks (the broker's selector)."""
+        m = schema.messages
+        where: list[ColumnElement[bool]] = [
+            m.c.grp == bindparam("g"), m.c.destination_id == bindparam("d"),
+            m.c.id > bindparam("after"),
+        ]
+        for kind, field, op, value in terms:
+            cond = self._term(kind, field, op, value)
+            if cond is not None:
+                where.append(cond)
+        msg_cols = (m.c.id, m.c.destination_id, m.c.message_id, m.c.headers, m.c.body,
+                    m.c.priority, m.c.expires_at, m.c.enqueued_at, m.c.delivery_count,
+                    m.c.producer_id, m.c.producer_seq, m.c.dedup_key)
+        return (select(*msg_cols).where(*where).order_by(m.c.id)
+                .limit(bindparam("n")))
+
+    def _term(self, kind: str, field: str, op: str, value: object
+              ) -> ColumnElement[bool] | None:
+        m = schema.messages
+        if kind == "column":
+            if field not in FILTERABLE_COLUMNS:
+                return None
+            col: Any = m.c[field]
+            text = field == "message_id"
+        else:
+            if not FILTERABLE_HEADER.fullmatch(field):
+                return None
+            col = (func.json_extract(m.c.headers, f'$."{field}"') if self.sqlite
+                   else cast(m.c.headers, JSON)[field].as_string())
+            text = True
+        if op == "is null":
+            return col.is_(None)  # type: ignore[no-any-return]
+        if op == "is not null":
+            return col.is_not(None)  # type: ignore[no-any-return]
+        if op in ("in", "not in") and isinstance(value, tuple) and text:
+            values = [v for v in value if isinstance(v, str)]
+            return col.in_(values) if op == "in" else col.not_in(values)  # type: ignore[no-any-return]
+        if op not in _COMPARE or isinstance(value, bool):
+            return None
+        if text and isinstance(value, str) and op in ("=", "<>"):
+            return getattr(col, _COMPARE[op])(value)  # type: ignore[no-any-return]
+        if not text and isinstance(value, int | float):
+            return getattr(col, _COMPARE[op])(value)  # type: ignore[no-any-return]
+        return None

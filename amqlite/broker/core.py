@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
-from amqlite.broker import destinations, send
+from amqlite.broker import destinations, selective, send
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message
@@ -100,8 +100,9 @@ class Broker:
         names = {d.id: d.name for d in recovery.destinations}
         for s in recovery.subscriptions:
             topic = names.get(s.destination_id, f"/topic/unknown-{s.destination_id}")
-            destinations.add_durable(self, DurableSource(self, topic, s.id, s.client_id,
-                                                         s.name, topic, s.owner))
+            destinations.add_durable(self, DurableSource(
+                self, topic, s.id, s.client_id, s.name, topic, s.owner,
+                selective.stored_selector(s.selector, s.name)))
 
     # -- the memory budget's figures, as the metrics and tests read them ----------------
     @property

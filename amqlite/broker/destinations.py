@@ -21,6 +21,7 @@ from store.write_buffer import WriteUnit
 
 if TYPE_CHECKING:
     from amqlite.broker.core import Broker
+    from amqlite.broker.selector import Selector
     from amqlite.broker.session import Client
 
 log = logging.getLogger("amqlite.broker")
@@ -54,17 +55,20 @@ def destinations_committed(broker: Broker, rows: list[DestinationRow]) -> None:
 
 
 # -- durable subscriptions -------------------------------------------------------------
-def durable(broker: Broker, client_id: str, name: str, topic: str,
-            login: str | None) -> tuple[DurableSource, WriteUnit[Client] | None,
-                                        receipts.OnResult | None]:
+def durable(
+    broker: Broker, client_id: str, name: str, topic: str, login: str | None,
+    selector: Selector | None = None,
+) -> tuple[DurableSource, WriteUnit[Client] | None, receipts.OnResult | None]:
     """The durable subscription ``(client_id, name)`` on ``topic``, made if new: then
     also its unit (the SUBSCRIBE's RECEIPT waits for it) and what to do with the
     store's answer."""
     found = broker.durables.get((client_id, name))
     if found is not None:
         check_owner(broker, found, login)
-    if found is not None and found.topic != topic:
-        # ActiveMQ/JMS: re-subscribing a durable name to another topic replaces it
+    if found is not None and (found.topic != topic
+                              or _text(found.selector) != _text(selector)):
+        # ActiveMQ/JMS: re-subscribing a durable name to another topic or with another
+        # selector replaces it
         remove_durable(broker, found)
         found = None
     if found is not None:
@@ -76,9 +80,10 @@ def durable(broker: Broker, client_id: str, name: str, topic: str,
     did = destination_id(broker, topic, batch)
     sid = next(broker.subscription_ids)
     owner = login if broker.authenticated else None
-    batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did, owner=owner))
+    batch.subscriptions.append(SubscriptionRow(sid, client_id, name, did, _text(selector),
+                                               owner=owner))
     writes.end_unit(unit)
-    new = DurableSource(broker, topic, sid, client_id, name, topic, owner)
+    new = DurableSource(broker, topic, sid, client_id, name, topic, owner, selector)
     new.store_has_more = False
     add_durable(broker, new)
 
@@ -90,6 +95,10 @@ def durable(broker: Broker, client_id: str, name: str, topic: str,
             remove_durable(broker, new)
 
     return new, unit, created
+
+
+def _text(selector: Selector | None) -> str | None:
+    return None if selector is None else selector.text
 
 
 def check_owner(broker: Broker, durable: DurableSource, login: str | None) -> None:

@@ -30,6 +30,12 @@ def dispatch_logged(source: Source) -> None:
         log.exception("dispatch of %s failed", source.name)
 
 
+def wants(source: Source, m: Message) -> bool:
+    """Does a topic subscription's selector (if any) take ``m``?"""
+    selector = source.selector
+    return selector is None or selector.matches(m.headers, m)
+
+
 def topic_subscribers(broker: Broker, topic: str) -> list[TopicSubscriptionSource]:
     """The non-durable subscribers of ``topic``: its own, and those of wildcard patterns
     that match it and whose login may read it (checked per concrete destination, so a
@@ -66,11 +72,12 @@ def route_now(broker: Broker, m: Message, producer: Client | None = None) -> Non
 
 def publish_memory(broker: Broker, m: Message, producer: Client | None = None) -> None:
     for source in topic_subscribers(broker, m.destination):
-        source.add_nonpersistent(m.copy(persistent=False))
-        source.dispatch()
+        if wants(source, m):
+            source.add_nonpersistent(m.copy(persistent=False))
+            source.dispatch()
     for durable in durables_for(broker, m.destination) or ():
         # a non-persistent message reaches only online durable subscribers
-        if durable.consumers:
+        if durable.consumers and wants(durable, m):
             durable.add_nonpersistent(m.copy(persistent=False), producer)
             durable.dispatch()
 
@@ -87,5 +94,6 @@ def route_committed(broker: Broker, m: Message, durables: list[DurableSource]) -
         durable.append_committed(m.copy())
         dispatch_logged(durable)
     for source in topic_subscribers(broker, m.destination):
-        source.add_nonpersistent(m.copy(persistent=False))
-        dispatch_logged(source)
+        if wants(source, m):
+            source.add_nonpersistent(m.copy(persistent=False))
+            dispatch_logged(source)

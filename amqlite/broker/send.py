@@ -55,6 +55,8 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         else:
             durables = routing.durables_for(broker, m.destination)
             if durables:
+                durables = [d for d in durables if routing.wants(d, m)]
+            if durables:
                 to_store.append((m, list(durables)))
             elif m.dedup_key is not None:
                 identity_only.append(m)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from amqlite.broker import memory
+from amqlite.broker import memory, selective
 from amqlite.broker.message import Message, now_ms
 from amqlite.wildcard import Pattern
 from amqlite.wire import ACK_AUTO
@@ -23,6 +23,7 @@ from store.api import Ref, StoredMessage
 
 if TYPE_CHECKING:
     from amqlite.broker.core import Broker
+    from amqlite.broker.selector import Selector
     from amqlite.broker.session import Client
     from amqlite.broker.subscription import Subscription
 
@@ -54,13 +55,17 @@ class Source:
     """An ordered backlog with consumers: a queue, a durable subscription, or a
     non-durable topic subscription (memory only, one consumer)."""
 
+    #: Consumers' selectors choose among this source's messages at dispatch (a queue).
+    #: A topic subscription's selector filters when a message is routed to it instead.
+    SELECTS_AT_DISPATCH = True
+
     def __init__(self, broker: Broker, name: str, store_id: int | None, stored: bool) -> None:
         self.broker = broker
         self.memory = broker.memory
         self.name = name
         self.store_id = store_id  # destination id (queue) or subscription id (durable)
         self.stored = stored  # pages from the store
-        self._heap: list[tuple[int, int, Message]] = []
+        self.heap: list[tuple[int, int, Message]] = []
         self.in_memory_stored = 0  # stored messages in the heap
         self.nonpersistent = 0
         self.bytes = 0  # Message.size of everything in the heap
@@ -71,7 +76,7 @@ class Source:
         self.store_has_more = stored
         self.paging = False
         self.consumers: list[Subscription] = []
-        self._rr = 0
+        self.turn = 0
         self.blocked_producers: set[Client] = set()
         #: Inserts staged for this queue and not yet committed that were not
         #: handed to a consumer up front: while any is pending, a newer
@@ -79,13 +84,20 @@ class Source:
         self.pending_inserts = 0
         #: A topic subscription's wildcard pattern (``amqlite.wildcard``), if any.
         self.pattern: Pattern | None = None
+        #: Consumers with a selector (a queue: see ``amqlite.broker.selective``).
+        self.selective = 0
+        #: A topic subscription's selector: what is routed to it must match.
+        self.selector: Selector | None = None
+        #: Stored ids past ``cursor`` a selective scan brought in (in memory or in
+        #: flight): the pager steps over them until its cursor passes them.
+        self.ahead: set[int] = set()
 
     # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
     def ref(self, message: Message) -> Ref:
         return (None, message.id)
 
     def push(self, message: Message) -> None:
-        heapq.heappush(self._heap, (-message.priority, message.id, message))
+        heapq.heappush(self.heap, (-message.priority, message.id, message))
         size = message.size
         self.bytes += size
         self.memory.waiting_bytes += size
@@ -107,6 +119,8 @@ class Source:
         ):
             self.store_has_more = True  # the pager will find it by id
             self.row_size = max(self.row_size, message.size)
+            if self.selective:
+                selective.store_grew(self)
             return
         self.cursor = max(self.cursor, message.id)
         self.push(message)
@@ -120,9 +134,9 @@ class Source:
             self.memory.block_producer(producer, self)
 
     def pop(self) -> Message | None:
-        if not self._heap:
+        if not self.heap:
             return None
-        message = heapq.heappop(self._heap)[2]
+        message = heapq.heappop(self.heap)[2]
         if message.persistent:
             self._released(message.size, 1, 0)
         else:
@@ -138,29 +152,33 @@ class Source:
         self.memory.released(self, size)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self.heap)
 
     def discard(self) -> None:
         """The source is gone (its subscription ended): free what waited in it,
         in the budgets too, and let its paused producers go."""
-        self._heap.clear()
+        self.heap.clear()
         self._released(self.bytes, self.in_memory_stored, self.nonpersistent)
 
     # -- consumers ----------------------------------------------------------
     def add_consumer(self, sub: Subscription) -> None:
         self.consumers.append(sub)
+        if sub.selector is not None and self.SELECTS_AT_DISPATCH:
+            self.selective += 1
         self.dispatch()
 
     def remove_consumer(self, sub: Subscription) -> None:
         if sub in self.consumers:
             self.consumers.remove(sub)
+            if sub.selector is not None and self.SELECTS_AT_DISPATCH:
+                self.selective -= 1
 
     def _next_consumer(self) -> Subscription | None:
         n = len(self.consumers)
         for i in range(n):
-            sub = self.consumers[(self._rr + i) % n]
+            sub = self.consumers[(self.turn + i) % n]
             if sub.has_credit():
-                self._rr = (self._rr + i + 1) % n
+                self.turn = (self.turn + i + 1) % n
                 return sub
         return None
 
@@ -169,13 +187,14 @@ class Source:
         one in a client ack mode whose turn it is, when nothing is ahead of the
         message (in memory, in the store, or committing). Auto-ack consumers
         take theirs after the commit, as before (the turn is kept for them)."""
-        if (self.broker.paused or self._heap or self.store_has_more or self.paging
-                or self.pending_inserts or message.expired(message.enqueued_at)):
-            return None
-        turn = self._rr
+        if (self.broker.paused or self.heap or self.store_has_more or self.paging
+                or self.pending_inserts or self.selective
+                or message.expired(message.enqueued_at)):
+            return None  # a selective queue: its dispatch picks a consumer that matches
+        turn = self.turn
         sub = self._next_consumer()
         if sub is None or sub.ack_mode == ACK_AUTO:
-            self._rr = turn
+            self.turn = turn
             return None
         return sub
 
@@ -183,8 +202,11 @@ class Source:
         """Hand waiting messages to consumers with credit, round robin (fair)."""
         if self.broker.paused or not self.consumers:
             return
+        if self.selective:
+            selective.dispatch(self)
+            return
         now = now_ms()
-        while self._heap:
+        while self.heap:
             sub = self._next_consumer()
             if sub is None:
                 break
@@ -222,17 +244,32 @@ class Source:
     def page_loaded(self, rows: list[StoredMessage], limit: int) -> None:
         self.paging = False
         largest = 0
+        ahead = self.ahead
         for row in rows:
             if row.id <= self.cursor:
                 continue  # already in memory (appended after commit)
             self.cursor = row.id
+            if ahead and row.id in ahead:
+                continue  # a selective scan has it (in memory or in flight)
             message = Message.from_row(row, self.name)
             largest = max(largest, message.size)
             self.push(message)
         if largest:
             self.row_size = largest
         self.store_has_more = len(rows) >= limit
+        if ahead:
+            self.ahead = {i for i in ahead if i > self.cursor}
         self.dispatch()
+
+    def take(self, entry: tuple[int, int, Message]) -> Message:
+        """Remove one heap ``entry`` (``selective.dispatch`` walks the heap itself) and
+        give its bytes back, as ``pop`` does."""
+        message = entry[2]
+        if message.persistent:
+            self._released(message.size, 1, 0)
+        else:
+            self._released(message.size, 0, 1)
+        return message
 
     # -- the operator API (amqlite.broker.operations) ------------------------------------------
     def drop(self, predicate: Callable[[Message], bool]) -> list[Message]:
@@ -240,12 +277,12 @@ class Source:
         operator), freeing their bytes like ``pop``; what is in flight to consumers is
         not here and is left alone."""
         kept, dropped = [], []
-        for entry in self._heap:
+        for entry in self.heap:
             (dropped if predicate(entry[2]) else kept).append(entry)
         if not dropped:
             return []
         heapq.heapify(kept)
-        self._heap = kept
+        self.heap = kept
         messages = [e[2] for e in dropped]
         stored = sum(1 for m in messages if m.persistent)
         self._released(sum(m.size for m in messages), stored, len(messages) - stored)
@@ -259,9 +296,13 @@ class Source:
 class DurableSource(Source):
     """A durable topic subscription's backlog: stored once, owed per subscription."""
 
+    SELECTS_AT_DISPATCH = False
+
     def __init__(self, broker: Broker, name: str, sub_id: int, client_id: str,
-                 sub_name: str, topic: str, owner: str | None = None) -> None:
+                 sub_name: str, topic: str, owner: str | None = None,
+                 selector: Selector | None = None) -> None:
         super().__init__(broker, name, sub_id, stored=True)
+        self.selector = selector  # stored with it: a changed selector is a new one
         self.client_id = client_id
         self.sub_name = sub_name
         self.topic = topic
@@ -276,6 +317,8 @@ class DurableSource(Source):
 class TopicSubscriptionSource(Source):
     """A non-durable topic subscription: memory only, one consumer."""
 
+    SELECTS_AT_DISPATCH = False
+
     def __init__(self, broker: Broker, name: str, login: str | None = None) -> None:
         super().__init__(broker, name, None, stored=False)
         self.dropped = 0
@@ -285,7 +328,7 @@ class TopicSubscriptionSource(Source):
 
     def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
         """A subscriber that is behind past the count or byte limits misses this one."""
-        if self._heap and (self.nonpersistent >= MAX_TOPIC_BACKLOG or self.over_budget()):
+        if self.heap and (self.nonpersistent >= MAX_TOPIC_BACKLOG or self.over_budget()):
             self.dropped += 1
             self.broker.stats["dropped"] += 1
             if self.dropped % DROP_LOG_EVERY == 1:

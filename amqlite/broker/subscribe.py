@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amqlite.broker import destinations, receipts
+from amqlite.broker import destinations, receipts, selective
 from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.broker.subscription import Subscription
 from amqlite.codec import Frame
@@ -49,6 +49,7 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
     if ack_mode not in ACK_MODES:
         raise BrokerError(f"ack mode {ack_mode!r}: use one of {', '.join(ACK_MODES)}")
     name = durable_name(h)
+    selector = selective.selector_of(h)
     source: Source
     unit: WriteUnit[Client] | None = None
     on_result: receipts.OnResult | None = None
@@ -59,18 +60,19 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
         if not client_id:
             raise BrokerError("a durable subscription needs client-id on CONNECT")
         source, unit, on_result = destinations.durable(broker, client_id, name, destination,
-                                                       session.conn.login)
+                                                       session.conn.login, selector)
         if source.consumers:
             raise BrokerError(f"durable subscription {name!r} is already active")
     else:
         topic = TopicSubscriptionSource(broker, destination, session.conn.login)
+        topic.selector = selector
         if pattern is None:
             broker.topics.setdefault(destination, []).append(topic)
         else:
             topic.pattern = broker.topic_patterns.add(pattern, topic)
         source = topic
     sub = Subscription(session.conn, sub_id, next(session.keys), destination, ack_mode,
-                       prefetch, source)
+                       prefetch, source, selector)
     session.subscriptions[sub_id] = sub
     session.by_key[sub.key] = sub
     source.add_consumer(sub)

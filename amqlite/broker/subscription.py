@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from amqlite.broker.message import Message
+from amqlite.broker.selector import Selector
 from amqlite.broker.session import Client
 from amqlite.broker.source import Source
 from amqlite.codec import Frame
@@ -48,7 +49,8 @@ class Subscription:
     """One SUBSCRIBE of one connection."""
 
     def __init__(self, conn: Client, sub_id: str, key: int, destination: str,
-                 ack_mode: str, prefetch: int, source: Source) -> None:
+                 ack_mode: str, prefetch: int, source: Source,
+                 selector: Selector | None = None) -> None:
         self.conn = conn
         self.id = sub_id
         self.key = key  # small per-connection number, prefix of STOMP 1.2 ack ids
@@ -63,6 +65,12 @@ class Subscription:
         self.held: set[str] = set()
         self.written_count = 0  # MESSAGE frames written, numbers Delivery.written_seq
         self.closed = False
+        #: Its JMS selector (``amqlite.broker.selective``), and its scan of a queue's
+        #: store: the last id read, whether it reached the end, whether one is running.
+        self.selector = selector
+        self.scan_after = 0
+        self.scan_done = False
+        self.scanning = False
 
     def has_credit(self) -> bool:
         if self.closed or self.conn.closed or not self.conn.can_write():
