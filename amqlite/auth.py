@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import functools
 import hashlib
 import hmac
 import logging
@@ -286,7 +287,7 @@ class CheckQueue:
             self.counts["run"] += 1
             future = loop.run_in_executor(self._executor, self.auth.check, check.login,
                                           check.passcode)
-            future.add_done_callback(lambda f, c=check: self._finished(c, f))
+            future.add_done_callback(functools.partial(self._finished, check))
 
     def _finished(self, check: PendingCheck, future: asyncio.Future[bool]) -> None:
         self.running.discard(check)

@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 from amqlite import pidfile
@@ -39,8 +40,8 @@ from amqlite.registry import (
 )
 from amqlite.server import StompServer
 from amqlite.settings import Settings, SettingsError
-from lockers import LockerError, LockLost, LockState, open_locker
-from store import GroupCommitter, StoreError, StoreRejected, StoreUnusable, open_store
+from lockers import Locker, LockerError, LockLost, LockState, open_locker
+from store import GroupCommitter, Store, StoreError, StoreRejected, StoreUnusable, open_store
 
 log = logging.getLogger("amqlite.node")
 
@@ -260,7 +261,7 @@ class Node:
             log.info("node %s: stopping (signal)", self.settings.name)
             self.stopping.set()
 
-    async def _until_stopped(self, aw) -> bool:
+    async def _until_stopped(self, aw: Awaitable[None]) -> bool:
         """Run ``aw`` unless a stop comes first; True when it completed."""
         task = asyncio.ensure_future(aw)
         stop = asyncio.ensure_future(self.stopping.wait())
@@ -276,7 +277,7 @@ class Node:
             await task
         return False
 
-    async def _bounded(self, acquire, locker) -> None:
+    async def _bounded(self, acquire: Awaitable[None], locker: Locker) -> None:
         """``acquire``, but a LockerError when the lock's server has not answered within
         start_timeout (waiting for a master to go is not bounded: that is a slave's job)."""
         task = asyncio.ensure_future(acquire)
@@ -295,7 +296,7 @@ class Node:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _open_store(self, store) -> bool:
+    async def _open_store(self, store: Store) -> bool:
         """Open the store, waiting while it is unreachable (doubling back-off up to
         RETRY_MAX_DELAY, one line per attempt, at most start_timeout seconds); a store
         that answers no for good (StoreUnusable) ends the node at once."""
@@ -321,7 +322,7 @@ class Node:
                 delay = min(delay * 2, RETRY_MAX_DELAY)
         return False
 
-    async def _check_durability(self, store) -> None:
+    async def _check_durability(self, store: Store) -> None:
         """A RECEIPT promises the message survives a crash; a PostgreSQL server with
         fsync = off cannot keep that promise, so it is refused unless accepted."""
         check = getattr(store, "server_fsync", None)
@@ -363,7 +364,8 @@ class Node:
             self.lost.set()
 
     # -- master -------------------------------------------------------------------------
-    async def _serve_as_master(self, store, locker, auth: Authenticator) -> Outcome:
+    async def _serve_as_master(self, store: Store, locker: Locker,
+                               auth: Authenticator) -> Outcome:
         s = self.settings
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -455,7 +457,7 @@ class Node:
         log.info("node %s: released the lock of group %s", s.name, s.group)
         return Outcome.STOPPED
 
-    async def _still_master(self, locker) -> bool:
+    async def _still_master(self, locker: Locker) -> bool:
         """For the registry: may this node (still) call itself master?"""
         if self.role is not Role.MASTER or self.lost.is_set():
             return False
@@ -477,7 +479,7 @@ class Node:
             log.error("node %s: store write failed: %s", self.settings.name, exc)
         self._demote(f"store: {exc}")
 
-    async def _keepalive(self, locker) -> None:
+    async def _keepalive(self, locker: Locker) -> None:
         while True:
             await asyncio.sleep(self.settings.lock_keepalive)
             try:
@@ -539,7 +541,8 @@ class Node:
                 known = uris
             await asyncio.sleep(CLUSTER_POLL_INTERVAL)
 
-    async def _housekeeping(self, committer: GroupCommitter, store, epoch: int) -> None:
+    async def _housekeeping(self, committer: GroupCommitter, store: Store,
+                           epoch: int) -> None:
         """Reap expired messages and forget dedup keys past the window."""
         s = self.settings
         while True:

@@ -15,8 +15,8 @@ import socket
 import ssl
 import time
 import uuid
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, cast
 
 from amqlite import __version__
 from amqlite.auth import CheckOutcome, CheckQueue, PendingCheck
@@ -85,14 +85,14 @@ class StompServer:
         loop = asyncio.get_running_loop()
         for name, (host, port), context in listeners:
             # The TLS handshake counts against connect_timeout like the STOMP one.
-            tls = {"ssl": context, "ssl_handshake_timeout": s.connect_timeout} if context else {}
+            handshake_timeout = s.connect_timeout if context else None
             socks: list[socket.socket] = []
             try:
                 socks = await asyncio.to_thread(listening_sockets, host, port, STOMP_BACKLOG)
                 while socks:  # handed over one by one: a failure closes the rest here
                     self.servers.append(await loop.create_server(
                         lambda: ClientConnection(self), sock=socks[0], backlog=STOMP_BACKLOG,
-                        **tls))
+                        ssl=context, ssl_handshake_timeout=handshake_timeout))
                     socks.pop(0)
             except OSError as exc:
                 exc.listener = name  # type: ignore[attr-defined]
@@ -238,7 +238,9 @@ class ClientConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
+        # A stream transport (uvloop's is not a subclass of asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
@@ -499,7 +501,7 @@ class ClientConnection(asyncio.Protocol):
             self.partial_since = self.loop.time() if self.proto.buffered else None
 
     # -- timers ------------------------------------------------------------------------
-    def _schedule(self, delay: float, fn) -> None:
+    def _schedule(self, delay: float, fn: Callable[[], object]) -> None:
         self.timers = [t for t in self.timers if not t.cancelled()]
         self.timers.append(self.loop.call_later(delay, fn))
 

@@ -510,7 +510,7 @@ def _shown(f: dataclasses.Field[Any]) -> str:
         return "on" if value else "off"
     if isinstance(value, float):
         return f"{value:g}"
-    if f.metadata.get(METAVAR) == "BYTES" and value % 1024 == 0:
+    if f.metadata.get(METAVAR) == "BYTES" and isinstance(value, int) and value % 1024 == 0:
         size, unit = (value // 1024**2, "MiB") if value % 1024**2 == 0 else (value // 1024, "KiB")
         return f"{value} ({size} {unit})"
     return str(value)

@@ -153,8 +153,8 @@ def cluster_list(registry: str | None, store: str | None, group: str | None, as_
             views.setdefault((v.group, where), v)
     if errors and (explicit or failed == len(read)):
         _fail(errors[0])
-    for e in errors:
-        _warn(e)
+    for error in errors:
+        _warn(error)
     ordered = [views[k] for k in sorted(views)]
     if as_json:
         click.echo(json.dumps([v.to_json() for v in ordered], indent=2))

@@ -6,6 +6,7 @@ Errors are one line on stderr and a non-zero exit; a traceback is a bug.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -143,7 +144,8 @@ def stop(group: str | None, data_dir: str | None, name: str | None, timeout: flo
         fail(f"no running node in {directory}", EXIT_FAILED)
     failed = False
     for n in running:
-        if not pidfile.stop_process(n.pid, lambda n=n: n.alive, timeout):
+        if not pidfile.stop_process(n.pid, functools.partial(pidfile.process_alive, n.pid),
+                                    timeout):
             click.echo(f"amqlite: error: node {n.name} (pid {n.pid}) still running after "
                        f"{timeout:g} s", err=True)
             failed = True

@@ -393,9 +393,11 @@ class PostgresLocker(Locker):
         try:
             s = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            fut.add_done_callback(
-                lambda f: f.cancelled() or f.exception() or f.result().close_soon()
-            )
+            def close_late(f: asyncio.Future[_Session]) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    f.result().close_soon()
+
+            fut.add_done_callback(close_late)
             raise
         except psycopg.Error as e:
             raise LockerError(f"{self.description}: cannot connect: {one_line(e)}") from None

@@ -410,8 +410,8 @@ class Progress:
         def run() -> None:
             while not self._stop.wait(self.interval):
                 with contextlib.suppress(Exception):  # the context may be stopping
-                    infos = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
-                    infos = [i for i in infos if i is not None]
+                    stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+                    infos = [i for i in stages if i is not None]
                     if infos:
                         done = sum(i.numCompletedTasks for i in infos)
                         total = sum(i.numTasks for i in infos)

@@ -175,7 +175,8 @@ class BatchCommitting(FencedStore):
         ch: Changes,
     ) -> None:
         g = self.group
-        dedup_rows = []
+        # (grp, dedup_key, producer_id, producer_seq, msg_id, created_at)
+        dedup_rows: list[tuple[str, str, str | None, int | None, int | None, int]] = []
         keys = {x.dedup_key for x in (*inserts, *identities) if x.dedup_key is not None}
         if keys:
             stored: set[str] = set()

@@ -202,8 +202,9 @@ def _insert_arrays(inserts: list[NewMessage], identities: list[NewMessage], now:
                    encode_headers: Any) -> dict[str, list[Any]]:
     """Column arrays for INSERT: a dedup row per key (an identity's names no
     message), and the message rows."""
-    dedup = [(x.dedup_key, x.producer_id, x.producer_seq, x.id) for x in inserts
-             if x.dedup_key is not None]
+    dedup: list[tuple[str | None, str | None, int | None, int | None]] = [
+        (x.dedup_key, x.producer_id, x.producer_seq, x.id) for x in inserts
+        if x.dedup_key is not None]
     dedup += [(x.dedup_key, x.producer_id, x.producer_seq, None) for x in identities]
     rows = [
         (x.id, x.destination_id, x.message_id, x.producer_id, x.producer_seq, x.dedup_key,

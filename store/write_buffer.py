@@ -212,7 +212,8 @@ class WriteBuffer(Generic[C]):
             future.add_done_callback(observe)
 
     def _done(self, future: asyncio.Future[BatchResult], batch: Batch,
-              units: list[WriteUnit[C]], callbacks: list) -> None:
+              units: list[WriteUnit[C]],
+              callbacks: list[tuple[WriteUnit[C] | None, ResultCallback]]) -> None:
         self.inflight_batches -= 1
         result: BatchResult | None = None
         exc = None if future.cancelled() else future.exception()

@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from amqlite.client.connection import Connection, describe
@@ -389,8 +390,9 @@ class FailoverSupervisor:
                     return
                 self._interrupted(conn, reason)
                 if not self._policy.can_reconnect():
+                    text = reason if isinstance(reason, str) else describe(reason)
                     raise ConnectionFailedError(
-                        f"connection to {conn.uri} lost ({describe(reason)}) and reconnect "
+                        f"connection to {conn.uri} lost ({text}) and reconnect "
                         "is disabled (maxReconnectAttempts=0)"
                     )
         except asyncio.CancelledError:
@@ -416,6 +418,7 @@ class FailoverSupervisor:
                 return ready
             await self._pause(self._policy.wait_before_pass())
             self._reload_update_file()
+            last_error: BaseException | None
             try:
                 uris = await self._connect_list()
             except ConnectionFailedError:
@@ -591,7 +594,8 @@ class FailoverSupervisor:
             wake = asyncio.ensure_future(self._wake.wait())
             closing = asyncio.ensure_future(self._closing.wait())
             try:
-                await asyncio.wait([conn.lost, wake, closing], return_when="FIRST_COMPLETED")
+                waiting: list[asyncio.Future[Any]] = [conn.lost, wake, closing]
+                await asyncio.wait(waiting, return_when="FIRST_COMPLETED")
             finally:
                 wake.cancel()
                 closing.cancel()

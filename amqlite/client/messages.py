@@ -4,9 +4,10 @@ subscriptions that queue them, transport listeners and interruption records."""
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from amqlite.codec import Frame
 from amqlite.wire import (  # re-exported: amqlite.client's public names
@@ -142,7 +143,11 @@ class Message:
         return (pid, int(seq))
 
 
-_CLOSED = object()  # end-of-stream marker in a subscription's queue
+class _End(enum.Enum):
+    CLOSED = enum.auto()
+
+
+_CLOSED: Final = _End.CLOSED  # end-of-stream marker in a subscription's queue
 
 
 class Subscription:
@@ -166,7 +171,7 @@ class Subscription:
         self.closed = False
         self.delivered = 0
         self.dropped_at_interruption = 0
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._queue: asyncio.Queue[Message | _End] = asyncio.Queue()
         self._active: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
@@ -209,7 +214,7 @@ class Subscription:
 
     def _drop_undelivered(self, generation: int) -> int:
         """Drop queued messages of an older connection (the broker redelivers them)."""
-        kept: list[Any] = []
+        kept: list[Message | _End] = []
         dropped = 0
         while not self._queue.empty():
             item = self._queue.get_nowait()

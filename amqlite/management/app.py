@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from amqlite.authz import Permission
@@ -313,7 +314,7 @@ class ManagementServer:
         return app
 
     @web.middleware
-    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Login, administrator and CSRF checks, 503 off the master, and no traceback
         ever: an unexpected failure is logged here and answered with a one-line 500."""
         path = request.path
@@ -414,10 +415,11 @@ class ManagementServer:
     async def readyz(self, request: web.Request) -> web.Response:
         # What an operator accepted but should not forget (e.g. fsync = off).
         warnings = {"warnings": list(w)} if (w := self.node.warnings) else {}
-        if self.view.serving:
+        broker = self.view.broker
+        if self.view.serving and broker is not None:  # serving: there is a broker
             return web.json_response({"ready": True, "role": "master",
                                       "name": self.settings.name,
-                                      "epoch": self.view.broker.epoch, **warnings})
+                                      "epoch": broker.epoch, **warnings})
         master = await self.view.master()
         return web.json_response({"ready": False, "role": self.node.role,
                                   "name": self.settings.name, "master": master, **warnings},
@@ -518,6 +520,8 @@ class ManagementServer:
 
     async def subscriptions(self, request: web.Request) -> web.Response:
         broker = self.view.broker
+        if broker is None:  # not reached: _guard answers 503 off the serving master
+            raise ActionError(503, "this node is no longer the serving master")
         try:
             rows = await asyncio.to_thread(self.view.reader.durables)
         except StoreError as e:
