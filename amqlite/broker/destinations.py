@@ -31,6 +31,7 @@ def destination_id(broker: Broker, name: str, batch: Batch) -> int:
     """The store id of a destination, staging its row in ``batch`` until a
     batch that carried it committed (``destinations_committed``)."""
     did = broker.destination_rows.get(name)
+    row: DestinationRow | None
     if did is None:
         row = DestinationRow(next(broker.destination_ids), name, destination_kind(name))
         did = row.id

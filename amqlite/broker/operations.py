@@ -233,7 +233,11 @@ class Operations:
             acks.extend((None, i) for i in chosen)
             if chosen:
                 chosen_set = set(chosen)
-                q.drop(lambda m, c=chosen_set: m.id in c)  # paged in while we read
+
+                def paged_in(m: Message, c: set[int] = chosen_set) -> bool:
+                    return m.id in c
+
+                q.drop(paged_in)  # paged in while we read
             if acks:
                 self.broker.writes.stage().acks.extend(acks)
                 await self._commit()

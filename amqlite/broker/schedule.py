@@ -195,9 +195,8 @@ class CronExpression:
             # day 1 is monday_based (Monday 0); cron counts from Sunday 0
             if not self.day_matches(day, (monday_based + day) % 7):
                 continue
-            same_day = start is not None and day == start.day
-            at = self._time_from(start.hour, start.minute) if same_day else \
-                (self.hours[0], self.minutes[0])
+            at = self._time_from(start.hour, start.minute) \
+                if start is not None and day == start.day else (self.hours[0], self.minutes[0])
             if at is not None:
                 moment = datetime(year, month, day, at[0], at[1])
                 return (moment - _EPOCH) // timedelta(milliseconds=1)

@@ -98,7 +98,7 @@ class Session:
         self.transactions: dict[str, Transaction] = {}
         self.pending_commits = 0
         self.pending_bytes = 0  # Message.size of persistent sends not yet committed
-        self.on_idle: list[Callable[[], None]] = []
+        self.on_idle: list[Callable[[], object]] = []
 
     def commit_started(self, size: int = 0) -> None:
         self.pending_commits += 1
@@ -122,7 +122,7 @@ class Session:
             for cb in waiting:
                 cb()
 
-    def when_idle(self, cb: Callable[[], None]) -> None:
+    def when_idle(self, cb: Callable[[], object]) -> None:
         if self.pending_commits == 0:
             cb()
         else:
