@@ -14,6 +14,12 @@ __all__ = [
     "ACK_CLIENT",
     "ACK_CLIENT_INDIVIDUAL",
     "ACK_MODES",
+    "AMQ_CONSUMER_PRIORITY",
+    "AMQ_EXCLUSIVE",
+    "AMQ_GROUP_FIRST",
+    "AMQ_GROUP_ID",
+    "AMQ_GROUP_SEQ",
+    "AMQ_NO_LOCAL",
     "CLUSTER_UPDATE_RECEIPT",
     "CLUSTER_URIS_HEADER",
     "DEFAULT_STOMP_PORT",
@@ -54,6 +60,16 @@ DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 #: (a LF or ':' for 1.0, a CR for 1.0 and 1.1): those are left out and named here,
 #: percent-encoded and comma-separated (README.md, "STOMP surface").
 OMITTED_HEADERS_HEADER = "amqlite.omittedHeaders"
+# -- ActiveMQ's headers amqlite speaks too (not amqlite.*: named AMQ_*) -----------------
+#: Message groups (SEND; JMS names): a group is pinned to one consumer; a sequence of
+#: -1 closes it; the first message of a group a consumer gets says so.
+AMQ_GROUP_ID = "JMSXGroupID"
+AMQ_GROUP_SEQ = "JMSXGroupSeq"
+AMQ_GROUP_FIRST = "JMSXGroupFirstForConsumer"
+#: ActiveMQ's consumer options (SUBSCRIBE).
+AMQ_EXCLUSIVE = "activemq.exclusive"
+AMQ_CONSUMER_PRIORITY = "activemq.priority"
+AMQ_NO_LOCAL = "activemq.noLocal"
 #: CONNECTED / RECEIPT, broker -> client: the group's URIs, master first (ActiveMQ's
 #: updateClusterClients), and whether clients should reconnect to spread out.
 CLUSTER_URIS_HEADER = "amqlite.clusterURIs"

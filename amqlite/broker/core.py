@@ -31,8 +31,10 @@ from amqlite.wildcard import WildcardIndex
 from store.write_buffer import WriteBuffer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from amqlite.settings import Settings
-    from store.api import Recovery
+    from store.api import DestinationRow, Recovery, StoredMessage
     from store.group_commit import GroupCommitter
 
 log = logging.getLogger("amqlite.broker")
@@ -64,7 +66,7 @@ class Broker:
         #: Destination rows staged and not yet committed by any batch: every
         #: write that needs one carries it (the store inserts it once), since
         #: the unit that first staged it may be refused by the store.
-        self.unconfirmed_destinations: dict[str, destinations.DestinationRow] = {}
+        self.unconfirmed_destinations: dict[str, DestinationRow] = {}
         self.queues: dict[str, Source] = {}
         self.topics: dict[str, list[TopicSubscriptionSource]] = {}
         self.durables: dict[tuple[str, str], DurableSource] = {}
@@ -216,6 +218,7 @@ class Broker:
     def load_page(self, source: Source, limit: int) -> None:
         """Page up to ``limit`` stored messages past ``source.cursor`` into ``source``."""
         assert self.committer is not None and source.store_id is not None
+        fn: Callable[[int, int, int], list[StoredMessage]]
         if isinstance(source, DurableSource):
             fn = self.committer.store.load_subscription_page
         else:
@@ -223,7 +226,7 @@ class Broker:
         future = asyncio.ensure_future(self.committer.call(fn, source.store_id, source.cursor,
                                                            limit))
 
-        def loaded(f: asyncio.Future) -> None:
+        def loaded(f: asyncio.Future[list[StoredMessage]]) -> None:
             if f.cancelled() or f.exception() is not None:
                 source.paging = False
                 log.error("paging %s failed: %s", source.name,

@@ -30,8 +30,12 @@ def dispatch_logged(source: Source) -> None:
         log.exception("dispatch of %s failed", source.name)
 
 
-def wants(source: Source, m: Message) -> bool:
-    """Does a topic subscription's selector (if any) take ``m``?"""
+def wants(source: Source, m: Message, producer: Client | None = None) -> bool:
+    """Does a topic subscription take ``m``: its selector (if any) matches, and it is
+    not ``activemq.noLocal`` with ``m`` from its own connection?"""
+    if source.no_local and producer is not None and any(
+            sub.conn is producer for sub in source.consumers):
+        return False
     selector = source.selector
     return selector is None or selector.matches(m.headers, m)
 
@@ -72,17 +76,18 @@ def route_now(broker: Broker, m: Message, producer: Client | None = None) -> Non
 
 def publish_memory(broker: Broker, m: Message, producer: Client | None = None) -> None:
     for source in topic_subscribers(broker, m.destination):
-        if wants(source, m):
+        if wants(source, m, producer):
             source.add_nonpersistent(m.copy(persistent=False))
             source.dispatch()
     for durable in durables_for(broker, m.destination) or ():
         # a non-persistent message reaches only online durable subscribers
-        if durable.consumers and wants(durable, m):
+        if durable.consumers and wants(durable, m, producer):
             durable.add_nonpersistent(m.copy(persistent=False), producer)
             durable.dispatch()
 
 
-def route_committed(broker: Broker, m: Message, durables: list[DurableSource]) -> None:
+def route_committed(broker: Broker, m: Message, durables: list[DurableSource],
+                    producer: Client | None = None) -> None:
     """Make a committed message visible; a failure in one source's dispatch does not
     keep it from the other sources (each has its copy already)."""
     if not durables:
@@ -94,6 +99,6 @@ def route_committed(broker: Broker, m: Message, durables: list[DurableSource]) -
         durable.append_committed(m.copy())
         dispatch_logged(durable)
     for source in topic_subscribers(broker, m.destination):
-        if wants(source, m):
+        if wants(source, m, producer):
             source.add_nonpersistent(m.copy(persistent=False))
             dispatch_logged(source)

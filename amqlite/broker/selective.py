@@ -1,9 +1,9 @@
 """Selectors on a queue: a message goes to a consumer whose selector it matches.
 
-``dispatch`` walks the waiting messages in queue order (priority, then id) and gives
-each to the next consumer in turn with credit that matches it; a message no consumer
-can take now stays where it is and never blocks the ones behind it (ActiveMQ's
-behaviour). A selective consumer that still has credit after the walk found nothing
+``choice.dispatch`` walks the waiting messages in queue order and gives each to a
+consumer that matches it; a message no consumer can take now stays where it is and
+never blocks the ones behind it (ActiveMQ's behaviour). A selective consumer that
+still has credit after the walk found nothing
 in memory; while the store holds more than memory, it scans the store past the
 pager's cursor with its selector (``scan``): the simple terms (equality, ``IN``,
 ranges, ``IS NULL`` on a header; ranges on priority and times) are checked by the
@@ -16,11 +16,10 @@ Topic subscriptions filter when a message is routed to them (``routing``), not h
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 from typing import TYPE_CHECKING
 
-from amqlite.broker.message import Message, now_ms
+from amqlite.broker.message import Message
 from amqlite.broker.selector import SelectorError, parse_selector
 from amqlite.validation import BrokerError
 
@@ -77,45 +76,14 @@ def page_filter(selector: Selector) -> PageFilter:
     return tuple((t.source, t.field, t.op, t.value) for t in found.terms)
 
 
-def dispatch(source: Source) -> None:
-    """``Source.dispatch`` for a queue with selective consumers."""
-    now = now_ms()
-    heap = source.heap
-    consumers = source.consumers
-    skipped: list[tuple[int, int, Message]] = []
-    while heap and any(sub.has_credit() for sub in consumers):
-        entry = heapq.heappop(heap)
-        message = entry[2]
-        if message.expired(now):
-            source.take(entry)
-            source.broker.expire(source, message)
-            continue
-        sub = _next_matching(source, message)
-        if sub is None:
-            skipped.append(entry)  # nobody who matches has room: it waits
-            continue
-        source.take(entry)
-        sub.deliver(message)
-    for entry in skipped:
-        heapq.heappush(heap, entry)
-    source.maybe_page()
+def scan_if_starving(source: Source) -> None:
+    """After a dispatch walk: a selective consumer that still has credit found nothing
+    in memory; while the store holds more, it scans the store with its selector."""
     if source.store_has_more and source.store_id is not None:
-        for sub in consumers:
+        for sub in source.consumers:
             if (sub.selector is not None and not sub.scan_done and not sub.scanning
                     and sub.has_credit()):
                 scan(source, sub)
-
-
-def _next_matching(source: Source, message: Message) -> Subscription | None:
-    consumers = source.consumers
-    n = len(consumers)
-    start = source.turn
-    for i in range(n):
-        sub = consumers[(start + i) % n]
-        if sub.has_credit() and matches(sub, message):
-            source.turn = (start + i + 1) % n
-            return sub
-    return None
 
 
 def store_grew(source: Source) -> None:

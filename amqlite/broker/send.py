@@ -21,7 +21,7 @@ from store.api import Batch, BatchResult, NewMessage
 
 if TYPE_CHECKING:
     from amqlite.broker.core import Broker
-    from amqlite.broker.session import Session, Transaction
+    from amqlite.broker.session import Client, Session, Transaction
     from amqlite.broker.source import DurableSource
 
 log = logging.getLogger("amqlite.broker")
@@ -55,7 +55,7 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         else:
             durables = routing.durables_for(broker, m.destination)
             if durables:
-                durables = [d for d in durables if routing.wants(d, m)]
+                durables = [d for d in durables if routing.wants(d, m, conn)]
             if durables:
                 to_store.append((m, list(durables)))
             elif m.dedup_key is not None:
@@ -103,7 +103,7 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
                 if settled:
                     acks.unsettle(broker, settled)
             return  # else the store failed: no receipt; the node is demoting
-        _route_stored(broker, stored, identity_only, result)
+        _route_stored(broker, stored, identity_only, result, conn)
         for m in in_memory:
             try:
                 routing.route_now(broker, m, conn)
@@ -119,7 +119,7 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
 
 
 def _route_stored(broker: Broker, stored: list[Stored], identity_only: list[Message],
-                  result: BatchResult) -> None:
+                  result: BatchResult, producer: Client) -> None:
     """A unit committed: make its messages visible, except duplicates the store found."""
     duplicate_ids = result.duplicate_ids
     for m, durables, hand in stored:
@@ -130,7 +130,7 @@ def _route_stored(broker: Broker, stored: list[Stored], identity_only: list[Mess
             if hand is not None:
                 handed_over(broker, *hand, duplicate)
             elif not duplicate:
-                routing.route_committed(broker, m, durables)
+                routing.route_committed(broker, m, durables, producer)
         except Exception:
             # Stored: it is delivered from the store after a restart at worst;
             # the other messages of the batch and the RECEIPT still go out.
@@ -140,7 +140,7 @@ def _route_stored(broker: Broker, stored: list[Stored], identity_only: list[Mess
             broker.stats["duplicates"] += 1
             continue
         try:
-            routing.publish_memory(broker, m)
+            routing.publish_memory(broker, m, producer)
         except Exception:
             log.exception("publishing message %s failed", m.message_id)
 

@@ -15,10 +15,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from amqlite.broker import memory, selective
+from amqlite.broker import choice, memory, selective
 from amqlite.broker.message import Message, now_ms
 from amqlite.wildcard import Pattern
-from amqlite.wire import ACK_AUTO
+from amqlite.wire import ACK_AUTO, AMQ_GROUP_ID
 from store.api import Ref, StoredMessage
 
 if TYPE_CHECKING:
@@ -88,6 +88,15 @@ class Source:
         self.selective = 0
         #: A topic subscription's selector: what is routed to it must match.
         self.selector: Selector | None = None
+        #: Consumer choice (``amqlite.broker.choice``): consumers with a priority or
+        #: exclusive, the exclusive ones, whether a grouped message was seen, and the
+        #: groups' consumers.
+        self.ranked = 0
+        self.exclusive = 0
+        self.groups_seen = False
+        self.groups: dict[str, Subscription] = {}
+        #: A topic subscription that takes nothing its own connection published.
+        self.no_local = False
         #: Stored ids past ``cursor`` a selective scan brought in (in memory or in
         #: flight): the pager steps over them until its cursor passes them.
         self.ahead: set[int] = set()
@@ -98,6 +107,9 @@ class Source:
 
     def push(self, message: Message) -> None:
         heapq.heappush(self.heap, (-message.priority, message.id, message))
+        if (not self.groups_seen and AMQ_GROUP_ID in message.headers
+                and self.SELECTS_AT_DISPATCH):
+            self.groups_seen = True
         size = message.size
         self.bytes += size
         self.memory.waiting_bytes += size
@@ -162,16 +174,29 @@ class Source:
 
     # -- consumers ----------------------------------------------------------
     def add_consumer(self, sub: Subscription) -> None:
-        self.consumers.append(sub)
-        if sub.selector is not None and self.SELECTS_AT_DISPATCH:
-            self.selective += 1
+        """In priority order (highest first, then arrival): ``choice`` relies on it."""
+        at = len(self.consumers)
+        while at and self.consumers[at - 1].priority < sub.priority:
+            at -= 1
+        self.consumers.insert(at, sub)
+        self._count(sub, 1)
         self.dispatch()
 
     def remove_consumer(self, sub: Subscription) -> None:
         if sub in self.consumers:
             self.consumers.remove(sub)
-            if sub.selector is not None and self.SELECTS_AT_DISPATCH:
-                self.selective -= 1
+            self._count(sub, -1)
+            choice.consumer_left(self, sub)
+
+    def _count(self, sub: Subscription, step: int) -> None:
+        if not self.SELECTS_AT_DISPATCH:
+            return
+        if sub.selector is not None:
+            self.selective += step
+        if sub.priority or sub.exclusive:
+            self.ranked += step
+        if sub.exclusive:
+            self.exclusive += step
 
     def _next_consumer(self) -> Subscription | None:
         n = len(self.consumers)
@@ -187,10 +212,12 @@ class Source:
         one in a client ack mode whose turn it is, when nothing is ahead of the
         message (in memory, in the store, or committing). Auto-ack consumers
         take theirs after the commit, as before (the turn is kept for them)."""
+        if AMQ_GROUP_ID in message.headers and self.SELECTS_AT_DISPATCH:
+            self.groups_seen = True
         if (self.broker.paused or self.heap or self.store_has_more or self.paging
-                or self.pending_inserts or self.selective
+                or self.pending_inserts or choice.picky(self)
                 or message.expired(message.enqueued_at)):
-            return None  # a selective queue: its dispatch picks a consumer that matches
+            return None  # a picky queue: its dispatch picks the consumer (``choice``)
         turn = self.turn
         sub = self._next_consumer()
         if sub is None or sub.ack_mode == ACK_AUTO:
@@ -202,8 +229,8 @@ class Source:
         """Hand waiting messages to consumers with credit, round robin (fair)."""
         if self.broker.paused or not self.consumers:
             return
-        if self.selective:
-            selective.dispatch(self)
+        if self.selective or self.ranked or self.groups_seen:
+            choice.dispatch(self)
             return
         now = now_ms()
         while self.heap:
@@ -276,7 +303,8 @@ class Source:
         """Remove the waiting messages ``predicate`` picks (purge, move, delete by an
         operator), freeing their bytes like ``pop``; what is in flight to consumers is
         not here and is left alone."""
-        kept, dropped = [], []
+        kept: list[tuple[int, int, Message]] = []
+        dropped: list[tuple[int, int, Message]] = []
         for entry in self.heap:
             (dropped if predicate(entry[2]) else kept).append(entry)
         if not dropped:

@@ -7,10 +7,16 @@ from typing import TYPE_CHECKING
 from amqlite.broker import destinations, receipts, selective
 from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.broker.subscription import Subscription
-from amqlite.codec import Frame
+from amqlite.codec import Frame, parse_uint
 from amqlite.validation import BrokerError, check_destination, check_subscribe
 from amqlite.wildcard import WildcardError, compile_pattern, is_wildcard
-from amqlite.wire import ACK_AUTO, ACK_MODES
+from amqlite.wire import (
+    ACK_AUTO,
+    ACK_MODES,
+    AMQ_CONSUMER_PRIORITY,
+    AMQ_EXCLUSIVE,
+    AMQ_NO_LOCAL,
+)
 from store.write_buffer import WriteUnit
 
 if TYPE_CHECKING:
@@ -20,6 +26,28 @@ if TYPE_CHECKING:
 #: The SUBSCRIBE/UNSUBSCRIBE headers naming a durable topic subscription: ActiveMQ's,
 #: and the one RabbitMQ and the STOMP world also use.
 DURABLE_NAME_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
+
+
+#: ``activemq.priority`` is a Java byte in ActiveMQ; consumers use 0 (the default) to
+#: 127 in practice, and a negative priority means nothing there.
+MAX_CONSUMER_PRIORITY = 127
+
+
+def consumer_options(headers: dict[str, str]) -> tuple[int, bool, bool]:
+    """``(priority, exclusive, no_local)`` of a SUBSCRIBE. The flags are true only for
+    ``true`` in any case, as ActiveMQ's Boolean.parseBoolean reads them; a priority
+    that is not an integer in 0..127 is an ERROR."""
+    text = headers.get(AMQ_CONSUMER_PRIORITY)
+    priority = 0
+    if text is not None:
+        value = parse_uint(text, MAX_CONSUMER_PRIORITY)
+        if value is None:
+            raise BrokerError(f"{AMQ_CONSUMER_PRIORITY} {text[:20]!r}: must be an "
+                              f"integer in 0..{MAX_CONSUMER_PRIORITY}")
+        priority = value
+    exclusive = headers.get(AMQ_EXCLUSIVE, "").lower() == "true"
+    no_local = headers.get(AMQ_NO_LOCAL, "").lower() == "true"
+    return priority, exclusive, no_local
 
 
 def durable_name(headers: dict[str, str]) -> str | None:
@@ -50,6 +78,7 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
         raise BrokerError(f"ack mode {ack_mode!r}: use one of {', '.join(ACK_MODES)}")
     name = durable_name(h)
     selector = selective.selector_of(h)
+    priority, exclusive, no_local = consumer_options(h)
     source: Source
     unit: WriteUnit[Client] | None = None
     on_result: receipts.OnResult | None = None
@@ -71,8 +100,10 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
         else:
             topic.pattern = broker.topic_patterns.add(pattern, topic)
         source = topic
+    if kind == "topic":
+        source.no_local = no_local
     sub = Subscription(session.conn, sub_id, next(session.keys), destination, ack_mode,
-                       prefetch, source, selector)
+                       prefetch, source, selector, priority, exclusive)
     session.subscriptions[sub_id] = sub
     session.by_key[sub.key] = sub
     source.add_consumer(sub)

@@ -16,7 +16,7 @@ from amqlite.broker.session import Client
 from amqlite.broker.source import Source
 from amqlite.codec import Frame
 from amqlite.validation import headers_for
-from amqlite.wire import ACK_AUTO, DELIVERY_COUNT_HEADER
+from amqlite.wire import ACK_AUTO, AMQ_GROUP_FIRST, DELIVERY_COUNT_HEADER
 from store.api import Ref
 
 log = logging.getLogger("amqlite.broker")
@@ -43,6 +43,8 @@ class Delivery:
     written_seq: int = 0
     #: Its subscription closed before that commit: the commit requeues it.
     orphaned: bool = False
+    #: The first message of its group this consumer gets (``choice``).
+    group_first: bool = False
 
 
 class Subscription:
@@ -50,7 +52,8 @@ class Subscription:
 
     def __init__(self, conn: Client, sub_id: str, key: int, destination: str,
                  ack_mode: str, prefetch: int, source: Source,
-                 selector: Selector | None = None) -> None:
+                 selector: Selector | None = None, priority: int = 0,
+                 exclusive: bool = False) -> None:
         self.conn = conn
         self.id = sub_id
         self.key = key  # small per-connection number, prefix of STOMP 1.2 ack ids
@@ -68,6 +71,9 @@ class Subscription:
         #: Its JMS selector (``amqlite.broker.selective``), and its scan of a queue's
         #: store: the last id read, whether it reached the end, whether one is running.
         self.selector = selector
+        #: ActiveMQ's consumer priority and exclusivity (``choice``).
+        self.priority = priority
+        self.exclusive = exclusive
         self.scan_after = 0
         self.scan_done = False
         self.scanning = False
@@ -83,12 +89,12 @@ class Subscription:
         return self.source.memory.may_overdraw(self.conn, self.inflight_bytes,
                                                MAX_INFLIGHT_BYTES)
 
-    def deliver(self, message: Message) -> None:
+    def deliver(self, message: Message, group_first: bool = False) -> None:
         broker = self.source.broker
         stored = message.persistent and self.source.stored
         ref = self.source.ref(message) if stored else None
         if self.ack_mode == ACK_AUTO:
-            if not self._write(message, message.delivery_count):
+            if not self._write(message, message.delivery_count, group_first):
                 self.source.push(message)  # not sent: another consumer takes it
                 return
             message.delivery_count += 1
@@ -98,7 +104,7 @@ class Subscription:
             return
         previous = message.delivery_count
         message.delivery_count += 1
-        delivery = Delivery(message, ref)
+        delivery = Delivery(message, ref, group_first=group_first)
         self.track(delivery)
         if ref is None:
             self.write(delivery, previous)
@@ -131,7 +137,7 @@ class Subscription:
         delivery.written = True
         self.written_count += 1
         delivery.written_seq = self.written_count
-        self._write(delivery.message, previous_deliveries)
+        self._write(delivery.message, previous_deliveries, delivery.group_first)
 
     def covered(self, message_id: str) -> list[str]:
         """The message ids an ACK or NACK of ``message_id`` settles: in ``client``
@@ -142,7 +148,8 @@ class Subscription:
         last = self.inflight[message_id].written_seq
         return [mid for mid, d in self.inflight.items() if d.written and d.written_seq <= last]
 
-    def _write(self, message: Message, previous_deliveries: int) -> bool:
+    def _write(self, message: Message, previous_deliveries: int,
+               group_first: bool = False) -> bool:
         """Write one MESSAGE; False if it could not be. Never raises: one message
         this consumer cannot take must not stop dispatch to the others (defence in
         depth; SEND validation keeps such messages out). The consumer is closed
@@ -162,6 +169,8 @@ class Subscription:
             if previous_deliveries:
                 headers["redelivered"] = "true"
                 headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
+            if group_first:
+                headers[AMQ_GROUP_FIRST] = "true"
             self.conn.write_frame(Frame("MESSAGE", headers, message.body))
         except Exception as exc:
             if not self.closed:
