@@ -31,7 +31,7 @@ def ack_miss(session: Session, command: str, what: str, message_id: str,
               named: Subscription | None, sub_name: str | None, version: str) -> str:
     """Why an ACK/NACK matched no delivery, naming a wrong subscription as such (it is
     the usual mistake of a client with several subscriptions)."""
-    owner = next((sub for sub in session.subscriptions.values()
+    owner = next((sub for sub in session.all_subscriptions()
                   if sub is not named and awaits_ack(sub, message_id)), None)
     where = (f"; message {message_id!r} awaits acknowledgement on subscription "
              f"{owner.id!r}" if owner is not None else "")
@@ -70,8 +70,12 @@ def find_delivery(session: Session, frame: Frame) -> tuple[Subscription, str]:
             named = session.subscriptions.get(sub_name or "")
             if named is not None and awaits_ack(named, message_id):
                 return named, message_id
+            qp = session.wildcards.get(sub_name or "")
+            for child in qp.children.values() if qp is not None else ():
+                if awaits_ack(child, message_id):
+                    return child, message_id
         else:
-            for sub in session.subscriptions.values():
+            for sub in session.all_subscriptions():
                 if awaits_ack(sub, message_id):
                     return sub, message_id
             sub_name = None  # 1.0 ACKs name no subscription

@@ -18,13 +18,14 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
-from amqlite.broker import destinations, selective, send
+from amqlite.broker import destinations, selective, send, wildcard_queues
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message
 from amqlite.broker.session import Client, Session
 from amqlite.broker.source import DurableSource, Source, TopicSubscriptionSource
-from amqlite.broker.subscribe import close_subscription
+from amqlite.broker.subscription import close_subscription
+from amqlite.broker.wildcard_queues import QueuePattern
 from amqlite.codec import Frame
 from amqlite.validation import BrokerError
 from amqlite.wildcard import WildcardIndex
@@ -75,6 +76,7 @@ class Broker:
         #: the patterns a concrete topic matches (empty: one length test per publish).
         self.topic_patterns: WildcardIndex[TopicSubscriptionSource] = WildcardIndex()
         self.durable_patterns: WildcardIndex[DurableSource] = WildcardIndex()
+        self.queue_patterns: WildcardIndex[QueuePattern] = WildcardIndex()
         self.sessions: dict[Client, Session] = {}
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
@@ -149,6 +151,8 @@ class Broker:
         if conn.client_id and self.clients_by_id.get(conn.client_id) is conn:
             del self.clients_by_id[conn.client_id]
         self.abort_all(session)
+        for qp in list(session.wildcards.values()):
+            wildcard_queues.close(self, qp)
         for sub in list(session.subscriptions.values()):
             close_subscription(self, session, sub)
         self.memory.forget(conn)
@@ -202,6 +206,8 @@ class Broker:
             q = Source(self, name, self.destination_rows.get(name), stored=True)
             q.store_has_more = False  # new: nothing stored yet
             self.queues[name] = q
+            if self.queue_patterns:
+                wildcard_queues.queue_created(self, name)
         return q
 
     def number(self, m: Message) -> Message:
@@ -260,5 +266,5 @@ class Broker:
         session = self.sessions.get(conn)
         if session is None:
             return
-        for sub in list(session.subscriptions.values()):
+        for sub in list(session.all_subscriptions()):
             sub.source.dispatch()

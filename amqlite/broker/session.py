@@ -7,7 +7,7 @@ with too many frames or bytes waiting for commits is not read from until they la
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -17,6 +17,7 @@ from amqlite.validation import BrokerError
 if TYPE_CHECKING:
     from amqlite.broker.message import Message
     from amqlite.broker.subscription import Subscription
+    from amqlite.broker.wildcard_queues import QueuePattern
 
 #: Frames of one connection waiting for a commit before we stop reading from
 #: it: a producer that sends without receipts cannot pile up unbounded work.
@@ -94,11 +95,20 @@ class Session:
         self.conn = conn
         self.subscriptions: dict[str, Subscription] = {}
         self.by_key: dict[int, Subscription] = {}
+        #: Wildcard queue SUBSCRIBEs by id; their per-queue subscriptions are in
+        #: ``by_key`` and ``all_subscriptions``, not in ``subscriptions``.
+        self.wildcards: dict[str, QueuePattern] = {}
         self.keys = itertools.count(1)
         self.transactions: dict[str, Transaction] = {}
         self.pending_commits = 0
         self.pending_bytes = 0  # Message.size of persistent sends not yet committed
         self.on_idle: list[Callable[[], object]] = []
+
+    def all_subscriptions(self) -> Iterator[Subscription]:
+        """Every subscription, a wildcard queue SUBSCRIBE's per-queue ones included."""
+        yield from self.subscriptions.values()
+        for qp in self.wildcards.values():
+            yield from qp.children.values()
 
     def commit_started(self, size: int = 0) -> None:
         self.pending_commits += 1

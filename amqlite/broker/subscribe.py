@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amqlite.broker import destinations, receipts, selective
+from amqlite.broker import destinations, receipts, selective, wildcard_queues
 from amqlite.broker.source import Source, TopicSubscriptionSource
-from amqlite.broker.subscription import Subscription
+from amqlite.broker.subscription import Subscription, close_subscription
 from amqlite.codec import Frame, parse_uint
 from amqlite.validation import BrokerError, check_destination, check_subscribe
 from amqlite.wildcard import WildcardError, compile_pattern, is_wildcard
@@ -66,12 +66,9 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
             pattern = compile_pattern(destination)
         except WildcardError as e:
             raise BrokerError(str(e)) from None
-        if kind == "queue":
-            raise BrokerError(f"{destination[:60]!r}: wildcards are for topics; subscribe "
-                              "to each queue by name")
     prefetch = check_subscribe(h, broker.settings.default_prefetch)
     sub_id = h.get("id") or destination  # STOMP 1.0 may omit id
-    if sub_id in session.subscriptions:
+    if sub_id in session.subscriptions or sub_id in session.wildcards:
         raise BrokerError(f"subscription id {sub_id!r} already in use")
     ack_mode = h.get("ack", ACK_AUTO)
     if ack_mode not in ACK_MODES:
@@ -79,6 +76,11 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
     name = durable_name(h)
     selector = selective.selector_of(h)
     priority, exclusive, no_local = consumer_options(h)
+    if pattern is not None and kind == "queue":
+        wildcard_queues.subscribe(broker, wildcard_queues.QueuePattern(
+            session, sub_id, pattern, ack_mode, prefetch, selector, priority, exclusive))
+        receipts.answer(broker, session, h.get("receipt"))
+        return
     source: Source
     unit: WriteUnit[Client] | None = None
     on_result: receipts.OnResult | None = None
@@ -120,43 +122,13 @@ def unsubscribe(broker: Broker, session: Session, frame: Frame) -> None:
         durable = broker.durables.get((session.conn.client_id, name))
         if durable is not None:
             destinations.check_owner(broker, durable, session.conn.login)  # before changes
+    qp = session.wildcards.get(sub_id or "") if sub is None else None
     if sub is not None:
         close_subscription(broker, session, sub)
+    elif qp is not None:
+        wildcard_queues.close(broker, qp)
     elif not name:
         raise BrokerError(f"no subscription {sub_id!r}")
     if durable is not None:
         destinations.remove_durable(broker, durable)
     receipts.answer(broker, session, h.get("receipt"))
-
-
-def close_subscription(broker: Broker, session: Session, sub: Subscription) -> None:
-    """Return what the subscriber had not acknowledged; it will be redelivered."""
-    sub.closed = True
-    session.subscriptions.pop(sub.id, None)
-    session.by_key.pop(sub.key, None)
-    source = sub.source
-    source.remove_consumer(sub)
-    if isinstance(source, TopicSubscriptionSource):
-        peers = broker.topics.get(sub.destination, [])
-        if source in peers:
-            peers.remove(source)
-        if source.pattern is not None:
-            broker.topic_patterns.remove(source.pattern, source)
-        source.discard()
-        return
-    if sub.inflight:
-        returned = []
-        for delivery in sub.inflight.values():
-            if delivery.pending:
-                delivery.orphaned = True  # its commit requeues it
-            else:
-                returned.append(delivery)
-        releases = [d.ref for d in returned if d.ref is not None]
-        if releases:
-            broker.writes.stage_releases(releases)
-        for delivery in returned:
-            source.push(delivery.message)
-        sub.inflight.clear()
-        sub.held.clear()
-        sub.inflight_bytes = 0
-        source.dispatch()

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from amqlite.broker.message import Message
 from amqlite.broker.selector import Selector
 from amqlite.broker.session import Client
-from amqlite.broker.source import Source
+from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.codec import Frame
 from amqlite.validation import headers_for
 from amqlite.wire import ACK_AUTO, AMQ_GROUP_FIRST, DELIVERY_COUNT_HEADER
 from store.api import Ref
+
+if TYPE_CHECKING:
+    from amqlite.broker.core import Broker
+    from amqlite.broker.session import Session
 
 log = logging.getLogger("amqlite.broker")
 
@@ -189,3 +194,36 @@ class Subscription:
 #: What one ACK or NACK of a COMMIT settled in memory: (command, subscription,
 #: deliveries), kept until the store took the COMMIT (see ``Broker._unsettle``).
 Settled = tuple[str, Subscription, list[Delivery]]
+
+
+def close_subscription(broker: Broker, session: Session, sub: Subscription) -> None:
+    """Return what the subscriber had not acknowledged; it will be redelivered."""
+    sub.closed = True
+    session.subscriptions.pop(sub.id, None)
+    session.by_key.pop(sub.key, None)
+    source = sub.source
+    source.remove_consumer(sub)
+    if isinstance(source, TopicSubscriptionSource):
+        peers = broker.topics.get(sub.destination, [])
+        if source in peers:
+            peers.remove(source)
+        if source.pattern is not None:
+            broker.topic_patterns.remove(source.pattern, source)
+        source.discard()
+        return
+    if sub.inflight:
+        returned = []
+        for delivery in sub.inflight.values():
+            if delivery.pending:
+                delivery.orphaned = True  # its commit requeues it
+            else:
+                returned.append(delivery)
+        releases = [d.ref for d in returned if d.ref is not None]
+        if releases:
+            broker.writes.stage_releases(releases)
+        for delivery in returned:
+            source.push(delivery.message)
+        sub.inflight.clear()
+        sub.held.clear()
+        sub.inflight_bytes = 0
+        source.dispatch()

@@ -505,7 +505,7 @@ class ManagementServer:
         for conn in sorted(server.connections if server is not None else (),
                            key=lambda c: c.connected_at or 0.0):
             session = broker.sessions.get(conn) if broker is not None else None
-            subs = list(session.subscriptions.values()) if session is not None else []
+            subs = list(session.all_subscriptions()) if session is not None else []
             out.append({
                 "address": conn.peer, "login": conn.login,
                 "client_id": conn.client_id, "version": conn.version,

@@ -22,6 +22,7 @@ from tests.helpers.broker_proc import (
     RawStomp,
     assert_error_then_closed,
     unique,
+    wait_receipt,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -37,6 +38,20 @@ ops = ["root"]
 [[authorization]]
 destination = "/topic/pub.>"
 read = ["apps", "ops"]
+write = ["ops"]
+admin = ["ops"]
+auto_create = true
+
+[[authorization]]
+destination = "/queue/pub.>"
+read = ["apps", "ops"]
+write = ["ops"]
+admin = ["ops"]
+auto_create = true
+
+[[authorization]]
+destination = "/queue/priv.>"
+read = ["ops"]
 write = ["ops"]
 admin = ["ops"]
 auto_create = true
@@ -124,9 +139,8 @@ def test_send_to_a_wildcard_is_an_error_and_stores_nothing(
     other.send(f"/queue/{unique('after')}", "fine")
 
 
-def test_malformed_pattern_and_queue_wildcard_are_errors_naming_why(
-        broker: BrokerProcess) -> None:
-    for destination, needle in (("/topic/a.>.b", "last"), ("/queue/orders.*", "topics")):
+def test_malformed_pattern_is_an_error_naming_why(broker: BrokerProcess) -> None:
+    for destination, needle in (("/topic/a.>.b", "last"), ("/queue/>.a", "last")):
         with RawStomp(broker.port) as raw:
             raw.connect()
             raw.send_frame("SUBSCRIBE", {"destination": destination, "id": "1",
@@ -151,3 +165,70 @@ def test_wildcard_never_delivers_from_a_topic_the_login_may_not_read(
     assert alice.listener.holds_for(lambda: alice.listener.count() == 2, QUIET), \
         alice.listener.bodies()
     assert not alice.listener.errors
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_queue_wildcard_consumes_from_existing_and_later_queues(
+        broker: BrokerProcess, clients: ClientPool, version: str) -> None:
+    """``/queue/ROOT.*``: the queues that exist and those created after the SUBSCRIBE;
+    ACKs (1.1: subscription + message-id, 1.2: ack id) settle on the right queue."""
+    root = unique("orders")
+    producer = clients(broker.port)
+    producer.send(f"/queue/{root}.eu", "eu-1")
+    producer.send(f"/queue/{root}.eu.west", "deeper")  # two elements: '*' is one
+    consumer = clients(broker.port, version=version)
+    consumer.subscribe(f"/queue/{root}.*", ack="client-individual")
+    producer.send(f"/queue/{root}.us", "us-1")  # a queue created after the SUBSCRIBE
+    got = consumer.listener.wait_messages(2)
+    assert sorted(m.body for m in got) == ["eu-1", "us-1"]
+    assert {m.headers["destination"] for m in got} == {f"/queue/{root}.eu",
+                                                      f"/queue/{root}.us"}
+    for m in got:
+        if version == "1.2":
+            consumer.ack(m)
+        else:  # STOMP 1.1 names the subscription and the message-id
+            receipt = unique("r-ack")
+            consumer.conn.ack(m.headers["message-id"], m.headers["subscription"],
+                              receipt=receipt)
+            wait_receipt(consumer.listener, receipt, WAIT, "ACK")
+    assert consumer.listener.holds_for(lambda: consumer.listener.count() == 2, QUIET)
+    consumer.close()
+    after = clients(broker.port)
+    after.subscribe(f"/queue/{root}.>")
+    assert [m.body for m in after.listener.wait_messages(1)] == ["deeper"]
+    assert after.listener.holds_for(lambda: after.listener.count() == 1, QUIET), \
+        "an acknowledged message came back"
+
+
+def test_queue_wildcard_returns_what_it_did_not_ack_when_it_leaves(
+        broker: BrokerProcess, clients: ClientPool) -> None:
+    root = unique("jobs")
+    producer = clients(broker.port)
+    for name in ("a", "b"):
+        producer.send(f"/queue/{root}.{name}", name)
+    consumer = clients(broker.port)
+    sub = consumer.subscribe(f"/queue/{root}.*", ack="client-individual")
+    consumer.listener.wait_messages(2)
+    consumer.unsubscribe(sub)
+    again = clients(broker.port)
+    again.subscribe(f"/queue/{root}.*")
+    got = again.listener.wait_messages(2)
+    assert sorted(m.body for m in got) == ["a", "b"]
+    assert all(m.headers.get("redelivered") == "true" for m in got)
+
+
+def test_queue_wildcard_joins_only_queues_the_login_may_read(
+        secured: BrokerProcess, clients: ClientPool) -> None:
+    root = clients(secured.port, username="root", passcode=PASSWORDS["root"])
+    fresh = unique("q")
+    root.send(f"/queue/pub.{fresh}", "public")
+    alice = clients(secured.port, username="alice", passcode=PASSWORDS["alice"])
+    alice.subscribe("/queue/>")
+    root.send(f"/queue/priv.{fresh}", "private")  # created after the SUBSCRIBE
+    root.send(f"/queue/pub.{fresh}.late", "public-late")
+    got = alice.listener.wait_messages(2)
+    assert sorted(m.body for m in got) == ["public", "public-late"]
+    assert alice.listener.holds_for(lambda: alice.listener.count() == 2, QUIET)
+    reader = clients(secured.port, username="root", passcode=PASSWORDS["root"])
+    reader.subscribe(f"/queue/priv.{fresh}")
+    assert [m.body for m in reader.listener.wait_messages(1)] == ["private"]
