@@ -193,10 +193,11 @@ class _ReceiptProducer(_Peer):
     """Sends one persistent SEND, waits for its RECEIPT, sends the next, until ``stop``."""
 
     def __init__(self, body: bytes, stop: float, latencies: list[float],
-                 headers: dict[str, str], pid: int) -> None:
+                 headers: dict[str, str], pid: int, parts: int = 0) -> None:
         super().__init__()
         self.body, self.stop, self.latencies = body, stop, latencies
         self.headers, self.pid = headers, f"bench-{pid}"
+        self.parts = parts
         self.sent = 0
         self.t = 0.0
 
@@ -208,6 +209,8 @@ class _ReceiptProducer(_Peer):
         h["receipt"] = n
         h[PRODUCER_ID_HEADER] = self.pid
         h[PRODUCER_SEQ_HEADER] = n
+        if self.parts:  # W6: messages tagged round robin, one part per consumer
+            h[PART_HEADER] = str(self.sent % self.parts)
         self.t = time.monotonic()
         self.write(Frame("SEND", h, self.body))
 
@@ -228,14 +231,15 @@ class _ReceiptProducer(_Peer):
 
 async def producer(port: int, body: bytes, stop: float, latencies: list[float],
                    persistent: bool, receipts: bool, pid: int,
-                   omit_persistent_header: bool = False) -> int:
+                   omit_persistent_header: bool = False, parts: int = 0) -> int:
     headers = {"destination": QUEUE, "persistent": "true" if persistent else "false"}
     if omit_persistent_header and not persistent:
         del headers["persistent"]
     if receipts:
         loop = asyncio.get_running_loop()
         _, p = await asyncio.wait_for(loop.create_connection(
-            lambda: _ReceiptProducer(body, stop, latencies, headers, pid), "127.0.0.1", port,
+            lambda: _ReceiptProducer(body, stop, latencies, headers, pid, parts), "127.0.0.1",
+            port,
             **tls_kwargs()), 30)
         await p.ended
         return p.sent
@@ -283,10 +287,11 @@ class _Consumer(_Peer):
     every MESSAGE of a packet in one write."""
 
     def __init__(self, destination: str, ack: str, counter: list[int], e2e: list[float],
-                 ready: asyncio.Event | None) -> None:
+                 ready: asyncio.Event | None, selector: str | None = None) -> None:
         super().__init__()
         self.destination, self.ack, self.counter, self.e2e = destination, ack, counter, e2e
         self.ready = ready
+        self.selector = selector
         self.subscribed = asyncio.get_running_loop().create_future()
 
     def on_frame(self, frame: Frame) -> None:
@@ -302,10 +307,12 @@ class _Consumer(_Peer):
             if not self.subscribed.done():
                 self.subscribed.set_result(None)
         elif command == "CONNECTED":
-            self.write(Frame("SUBSCRIBE", {
-                "destination": self.destination, "id": "1", "ack": self.ack,
-                "activemq.prefetchSize": PREFETCH, "prefetch-count": PREFETCH,
-                "receipt": "sub"}))
+            headers = {"destination": self.destination, "id": "1", "ack": self.ack,
+                       "activemq.prefetchSize": PREFETCH, "prefetch-count": PREFETCH,
+                       "receipt": "sub"}
+            if self.selector is not None:
+                headers["selector"] = self.selector
+            self.write(Frame("SUBSCRIBE", headers))
         elif command == "ERROR":
             exc = ConnectionError(f"consumer refused: {frame.headers.get('message')}")
             if not self.subscribed.done():
@@ -315,10 +322,10 @@ class _Consumer(_Peer):
 
 async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
                    e2e: list[float], ready: asyncio.Event | None = None,
-                   destination: str = QUEUE) -> None:
+                   destination: str = QUEUE, selector: str | None = None) -> None:
     loop = asyncio.get_running_loop()
     _, c = await asyncio.wait_for(loop.create_connection(
-        lambda: _Consumer(destination, ack, counter, e2e, ready), "127.0.0.1", port,
+        lambda: _Consumer(destination, ack, counter, e2e, ready, selector), "127.0.0.1", port,
         **tls_kwargs()), 30)
     # Producers start only once every SUBSCRIBE is confirmed (RabbitMQ drops
     # SENDs to a queue nobody declared yet).
@@ -331,6 +338,10 @@ async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
     c.end()
     if not c.ended.cancelled():
         c.ended.exception()  # a lost connection ends this consumer; the counts tell
+
+
+#: W6's message header, and the selector each consumer uses on it.
+PART_HEADER = "part"
 
 
 #: Preload: SENDs written back to back per connection before one RECEIPT is
@@ -392,7 +403,8 @@ def _producer_worker(pipe: Connection, port: int, opts: argparse.Namespace,
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         counts = await asyncio.gather(*(
             producer(port, body, stop, latencies, not opts.non_persistent,
-                     not opts.no_receipts, first + i, opts.omit_persistent_header)
+                     not opts.no_receipts, first + i, opts.omit_persistent_header,
+                     opts.parts)
             for i in range(count)))
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         return {"sent": sum(counts), "latencies": latencies,
@@ -467,8 +479,10 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
         if workers is not None:
             await workers.ready()
         readies = [asyncio.Event() for _ in range(opts.consumers)]
-        consumers = [asyncio.ensure_future(consumer(port, opts.ack, received, done, e2e, r))
-                     for r in readies]
+        consumers = [asyncio.ensure_future(consumer(
+            port, opts.ack, received, done, e2e, r,
+            selector=f"{PART_HEADER} = '{k}'" if opts.selectors else None))
+            for k, r in enumerate(readies)]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
         broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
         store_cpu0 = tree_cpu_seconds(store_pid) if store_pid else 0.0
@@ -480,7 +494,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
         else:
             sent = sum(await asyncio.gather(*(
                 producer(port, body, stop, latencies, not opts.non_persistent,
-                         not opts.no_receipts, i, opts.omit_persistent_header)
+                         not opts.no_receipts, i, opts.omit_persistent_header, opts.parts)
                 for i in range(opts.producers))))
     finally:
         if workers is not None:
@@ -539,6 +553,12 @@ def main() -> int:
                          "ActiveMQ and RabbitMQ; RabbitMQ reads persistent:false as 'declare "
                          "the queue non-durable' and refuses it); implied by --spawn rabbitmq")
     ap.add_argument("--no-receipts", action="store_true")
+    ap.add_argument("--parts", type=int, default=0,
+                    help="W6: tag each message with a 'part' header, 0..N-1 round robin "
+                         "per producer (give --parts equal to --consumers)")
+    ap.add_argument("--selectors", action="store_true",
+                    help="W6: consumer k subscribes with the selector \"part = 'k'\" "
+                         "(without it, the same tagged load with plain consumers)")
     ap.add_argument("--processes", type=int, default=1,
                     help="run the producers in this many processes of their own (the "
                          "consumers stay in this one), for when one core cannot drive a broker")
@@ -553,6 +573,8 @@ def main() -> int:
     ap.add_argument("--ssl-ca", help="with --tls and --port: CA file of the broker's "
                                      "certificate (default: the system's)")
     opts = ap.parse_args()
+    if opts.selectors and opts.parts != opts.consumers:
+        ap.error("--selectors: give --parts equal to --consumers (one part per consumer)")
     if not opts.port and not opts.spawn:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
     if opts.tls and opts.spawn and opts.spawn not in ("postgres", "sqlite"):
