@@ -22,6 +22,7 @@ from tests.helpers.broker_proc import (
     RawStomp,
     assert_error_then_closed,
     unique,
+    wait_one_serving,
     wait_receipt,
 )
 
@@ -232,3 +233,31 @@ def test_queue_wildcard_joins_only_queues_the_login_may_read(
     reader = clients(secured.port, username="root", passcode=PASSWORDS["root"])
     reader.subscribe(f"/queue/priv.{fresh}")
     assert [m.body for m in reader.listener.wait_messages(1)] == ["private"]
+
+
+def test_durable_wildcard_subscription_survives_the_masters_sigkill(
+        broker_factory: BrokerFactory, clients: ClientPool) -> None:
+    """Its pattern is in the store: the new master stores for it what matches, and what
+    was receipted before the crash arrives once."""
+    shared = broker_factory.data_dir("shared")
+    env = {"AMQLITE_LOCK_POLL_INTERVAL": "0.1"}
+    first = broker_factory.new(data_dir=shared, name="wild-a", env=env).start()
+    second = broker_factory.new(data_dir=shared, name="wild-b", env=env).start()
+    master, _ = wait_one_serving([first, second])
+    slave = second if master is first else first
+    root, client_id, name = unique("ev"), unique("cid"), unique("dur")
+    durable = {"activemq.subscriptionName": name}
+    sub = clients(master.port, headers={"client-id": client_id})
+    sub.subscribe(f"/topic/{root}.>", ack="client-individual", headers=durable)
+    sub.close()
+    producer = clients(master.port)
+    for i in range(50):
+        producer.send(f"/topic/{root}.{'ab'[i % 2]}", f"before-{i}")
+    master.kill()
+    slave.wait_serving(timeout=30)
+    clients(slave.port).send(f"/topic/{root}.c.d", "after")
+    again = clients(slave.port, headers={"client-id": client_id})
+    again.subscribe(f"/topic/{root}.>", headers=durable)
+    got = [m.body for m in again.listener.wait_messages(51)]
+    assert sorted(got) == sorted([f"before-{i}" for i in range(50)] + ["after"])
+    assert again.listener.holds_for(lambda: again.listener.count() == 51, QUIET)
