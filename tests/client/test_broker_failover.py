@@ -9,13 +9,11 @@ import asyncio
 import pytest
 
 from amqlite.client import AsyncClient
-from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, unique, wait_one_serving
+from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, start_pair, unique
 from tests.helpers.client import RecordingListener, async_test
 
 pytestmark = pytest.mark.integration
 
-#: Slaves poll the lock this often here (default 0.5 s): the test measures the client.
-LOCK_POLL = "0.1"
 MESSAGES = 150
 #: Sends in flight at once, so the master dies with some of them unconfirmed.
 IN_FLIGHT = 20
@@ -23,15 +21,6 @@ IN_FLIGHT = 20
 KILL_AFTER = 50
 #: How long the consumer waits for a missing message before declaring it lost.
 QUIET = 5.0
-
-
-def start_pair(factory: BrokerFactory) -> tuple[BrokerProcess, BrokerProcess]:
-    shared = factory.data_dir("shared")
-    env = {"AMQLITE_LOCK_POLL_INTERVAL": LOCK_POLL}
-    first = factory.new(data_dir=shared, name="node-a", env=env).start()
-    second = factory.new(data_dir=shared, name="node-b", env=env).start()
-    master, _ = wait_one_serving([first, second])
-    return master, (second if master is first else first)
 
 
 def pair_url(a: BrokerProcess, b: BrokerProcess) -> str:

@@ -298,6 +298,23 @@ def wait_one_serving(brokers: Iterable[BrokerProcess], timeout: float = START_TI
                 context=lambda: "\n".join(b.log_tail() for b in brokers))
 
 
+#: Slaves of a pair poll the lock this often in tests (the default 0.5 s is also fine;
+#: the tests measure the broker, not the poll period).
+PAIR_LOCK_POLL = "0.1"
+
+
+def start_pair(factory: BrokerFactory, names: tuple[str, str] = ("node-a", "node-b"),
+               env: Mapping[str, str] | None = None) -> tuple[BrokerProcess, BrokerProcess]:
+    """Two brokers of one group on ONE data dir (embedded SQLite + file lock), started
+    together; returns (master, slave)."""
+    shared = factory.data_dir("shared")
+    env = {"AMQLITE_LOCK_POLL_INTERVAL": PAIR_LOCK_POLL, **(env or {})}
+    first = factory.new(data_dir=shared, name=names[0], env=env).start()
+    second = factory.new(data_dir=shared, name=names[1], env=env).start()
+    master, _ = wait_one_serving([first, second])
+    return master, (second if master is first else first)
+
+
 def never_serves(broker: BrokerProcess, duration: float) -> bool:
     """True if `broker` stays alive and keeps its port closed for `duration` seconds."""
     deadline = time.monotonic() + duration

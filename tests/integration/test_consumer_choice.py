@@ -20,8 +20,8 @@ from tests.helpers.broker_proc import (
     ClientPool,
     RawStomp,
     assert_error_then_closed,
+    start_pair,
     unique,
-    wait_one_serving,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -135,12 +135,7 @@ def test_no_local_topic_subscriber_skips_its_own_connection(
 
 def test_group_order_and_exactly_once_through_a_sigkill(broker_factory: BrokerFactory,
                                                         clients: ClientPool) -> None:
-    shared = broker_factory.data_dir("shared")
-    env = {"AMQLITE_LOCK_POLL_INTERVAL": "0.1"}
-    first = broker_factory.new(data_dir=shared, name="grp-a", env=env).start()
-    second = broker_factory.new(data_dir=shared, name="grp-b", env=env).start()
-    master, _ = wait_one_serving([first, second])
-    slave = second if master is first else first
+    master, slave = start_pair(broker_factory, ("grp-a", "grp-b"))
     queue = f"/queue/{unique('grpha')}"
     consumers = []  # both there first: the groups spread over them
     for _ in range(2):

@@ -20,30 +20,16 @@ from tests.helpers.broker_proc import (
     never_serves,
     open_client,
     send_many,
+    start_pair,
     unique,
-    wait_one_serving,
 )
 from tests.helpers.poll import poll
 
 pytestmark = pytest.mark.integration
 
-#: Slaves poll the lock this often in these tests (the default 0.5 s is also fine, but the
-#: graceful hand-over budget below is 1 s and we measure the broker, not the poll period).
-LOCK_POLL = "0.1"
 #: Upper bound for a takeover after SIGKILL; the file lock is freed by the kernel at once.
 CRASH_TAKEOVER_LIMIT = 5.0
 GRACEFUL_TAKEOVER_LIMIT = 1.0
-
-
-def start_pair(factory: BrokerFactory) -> tuple[BrokerProcess, BrokerProcess]:
-    """Two brokers of one group on ONE data dir, started together; returns (master, slave)."""
-    shared = factory.data_dir("shared")
-    env = {"AMQLITE_LOCK_POLL_INTERVAL": LOCK_POLL}
-    first = factory.new(data_dir=shared, name="node-a", env=env).start()
-    second = factory.new(data_dir=shared, name="node-b", env=env).start()
-    master, _ = wait_one_serving([first, second])
-    slave = second if master is first else first
-    return master, slave
 
 
 def take_over(old: BrokerProcess, new: BrokerProcess, how: str) -> float:

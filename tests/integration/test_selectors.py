@@ -24,8 +24,8 @@ from tests.helpers.broker_proc import (
     ClientPool,
     RawStomp,
     assert_error_then_closed,
+    start_pair,
     unique,
-    wait_one_serving,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -161,12 +161,7 @@ def test_selective_traffic_survives_the_masters_sigkill(broker_factory: BrokerFa
                                                        clients: ClientPool) -> None:
     """Two nodes on one store; selective consumers busy; SIGKILL the master: after the
     takeover every receipted message reaches the consumer its selector picks, once."""
-    shared = broker_factory.data_dir("shared")
-    env = {"AMQLITE_LOCK_POLL_INTERVAL": "0.1"}
-    first = broker_factory.new(data_dir=shared, name="sel-a", env=env).start()
-    second = broker_factory.new(data_dir=shared, name="sel-b", env=env).start()
-    master, _ = wait_one_serving([first, second])
-    slave = second if master is first else first
+    master, slave = start_pair(broker_factory, ("sel-a", "sel-b"))
     queue = f"/queue/{unique('selha')}"
     producer = clients(master.port)
     sent = {"even": [], "odd": []}

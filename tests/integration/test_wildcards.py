@@ -21,8 +21,8 @@ from tests.helpers.broker_proc import (
     RawFrame,
     RawStomp,
     assert_error_then_closed,
+    start_pair,
     unique,
-    wait_one_serving,
     wait_receipt,
 )
 
@@ -239,12 +239,7 @@ def test_durable_wildcard_subscription_survives_the_masters_sigkill(
         broker_factory: BrokerFactory, clients: ClientPool) -> None:
     """Its pattern is in the store: the new master stores for it what matches, and what
     was receipted before the crash arrives once."""
-    shared = broker_factory.data_dir("shared")
-    env = {"AMQLITE_LOCK_POLL_INTERVAL": "0.1"}
-    first = broker_factory.new(data_dir=shared, name="wild-a", env=env).start()
-    second = broker_factory.new(data_dir=shared, name="wild-b", env=env).start()
-    master, _ = wait_one_serving([first, second])
-    slave = second if master is first else first
+    master, slave = start_pair(broker_factory, ("wild-a", "wild-b"))
     root, client_id, name = unique("ev"), unique("cid"), unique("dur")
     durable = {"activemq.subscriptionName": name}
     sub = clients(master.port, headers={"client-id": client_id})
