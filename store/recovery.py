@@ -1,8 +1,8 @@
 """Activation reads: what a new master recovers, the pages of messages it then
 reads, the background integrity check, and the activation row's end.
 
-Dequeue and FOR UPDATE SKIP LOCKED: DESIGN.md asks for SKIP LOCKED "where the
-backend has it". We deliberately do not use it. SKIP LOCKED is for many
+Dequeue and FOR UPDATE SKIP LOCKED (docs/design.md): a Postgres-backed queue would
+use SKIP LOCKED where the backend has it. We deliberately do not. SKIP LOCKED is for many
 competing consumers; here one fenced master reads, on the same thread that
 writes, and pages with an id cursor. The only rows another transaction could
 lock are those of a deposed master's last transaction; skipping them would
