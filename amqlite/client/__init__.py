@@ -5,7 +5,7 @@ an ``AsyncClient`` on an event loop in a background thread, for scripts.
 
 Broker URLs and options: see :mod:`amqlite.client.uri` (``tcp://``, ``failover:``,
 ``discovery:``, every ActiveMQ failover option with ActiveMQ's default). Reconnect timing
-and URI order: :mod:`amqlite.client.failover` (ActiveMQ's ``doReconnect``/``doDelay``).
+and URI order: :mod:`amqlite.client.reconnect` (ActiveMQ's ``doReconnect``/``doDelay``).
 
 The package, one concern a module (each imports only those above it):
 
@@ -15,8 +15,9 @@ The package, one concern a module (each imports only those above it):
 ``connection``   one TCP connection speaking STOMP through the sans-I/O protocol
 ``discovery``    ``discovery:`` URLs: the registry lookup and the resolver hook
 ``requests``     bookkeeping of requests waiting for the broker, and their replay
-``failover``     the reconnect policy, the supervisor (standby, priority, cluster
-                 updates) and the client's state (``ClientState``)
+``reconnect``    the reconnect policy: back-off, attempt limits, the order of URIs
+``failover``     the supervisor (reconnect passes, standby, priority, cluster updates)
+                 and the client's state (``ClientState``)
 ``asyncclient``  ``AsyncClient``, the coroutine API
 ``blocking``     ``Client``, the blocking facade on a background loop thread
 
