@@ -4,7 +4,8 @@
 
 * ``file:///abs/path/amqlite.lock`` — ``flock`` on a local file (embedded default);
 * ``postgresql://...`` (also ``postgres://`` and SQLAlchemy's ``postgresql+psycopg://``) —
-  a session advisory lock;
+  a session advisory lock; several hosts in either of libpq's spellings
+  (``lockers.connections.pg_url``);
 * ``zk://host:port[,host:port][/root]`` — kazoo's lock recipe (root ``/amqlite``).
 """
 
@@ -105,12 +106,23 @@ def open_locker(
         return locker
 
     if scheme in _PG_SCHEMES or scheme.startswith("postgresql+"):
+        from lockers.connections.pg_url import PgUrlError, parse_pg_url
         from lockers.pg_lease import PG_LEASE, PG_MIN_LEASE
         from lockers.postgres import PostgresLocker
 
         if lease is not None and not (lease == 0 or PG_MIN_LEASE <= lease < math.inf):
             raise LockerError(f"lease: must be 0 (none) or at least {PG_MIN_LEASE:g}s,"
                               f" got {lease!r}")
+        try:
+            pg = parse_pg_url(url)  # either spelling of several hosts, checked
+        except PgUrlError as e:
+            raise LockerError(f"bad PostgreSQL URL: {e}") from None
+        if pg.several_hosts:
+            # libpq's keywords, with target_session_attrs defaulted: the lock must be
+            # taken on the primary, where the store writes.
+            from psycopg.conninfo import make_conninfo
+
+            url = make_conninfo("", **pg.params)
         return PostgresLocker(
             url, group, node=node, keepalive_interval=interval,
             lease=PG_LEASE if lease is None else lease,

@@ -4,6 +4,7 @@ How amqlite reaches its PostgreSQL and ZooKeeper servers and reports what went w
 in one place so every user connects, retries and words its errors alike:
 
 * ``postgres``: libpq and session tuning of the lock session and the store pool, side by side;
+* ``pg_url``: PostgreSQL URLs as libpq reads them, one host or several, checked;
 * ``zookeeper``: zk:// URLs, kazoo clients and their stop;
 * ``blocking``: ``run_blocking``, a blocking call on a thread of its own, awaited on the loop;
 * ``errors``: ``one_line``, an exception as the one line a log or a CLI error shows.
