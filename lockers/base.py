@@ -52,6 +52,35 @@ class LockLost(Exception):  # not "...Error": the name says what happened
 
 StateListener = Callable[[LockState], None]
 
+
+class RetryBackoff:
+    """A wait for the lock that outlives an unreachable backend (a locker's ``acquire``):
+    the first failure of an outage is logged as a warning, each retry sleeps twice as
+    long as the one before, up to ``cap`` (s), and a try that reaches the backend starts
+    over. ``log`` is the backend's logger."""
+
+    def __init__(self, initial: float, cap: float, log: logging.Logger) -> None:
+        self.initial = initial
+        self.cap = cap
+        self.log = log
+        self.delay = initial
+        self.failing = False
+
+    async def failed(self, error: Exception) -> None:
+        """A try failed: warn (once an outage), sleep, then grow the delay."""
+        if not self.failing:
+            self.log.warning("%s; retrying", error, stacklevel=2)  # the locker's line
+            self.failing = True
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.cap)
+
+    def succeeded(self) -> bool:
+        """A try reached the backend: start over; True when that ends an outage."""
+        was_failing, self.failing = self.failing, False
+        self.delay = self.initial
+        return was_failing
+
+
 class Locker(abc.ABC):
     """An exclusive, per-group lock with liveness checks and a loss signal.
 

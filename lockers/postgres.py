@@ -44,6 +44,7 @@ from lockers.base import (
     LockerError,
     LockLost,
     LockState,
+    RetryBackoff,
 )
 from lockers.connections.blocking import collect_outcome, run_blocking
 from lockers.connections.errors import one_line
@@ -550,8 +551,7 @@ class PostgresLocker(Locker):
         return s.pid if s is not None else 0
 
     async def _wait_for_lock(self) -> None:
-        delay = PG_RECONNECT_INITIAL
-        failing = False
+        backoff = RetryBackoff(PG_RECONNECT_INITIAL, PG_RECONNECT_MAX, log)
         while not self._held:
             try:
                 # A backend that stopped answering would never end its slice:
@@ -565,18 +565,12 @@ class PostgresLocker(Locker):
             except LockerError as e:
                 if self._closed:
                     raise
-                if not failing:
-                    log.warning("%s; retrying", e)
-                    failing = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, PG_RECONNECT_MAX)
+                await backoff.failed(e)
                 continue
             if self._closed:  # close() interrupted the wait; it drops the session after us
                 raise LockerError(f"{self.description}: closed")
-            if failing:
+            if backoff.succeeded():
                 log.info("%s: connection back, waiting for the lock", self.description)
-                failing = False
-            delay = PG_RECONNECT_INITIAL
             if got:
                 self._held = True
                 log.info("acquired %s", self.description)

@@ -46,6 +46,7 @@ from lockers.base import (
     LockerError,
     LockLost,
     LockState,
+    RetryBackoff,
 )
 from lockers.connections.blocking import collect_outcome, run_blocking
 from lockers.connections.zookeeper import (
@@ -292,9 +293,7 @@ class ZooKeeperLocker(Locker):
         if grant is None or client is None:
             return
         try:
-            stat = await asyncio.wait_for(
-                self._bridge(client.exists_async(grant.path)), self.session_timeout
-            )
+            stat = await self._stat(client, grant)
         except SessionExpiredError:
             self._declare_lost("ZooKeeper session expired")
             return
@@ -309,6 +308,13 @@ class ZooKeeperLocker(Locker):
             self._clear_suspended()
             log.info("%s: reconnected, lock node still ours: resuming", self.description)
             self._notify(LockState.HELD)
+
+    async def _stat(self, client: KazooClient, grant: _Grant) -> ZnodeStat | None:
+        """Our lock node's stat (None: it is gone), within the session timeout."""
+        stat: ZnodeStat | None = await asyncio.wait_for(
+            self._bridge(client.exists_async(grant.path)), self.session_timeout
+        )
+        return stat
 
     def _declare_lost(self, reason: str) -> None:
         if not self._held:
@@ -449,8 +455,7 @@ class ZooKeeperLocker(Locker):
 
     async def acquire(self, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
         """Wait on a watch of our predecessor node; ``poll_interval`` is unused."""
-        delay = ZK_RECONNECT_INITIAL
-        failing = False
+        backoff = RetryBackoff(ZK_RECONNECT_INITIAL, ZK_RECONNECT_MAX, log)
         while not self._held:
             try:
                 client = await self._ensure_client()
@@ -458,14 +463,9 @@ class ZooKeeperLocker(Locker):
             except LockerError as e:
                 if self._closed:
                     raise
-                if not failing:
-                    log.warning("%s; retrying", e)
-                    failing = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, ZK_RECONNECT_MAX)
+                await backoff.failed(e)
                 continue
-            failing = False
-            delay = ZK_RECONNECT_INITIAL
+            backoff.succeeded()
 
     async def keepalive(self) -> None:
         grant, client = self._grant, self._client
@@ -478,9 +478,7 @@ class ZooKeeperLocker(Locker):
                 raise LockLost(f"{self.description}: lock lost")
             return
         try:
-            stat = await asyncio.wait_for(
-                self._bridge(client.exists_async(grant.path)), self.session_timeout
-            )
+            stat = await self._stat(client, grant)
         except SessionExpiredError:
             self._declare_lost("ZooKeeper session expired")
             raise LockLost(f"{self.description}: session expired") from None
