@@ -5,40 +5,38 @@ One self-contained file (standard library + pyspark only) so that a cluster
 runs it unchanged: ``spark-submit spark/audit_job.py --store URL ...``; the
 ``amqlite audit`` command calls :func:`main` in-process.
 
-Why the reads are ordered and bounded (a live broker keeps writing while we
-read, and no single snapshot spans the whole audit):
+Every read sees one snapshot of the store (``Snapshot``): on PostgreSQL the
+driver's transaction exports it and every JDBC partition imports it; SQLite is
+copied with the backup API in one read transaction and the copy is read. What a
+live broker commits meanwhile (sends, acknowledgements, the dedup pruner) is
+then wholly in the audit's view or not at all, so the checks see a state the
+store really was in, and every invariant the store keeps per transaction holds.
 
-1. ``B`` := max(message id) per group is taken first. Every message read is
-   limited to ``id <= B``: a master allocates ids in increasing order and
-   commits batches one at a time, so every row with ``id <= B`` was committed
-   before the audit began, and later arrivals are out of scope.
-2. Destinations and subscriptions ("parents") are read before *and* after the
-   rows that point at them; a parent counts as existing when either read saw
-   it, so a parent created or dropped during the audit is not an orphan.
-3. Messages are read (and cached) before pending rows: a pending row is
-   deleted in the same transaction as, or before, its message, so a pending
-   row seen later whose message (``id <= B``) was not seen earlier is real.
-4. A topic message with no pending row may just have had its last pending row
-   acknowledged after the messages were read; such candidates are confirmed by
-   a second, narrow read of message ids (only when there are candidates).
+Reads scale with the rows of the audited groups: every partition names its group
+(an index on (grp, ...) is walked only within it), big groups are cut at
+quantiles of the key (``StoreReader.key_predicates``), never at min/max strides.
 
-Each JDBC partition is its own short read-only transaction (PostgreSQL uses a
-cursor only inside a transaction); partitions are sized in rows so that none
-holds a snapshot (xmin) for long, and the server kills one that stalls.
+Dedup entries past their window are judged against the group's last recorded
+prune (``amq_meta``, ``DEDUP_PRUNED_PREFIX``): housekeeping that has not run yet
+(a stopped broker) is reported as pending, not as a finding.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import getpass
+import itertools
 import json
 import math
 import os
 import shutil
 import socket
+import sqlite3
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -65,10 +63,8 @@ SQLITE_JAR_PACKAGE = "libxerial-sqlite-jdbc-java"
 #: see it move; a log should not fill up).
 PROGRESS_INTERVAL_S = 5.0
 
-#: Rows per JDBC partition. One partition = one read transaction. bench/audit_bench.py
-#: reads ~50k message rows/s per connection (two shared cores), so 100k rows keep
-#: each transaction, and the snapshot it holds against vacuum and SKIP LOCKED
-#: dequeues, to about two seconds.
+#: Rows per JDBC partition (one task, one connection). bench/audit_bench.py reads
+#: ~50k message rows/s per connection (two shared cores): about two seconds a task.
 ROWS_PER_PARTITION = 100_000
 #: Upper bound on partitions per table: each is a task and a connection; past a
 #: few hundred the per-task overhead dominates and the store sees a connection storm.
@@ -85,6 +81,18 @@ PG_STATEMENT_TIMEOUT_MS = 300_000
 PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 #: SQLite: wait this long for a writer's lock (the broker commits in short batches).
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+#: Seconds between the keep-alive statements of the snapshot-exporting transaction:
+#: a third of PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, so two may be late.
+SNAPSHOT_KEEPALIVE_S = PG_IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 / 3
+#: A group's key quantiles are exact (ntile over its index range) up to this many rows:
+#: about 0.5 s of an index-only scan at bench/audit_bench.py's ~2 M rows/s.
+QUANTILE_EXACT_MAX_ROWS = 1_000_000
+#: Above that, PostgreSQL estimates them from a block sample of about this many rows
+#: per partition: a cut is then off by ~1/sqrt(1000) = 3 % of a partition.
+QUANTILE_SAMPLE_ROWS_PER_PART = 1_000
+#: ``amq_meta`` keys of the groups' last dedup prunes (store/housekeeping.py
+#: ``dedup_pruned_key``; tests/unit/test_audit_schema.py checks the two agree).
+DEDUP_PRUNED_PREFIX = "dedup_pruned:"
 
 #: The broker reaps expired rows every housekeeping interval (5 s by default,
 #: amqlite/settings.py); a minute of slack before an expired row is a finding.
@@ -142,6 +150,7 @@ FINDINGS: dict[str, str] = {
 #: this file ships alone to spark-submit; tests/unit/test_audit_schema.py checks
 #: that the two agree. A plain literal, so that the test reads it without pyspark.
 STORE_COLUMNS: dict[str, dict[str, str]] = {
+    "amq_meta": {"key": "string", "value": "string"},
     "amq_groups": {
         "grp": "string",
         "epoch": "bigint",
@@ -167,6 +176,8 @@ STORE_COLUMNS: dict[str, dict[str, str]] = {
         "expires_at": "bigint",
         "enqueued_at": "bigint",
         "inflight_epoch": "bigint",
+        # > 0: a scheduled message not yet due (schema v3): owed to nobody yet.
+        "deliver_at": "bigint",
         # Content, read only for rows with a producer (``_message_select``):
         "headers": "string",
         "body": "binary",
@@ -474,6 +485,157 @@ def build_session(
     return spark
 
 
+# --------------------------------------------------------------------------- one snapshot
+
+
+class Snapshot:
+    """One consistent view of the store, shared by every read of the audit, so that
+    what a live broker commits meanwhile (sends, acks, the pruner) cannot show up
+    half-done. ``source`` is what Spark reads, ``init_statement`` what each of its
+    JDBC connections runs first (Spark's ``sessionInitStatement``), ``query`` a
+    small query in the same view (counts, quantiles, groups)."""
+
+    def __init__(self, source: StoreSource, init_statement: str | None, pins: str) -> None:
+        self.source = source
+        self.init_statement = init_statement
+        #: What holding the view costs the store, for the summary.
+        self.pins = pins
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Let the view go (also after an error)."""
+
+
+class PgSnapshot(Snapshot):
+    """PostgreSQL: the driver's own JDBC connection opens a REPEATABLE READ READ ONLY
+    transaction and exports its snapshot (``pg_export_snapshot()``); every partition
+    read begins its own REPEATABLE READ transaction and imports it (``SET TRANSACTION
+    SNAPSHOT``) before its SELECT. Spark runs ``sessionInitStatement`` in autocommit
+    mode and only then turns autocommit off for its cursor: the explicit BEGIN keeps
+    the transaction open for the read (the driver sends no BEGIN of its own while one
+    is open); tests/spark/test_audit_snapshot.py shows rows written after the export
+    are not seen. The exporting transaction is kept open, and pins the store's
+    xmin (vacuum), until the audit ends."""
+
+    def __init__(self, spark: SparkSession, source: StoreSource) -> None:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        props = jvm.java.util.Properties()
+        for key, value in source.properties.items():
+            props.setProperty(key, value)
+        driver: Any = jvm
+        for part in source.driver.split("."):
+            driver = getattr(driver, part)
+        conn = driver().connect(source.jdbc_url, props)
+        if conn is None:
+            raise AuditError(f"the PostgreSQL driver does not take {source.jdbc_url}")
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        try:
+            conn.setAutoCommit(False)  # the driver sends BEGIN with the next statement
+            self._run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            rows = self.query("SELECT pg_export_snapshot(), pg_is_in_recovery()")
+        except Exception:
+            self.close()
+            raise
+        snapshot_id, standby = str(rows[0][0]), bool(rows[0][1])
+        init = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+            f"SET TRANSACTION SNAPSHOT {sql_literal(snapshot_id)}"
+        )
+        where = "this standby (and its primary with hot_standby_feedback)" if standby else (
+            "the primary"
+        )
+        super().__init__(source, init, f"snapshot {snapshot_id}: holds back xmin on {where}")
+        self._keepalive = threading.Thread(
+            target=self._keep_alive, name="audit-snapshot", daemon=True
+        )
+        self._keepalive.start()
+
+    def _run(self, sql: str) -> None:
+        with self._lock:
+            st = self._conn.createStatement()
+            try:
+                st.execute(sql)
+            finally:
+                st.close()
+
+    def _keep_alive(self) -> None:
+        """A statement now and then so that idle_in_transaction_session_timeout (the
+        guard against a stalled reader) does not end the exporting transaction while
+        this driver is alive; if the driver stalls, the server ends it and the reads
+        still to come fail instead of reading another view."""
+        while not self._stop.wait(SNAPSHOT_KEEPALIVE_S):
+            with contextlib.suppress(Exception):
+                self._run("SELECT 1")
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        with self._lock:
+            st = self._conn.createStatement()
+            try:
+                rs = st.executeQuery(sql)
+                width = rs.getMetaData().getColumnCount()
+                rows = []
+                while rs.next():
+                    rows.append(tuple(rs.getObject(i) for i in range(1, width + 1)))
+                return rows
+            finally:
+                st.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            self._conn.rollback()
+        with contextlib.suppress(Exception):
+            self._conn.close()
+
+
+class SqliteSnapshot(Snapshot):
+    """SQLite: an online backup of the file (the standard library's ``backup`` in one
+    step: one read transaction, so a consistent copy while a broker writes; in WAL
+    mode it does not block the writer) into a temporary directory; Spark reads the
+    copy, which is removed at the end. Costs a copy's disk space for the audit."""
+
+    def __init__(self, source: StoreSource) -> None:
+        path = source.jdbc_url.removeprefix("jdbc:sqlite:")
+        self._dir = tempfile.mkdtemp(prefix="amqlite-audit-")
+        copy = os.path.join(self._dir, "snapshot.db")
+        try:
+            uri = f"file:{urllib.parse.quote(path)}?mode=ro"
+            with contextlib.closing(
+                sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+            ) as src:
+                self._conn = sqlite3.connect(copy, check_same_thread=False)
+                src.backup(self._conn)
+            self._conn.execute("PRAGMA journal_mode = DELETE")  # a plain file for xerial
+        except Exception:
+            self.close()
+            raise
+        super().__init__(
+            dataclasses.replace(source, jdbc_url=f"jdbc:sqlite:{copy}"),
+            None,
+            f"a copy of the file in {self._dir} (removed at the end)",
+        )
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self._conn.execute(sql).fetchall()]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def open_snapshot(spark: SparkSession, source: StoreSource) -> Snapshot:
+    """The one view every read of this audit uses."""
+    if source.backend == "postgresql":
+        return PgSnapshot(spark, source)
+    return SqliteSnapshot(source)
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -486,7 +648,8 @@ class TableRead:
 
 
 class StoreReader:
-    """Spark JDBC reads of one store, restricted to the audited groups."""
+    """Spark JDBC reads of one store, restricted to the audited groups, all in one
+    snapshot when one is given."""
 
     def __init__(
         self,
@@ -495,11 +658,16 @@ class StoreReader:
         group: str | None,
         rows_per_partition: int,
         progress: Progress = QUIET,
+        snapshot: Snapshot | None = None,
     ) -> None:
         self.progress = progress
         self.spark = spark
-        self.source = source
+        self.source = snapshot.source if snapshot is not None else source
+        self.described = source.description
+        self.snapshot = snapshot
         self.group = group
+        #: The audited groups, once known (``where_groups``).
+        self.groups: list[str] = [] if group is None else [group]
         self.rows_per_partition = rows_per_partition
         self.reads: dict[str, TableRead] = {}
         self._cached: list[DataFrame] = []
@@ -509,6 +677,12 @@ class StoreReader:
         conds += [c for c in extra if c]
         return (" WHERE " + " AND ".join(conds)) if conds else ""
 
+    def where_groups(self) -> str:
+        """Every read names its groups: an index on (grp, ...) is then walked only
+        within them."""
+        names = ", ".join(sql_literal(g) for g in self.groups) or "NULL"
+        return f" WHERE grp IN ({names})"
+
     def _reader(self) -> DataFrameReader:
         r = (
             self.spark.read.format("jdbc")
@@ -516,6 +690,8 @@ class StoreReader:
             .option("driver", self.source.driver)
             .option("fetchsize", str(JDBC_FETCH_SIZE))
         )
+        if self.snapshot is not None and self.snapshot.init_statement:
+            r = r.option("sessionInitStatement", self.snapshot.init_statement)
         for key, value in self.source.properties.items():
             r = r.option(key, value)
         return r
@@ -525,35 +701,57 @@ class StoreReader:
         df = self._reader().option("dbtable", f"({select}) amq_q").load()
         return _typed(df, types)
 
-    def big(
-        self,
-        name: str,
-        select: str,
-        types: dict[str, str],
-        column: str,
-        lo: int | None,
-        hi: int | None,
-        count: int,
-    ) -> DataFrame:
-        """A partitioned read on ``column``; bounds come from a prior tiny query."""
-        r = self._reader().option("dbtable", f"({select}) amq_t")
-        parts = 1
-        if count > 0 and lo is not None and hi is not None:
-            parts = max(1, min(MAX_READ_PARTITIONS, math.ceil(count / self.rows_per_partition)))
-            parts = min(parts, hi - lo + 1)
-            if parts > 1:
-                r = (
-                    r.option("partitionColumn", column)
-                    .option("lowerBound", str(lo))
-                    .option("upperBound", str(hi + 1))
-                    .option("numPartitions", str(parts))
-                )
-        df = _typed(r.load(), types)
-        self.reads[name] = TableRead(partitions=parts)
-        return df
+    def partitioned(self, name: str, select: str, types: dict[str, str], key: str) -> DataFrame:
+        """A read of ``select`` (a SELECT from table ``name`` without WHERE) split by
+        ``key_predicates``: each partition one group (or a few small ones) and one
+        range of ``key`` holding about ``rows_per_partition`` rows."""
+        predicates = self.key_predicates(name, key)
+        df = self._reader().jdbc(
+            self.source.jdbc_url, f"({select}) amq_t", predicates=predicates, properties={}
+        )
+        self.reads[name] = TableRead(partitions=len(predicates))
+        return _typed(df, types)
+
+    def key_predicates(self, table: str, key: str) -> list[str]:
+        """WHERE clauses that split ``table`` into partitions of about
+        ``rows_per_partition`` rows: rows counted per group, a big group cut at
+        quantiles of ``key`` (``_quantiles``, in the snapshot), small groups
+        packed together. Never min/max strides: one outlier would put every row
+        into one partition."""
+        assert self.snapshot is not None, "partitioned reads need the snapshot"
+        counts = {
+            str(g): int(n)
+            for g, n in self.snapshot.query(
+                f"SELECT grp, COUNT(*) FROM {table}{self.where_groups()} GROUP BY grp"
+            )
+        }
+        total = sum(counts.values())
+        per_part = max(self.rows_per_partition, math.ceil(total / MAX_READ_PARTITIONS))
+        predicates: list[str] = []
+        pack: list[str] = []
+        packed = 0
+        for grp in sorted(counts):
+            n = counts[grp]
+            if n > per_part:
+                cuts = _quantiles(self.snapshot, table, key, grp, n, math.ceil(n / per_part))
+                bounds: list[str | None] = [None, *cuts, None]
+                for lo, hi in itertools.pairwise(bounds):
+                    cond = [f"grp = {sql_literal(grp)}"]
+                    cond += [f"{key} >= {lo}"] if lo is not None else []
+                    cond += [f"{key} < {hi}"] if hi is not None else []
+                    predicates.append(" AND ".join(cond))
+                continue
+            if pack and packed + n > per_part:
+                predicates.append(f"grp IN ({', '.join(pack)})")
+                pack, packed = [], 0
+            pack.append(sql_literal(grp))
+            packed += n
+        if pack:
+            predicates.append(f"grp IN ({', '.join(pack)})")
+        return predicates or ["1 = 0"]
 
     def materialize(self, df: DataFrame, name: str | None = None) -> DataFrame:
-        """Cache and read now: fixes *when* the table was read (see the module doc)."""
+        """Cache and read now, so that every check works from the same rows."""
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         self._cached.append(df)
         if name is not None:
@@ -578,6 +776,37 @@ class StoreReader:
         self._cached.clear()
 
 
+def _quantiles(
+    snapshot: Snapshot, table: str, key: str, grp: str, rows: int, parts: int
+) -> list[str]:
+    """SQL literals of the values of ``key`` that cut one group's rows of ``table``
+    into ``parts`` about equal ranges (ascending, distinct). Exact up to
+    ``QUANTILE_EXACT_MAX_ROWS`` (ntile over the (grp, key) index, one walk of the
+    group's range); above, PostgreSQL takes them from a block sample
+    (TABLESAMPLE SYSTEM) of about ``QUANTILE_SAMPLE_ROWS_PER_PART`` rows per part."""
+    where = f"WHERE grp = {sql_literal(grp)}"
+    if snapshot.source.backend == "postgresql" and rows > QUANTILE_EXACT_MAX_ROWS:
+        percent = min(100.0, 100.0 * QUANTILE_SAMPLE_ROWS_PER_PART * parts / rows)
+        fractions = ", ".join(f"{i / parts:.9f}" for i in range(1, parts))
+        sql = (
+            f"SELECT unnest(percentile_disc(ARRAY[{fractions}]::float8[]) WITHIN GROUP"
+            f" (ORDER BY {key})) FROM {table} TABLESAMPLE SYSTEM ({percent:.6f})"
+            f" REPEATABLE (0) {where}"
+        )
+        values = [r[0] for r in snapshot.query(sql)]
+    else:
+        sql = (
+            f"SELECT MIN(k) FROM (SELECT {key} AS k, NTILE({parts}) OVER (ORDER BY {key}) AS b"
+            f" FROM {table} {where}) amq_n GROUP BY b ORDER BY 1"
+        )
+        values = [r[0] for r in snapshot.query(sql)][1:]
+    cuts: list[Any] = []
+    for v in values:  # ascending in the database's own order (its collation for text)
+        if v is not None and (not cuts or v != cuts[-1]):
+            cuts.append(v)
+    return [sql_literal(v) if isinstance(v, str) else str(int(v)) for v in cuts]
+
+
 def _typed(df: DataFrame, types: dict[str, str]) -> DataFrame:
     """SQLite reports BIGINT as decimal(20,0): cast every column to what the checks expect."""
     return df.select(*[F.col(c).cast(t).alias(c) for c, t in types.items()])
@@ -591,13 +820,12 @@ MESSAGE_TYPES = {
 }
 
 
-def _message_select(reader: StoreReader, max_id: int) -> tuple[str, dict[str, str]]:
+def _message_select(reader: StoreReader) -> tuple[str, dict[str, str]]:
     """Only what the checks need. Bodies are reduced to a hash at the source
     where the database can hash (PostgreSQL; SQLite ships them), and body and
     headers are read only for rows that have a producer (the content check is
     per producer)."""
     cols = ", ".join(MESSAGE_TYPES)
-    where = reader.where_group(f"id <= {max_id}")
     columns = STORE_COLUMNS["amq_messages"]
     if reader.source.backend == "postgresql":
         content = (
@@ -608,7 +836,7 @@ def _message_select(reader: StoreReader, max_id: int) -> tuple[str, dict[str, st
     else:  # a local file; and SQLite types a CASE expression as a number
         content = "body, headers"
         types = {**MESSAGE_TYPES, "body": columns["body"], "headers": columns["headers"]}
-    return f"SELECT {cols}, {content} FROM amq_messages{where}", types
+    return f"SELECT {cols}, {content} FROM amq_messages", types
 
 
 def _hash_content(df: DataFrame) -> DataFrame:
@@ -625,19 +853,6 @@ def _hash_content(df: DataFrame) -> DataFrame:
     return df.withColumn("headers_sha", F.when(has_producer, F.unhex(F.sha2(canonical, 256)))).drop(
         "headers"
     )
-
-
-def _bounds(reader: StoreReader, table: str, column: str) -> tuple[int | None, int | None, int]:
-    """min, max and count of ``column``: what a partitioned read needs. COALESCE
-    because xerial's driver fails on a NULL aggregate (an empty table)."""
-    row = reader.small(
-        f"SELECT COALESCE(MIN({column}), 0) AS lo, COALESCE(MAX({column}), 0) AS hi,"
-        f" COUNT(*) AS n FROM {table}{reader.where_group()}",
-        {"lo": "bigint", "hi": "bigint", "n": "bigint"},
-    ).first()
-    assert row is not None  # an aggregate always has one row
-    n = int(row["n"])
-    return (int(row["lo"]), int(row["hi"]), n) if n else (None, None, 0)
 
 
 # --------------------------------------------------------------------------- the checks
@@ -800,14 +1015,9 @@ def check_orphan_subscription(p: DataFrame, subs: DataFrame, m: DataFrame) -> Da
     return _finding("orphan_subscription", gone, ["grp", "destination_id", "sub_id", "msg_id"])
 
 
-def check_ack_without_message(
-    p: DataFrame, m: DataFrame, subs: DataFrame, bounds: DataFrame
-) -> DataFrame:
-    """Only pending rows with msg_id <= B: later messages were not read."""
+def check_ack_without_message(p: DataFrame, m: DataFrame, subs: DataFrame) -> DataFrame:
     gone = (
-        p.join(bounds, "grp")
-        .where(F.col("msg_id") <= F.col("max_id"))
-        .join(m.select("grp", F.col("id").alias("msg_id")), ["grp", "msg_id"], "left_anti")
+        p.join(m.select("grp", F.col("id").alias("msg_id")), ["grp", "msg_id"], "left_anti")
         .join(
             subs.select("grp", F.col("id").alias("sub_id"), "destination_id"),
             ["grp", "sub_id"],
@@ -818,11 +1028,14 @@ def check_ack_without_message(
 
 
 def topic_messages_without_pending(m: DataFrame, dests: DataFrame, p: DataFrame) -> DataFrame:
+    """A scheduled topic message (``deliver_at > 0``) is owed to nobody until a copy of it
+    is due: the copy is the row its durable subscriptions are owed."""
     topics = dests.where(F.col("kind") == "topic").select(
         "grp", F.col("id").alias("destination_id")
     )
     return (
-        m.join(topics, ["grp", "destination_id"], "left_semi")
+        m.where(F.coalesce(F.col("deliver_at"), F.lit(0)) <= 0)
+        .join(topics, ["grp", "destination_id"], "left_semi")
         .join(p.select("grp", F.col("msg_id").alias("id")), ["grp", "id"], "left_anti")
         .select("grp", "destination_id", F.col("id").alias("msg_id"), "enqueued_at")
     )
@@ -893,14 +1106,31 @@ def check_expired_unreaped(m: DataFrame, now_ms: int) -> DataFrame:
     )
 
 
-def check_dedup_expired(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
-    """A window of 0 keeps no age limit, so nothing is overdue there."""
-    old = (
-        dd.join(F.broadcast(groups.select("grp", "dedup_window_ms")), "grp")
+def _overdue_dedup(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
+    """Entries older than their group's window (and the grace), with ``pruned``: a
+    prune recorded after them should have taken them. A window of 0 keeps no age
+    limit, so nothing is overdue there."""
+    g = groups.select("grp", "dedup_window_ms", "dedup_pruned_before", "dedup_pruned_at")
+    return (
+        dd.join(F.broadcast(g), "grp")
         .where(
             (F.col("dedup_window_ms") > 0)
             & (F.col("created_at") < F.lit(now_ms - DEDUP_GRACE_MS) - F.col("dedup_window_ms"))
         )
+        .withColumn(
+            "pruned", F.coalesce(F.col("created_at") < F.col("dedup_pruned_before"), F.lit(False))
+        )
+    )
+
+
+def check_dedup_expired(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
+    """Overdue entries that the group's last recorded prune left behind: when it ran,
+    every entry created before its cut-off should have gone. Overdue entries newer
+    than that cut-off wait for housekeeping that has not run yet (a stopped broker):
+    not a finding (``dedup_pending``)."""
+    old = (
+        _overdue_dedup(dd, groups, now_ms)
+        .where(F.col("pruned"))
         .select(
             "grp",
             F.lit(None).cast("bigint").alias("destination_id"),
@@ -916,6 +1146,21 @@ def check_dedup_expired(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFr
         "dedup_expired",
         old,
         ["grp", "dedup_key", "producer_id", "producer_seq", "msg_id", "created_at", "age_ms"],
+    )
+
+
+def dedup_pending(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
+    """Per group, overdue entries no recorded prune has reached yet: housekeeping
+    pending, reported but not a finding."""
+    return (
+        _overdue_dedup(dd, groups, now_ms)
+        .where(~F.col("pruned"))
+        .groupBy("grp")
+        .agg(
+            F.count(F.lit(1)).alias("entries"),
+            F.min("created_at").alias("oldest_created_at"),
+            F.first("dedup_pruned_at").alias("last_prune_at"),
+        )
     )
 
 
@@ -970,14 +1215,14 @@ class StoreData:
 
     now_ms: int
     group_names: list[str]
-    groups: DataFrame  # grp, epoch, epoch_started_at, dedup_window_ms, live_master
-    bounds: DataFrame  # grp, max_id (B)
+    # grp, epoch, epoch_started_at, dedup_window_ms, live_master, dedup_pruned_before/_at
+    groups: DataFrame
     messages: DataFrame
     pending: DataFrame
     dedup: DataFrame
     destinations: DataFrame
     subscriptions: DataFrame
-    unowed: DataFrame  # topic messages without pending rows, confirmed
+    unowed: DataFrame  # topic messages without pending rows
 
 
 @dataclass
@@ -998,14 +1243,18 @@ def run_audit(
     now_ms: int | None = None,
     progress: Progress = QUIET,
 ) -> AuditResult:
-    """Read in the order the module doc explains, check, count in one pass,
-    then write rows only for the findings that have any."""
+    """Read everything in one snapshot (let go as soon as it is read), check,
+    count in one pass, then write rows only for the findings that have any."""
     started = time.monotonic()
-    reader = StoreReader(spark, source, group, rows_per_partition, progress)
     progress.watch(spark)
+    snapshot: Snapshot | None = None
+    reader = StoreReader(spark, source, group, rows_per_partition, progress)
     try:
         progress.say(f"reading {source.description}")
+        snapshot = open_snapshot(spark, source)
+        reader = StoreReader(spark, source, group, rows_per_partition, progress, snapshot)
         data = read_store(reader, now_ms)
+        snapshot.close()
         read_done = time.monotonic()
         progress.say("checking")
         findings = reader.cache(all_findings(data))
@@ -1027,6 +1276,8 @@ def run_audit(
         progress.say("done")
         return AuditResult(summary)
     finally:
+        if snapshot is not None:
+            snapshot.close()
         progress.stop()
         reader.release()
 
@@ -1034,13 +1285,11 @@ def run_audit(
 def _now_ms(reader: StoreReader) -> int:
     """The store's clock where it has one: the broker stamps rows with wall time,
     and the database is the clock both sides can see."""
-    if reader.source.backend == "postgresql":
-        row = reader.small(
-            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now_ms",
-            {"now_ms": "bigint"},
-        ).first()
-        assert row is not None
-        return int(row["now_ms"])
+    if reader.snapshot is not None and reader.source.backend == "postgresql":
+        rows = reader.snapshot.query(
+            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+        )
+        return int(rows[0][0])
     return int(time.time() * 1000)
 
 
@@ -1050,21 +1299,41 @@ DESTINATION_TYPES = STORE_COLUMNS["amq_destinations"]
 SUBSCRIPTION_TYPES = STORE_COLUMNS["amq_subscriptions"]
 PENDING_TYPES = STORE_COLUMNS["amq_sub_pending"]
 DEDUP_TYPES = STORE_COLUMNS["amq_dedup"]
+META_TYPES = STORE_COLUMNS["amq_meta"]
 
 
-def _select(types: dict[str, str], table: str, where: str) -> str:
+def _select(types: dict[str, str], table: str, where: str = "") -> str:
     return f"SELECT {', '.join(types)} FROM {table}{where}"
 
 
+def _last_prunes(snapshot: Snapshot) -> dict[str, tuple[int, int | None]]:
+    """Per group, the last dedup prune a master recorded: (before, at), see
+    ``DEDUP_PRUNED_PREFIX``. A value that does not parse is ignored (as no prune)."""
+    prunes: dict[str, tuple[int, int | None]] = {}
+    rows = snapshot.query(
+        f"{_select(META_TYPES, 'amq_meta')} WHERE key LIKE {sql_literal(DEDUP_PRUNED_PREFIX + '%')}"
+    )
+    for _key, value in rows:
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            v = json.loads(str(value))
+            at = v.get("at")
+            prunes[str(v["grp"])] = (int(v["before"]), int(at) if at is not None else None)
+    return prunes
+
+
 def _read_groups(reader: StoreReader, now_ms: int) -> tuple[list[str], DataFrame]:
-    """Groups and registry are a few rows each: read, joined in the driver."""
+    """Groups, registry and the last prunes are a few rows each: read in the
+    snapshot by the driver, joined there."""
+    snap = reader.snapshot
+    assert snap is not None
     where = reader.where_group()
-    group_rows = reader.small(_select(GROUP_TYPES, "amq_groups", where), GROUP_TYPES).collect()
+    group_rows = [dict(zip(GROUP_TYPES, r, strict=True))
+                  for r in snap.query(_select(GROUP_TYPES, "amq_groups", where))]
     if reader.group is not None and not group_rows:
-        raise AuditError(f"group {reader.group!r} not found in {reader.source.description}")
-    registry = reader.small(
-        _select(REGISTRY_TYPES, "amq_registry", where), REGISTRY_TYPES
-    ).collect()
+        raise AuditError(f"group {reader.group!r} not found in {reader.described}")
+    registry = [dict(zip(REGISTRY_TYPES, r, strict=True))
+                for r in snap.query(_select(REGISTRY_TYPES, "amq_registry", where))]
+    prunes = _last_prunes(snap)
     rows = []
     for g in group_rows:
         live = sorted(
@@ -1075,101 +1344,57 @@ def _read_groups(reader: StoreReader, now_ms: int) -> tuple[list[str], DataFrame
             and r["epoch"] == g["epoch"]
             and (r["heartbeat_at"] or 0) >= now_ms - REGISTRY_LIVE_MS
         )
+        before, at = prunes.get(g["grp"], (None, None))
         rows.append(
             (
                 g["grp"],
-                g["epoch"],
-                g["epoch_started_at"],
-                g["dedup_window_ms"] or 0,
+                int(g["epoch"]),
+                None if g["epoch_started_at"] is None else int(g["epoch_started_at"]),
+                int(g["dedup_window_ms"] or 0),
                 live[0] if live else None,
+                before,
+                at,
             )
         )
     df = reader.spark.createDataFrame(
         rows,
         "grp string, epoch bigint, epoch_started_at bigint, dedup_window_ms bigint, "
-        "live_master string",
+        "live_master string, dedup_pruned_before bigint, dedup_pruned_at bigint",
     )
-    return sorted(r[0] for r in rows), df
+    names = sorted(r[0] for r in rows)
+    reader.groups = names
+    return names, df
+
+
+def _read_table(reader: StoreReader, table: str, types: dict[str, str], key: str) -> DataFrame:
+    """Every row of ``table`` in the audited groups, read split on ``key`` and
+    materialized."""
+    return reader.materialize(reader.partitioned(table, _select(types, table), types, key), table)
 
 
 def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
-    """Every read, in the order that keeps a live broker from causing findings."""
-    spark, where = reader.spark, reader.where_group()
+    """Every read, all in the reader's one snapshot: a live broker's writes are
+    either wholly in it or not at all, so their order does not matter."""
     now = now_ms if now_ms is not None else _now_ms(reader)
     group_names, groups = _read_groups(reader, now)
-
-    # B: the newest message id per group, before anything else is read.
-    bound_rows = reader.small(
-        f"SELECT grp, MIN(id) AS min_id, MAX(id) AS max_id, COUNT(*) AS n "
-        f"FROM amq_messages{where} GROUP BY grp",
-        {"grp": "string", "min_id": "bigint", "max_id": "bigint", "n": "bigint"},
-    ).collect()
-    max_id = {r["grp"]: int(r["max_id"]) for r in bound_rows}
-    bounds = spark.createDataFrame(list(max_id.items()), "grp string, max_id bigint")
-    m_count = sum(int(r["n"]) for r in bound_rows)
-    m_lo = min((int(r["min_id"]) for r in bound_rows), default=None)
-    m_hi = max(max_id.values(), default=None)
-
-    # Parents, first read.
-    dest_sql = _select(DESTINATION_TYPES, "amq_destinations", where)
-    sub_sql = _select(SUBSCRIPTION_TYPES, "amq_subscriptions", where)
-    d1 = reader.materialize(reader.small(dest_sql, DESTINATION_TYPES))
-    s1 = reader.materialize(reader.small(sub_sql, SUBSCRIPTION_TYPES))
-
-    # Messages (id <= B), then pending rows, then the dedup window.
-    m_sql, m_types = _message_select(reader, m_hi if m_hi is not None else 0)
-    m = reader.big("amq_messages", m_sql, m_types, "id", m_lo, m_hi, m_count)
-    m = m.join(F.broadcast(bounds), "grp").where(F.col("id") <= F.col("max_id")).drop("max_id")
+    where = reader.where_groups()
+    dests = reader.materialize(
+        reader.small(_select(DESTINATION_TYPES, "amq_destinations", where), DESTINATION_TYPES),
+        "amq_destinations",
+    )
+    subs = reader.materialize(
+        reader.small(_select(SUBSCRIPTION_TYPES, "amq_subscriptions", where), SUBSCRIPTION_TYPES),
+        "amq_subscriptions",
+    )
+    m_sql, m_types = _message_select(reader)
+    m = reader.partitioned("amq_messages", m_sql, m_types, "id")
     m = reader.materialize(_hash_content(m), "amq_messages")
-
-    p_lo, p_hi, p_n = _bounds(reader, "amq_sub_pending", "msg_id")
-    p = reader.big(
-        "amq_sub_pending",
-        _select(PENDING_TYPES, "amq_sub_pending", where),
-        PENDING_TYPES,
-        "msg_id",
-        p_lo,
-        p_hi,
-        p_n,
-    )
-    p = reader.materialize(p, "amq_sub_pending")
-
-    d_lo, d_hi, d_n = _bounds(reader, "amq_dedup", "created_at")
-    dd = reader.big(
-        "amq_dedup",
-        _select(DEDUP_TYPES, "amq_dedup", where),
-        DEDUP_TYPES,
-        "created_at",
-        d_lo,
-        d_hi,
-        d_n,
-    )
-    dd = reader.materialize(dd, "amq_dedup")
-
-    # Parents again: either read vouches for a parent.
-    d2 = reader.small(dest_sql, DESTINATION_TYPES)
-    s2 = reader.small(sub_sql, SUBSCRIPTION_TYPES)
-    dests = reader.materialize(d1.unionByName(d2).dropDuplicates(["grp", "id"]), "amq_destinations")
-    subs = reader.materialize(s1.unionByName(s2).dropDuplicates(["grp", "id"]), "amq_subscriptions")
-
-    # A topic message without pending rows may have been acknowledged by its last
-    # subscriber since it was read: confirm with a second, narrow read of the ids.
-    unowed = reader.materialize(topic_messages_without_pending(m, dests, p))
-    if not unowed.isEmpty():
-        again = reader.big(
-            "amq_messages (confirm)",
-            f"SELECT grp, id FROM amq_messages{reader.where_group(f'id <= {m_hi}')}",
-            {c: STORE_COLUMNS["amq_messages"][c] for c in ("grp", "id")},
-            "id",
-            m_lo,
-            m_hi,
-            m_count,
-        )
-        again = reader.materialize(again, "amq_messages (confirm)")
-        unowed = unowed.join(
-            again.select("grp", F.col("id").alias("msg_id")), ["grp", "msg_id"], "left_semi"
-        )
-    return StoreData(now, group_names, groups, bounds, m, p, dd, dests, subs, unowed)
+    p = _read_table(reader, "amq_sub_pending", PENDING_TYPES, "msg_id")
+    # The primary key (grp, dedup_key) spreads evenly; created_at does not (one old
+    # entry made one stride hold every other row).
+    dd = _read_table(reader, "amq_dedup", DEDUP_TYPES, "dedup_key")
+    unowed = topic_messages_without_pending(m, dests, p)
+    return StoreData(now, group_names, groups, m, p, dd, dests, subs, unowed)
 
 
 def all_findings(d: StoreData) -> DataFrame:
@@ -1182,7 +1407,7 @@ def all_findings(d: StoreData) -> DataFrame:
         _finding(
             "orphan_topic_message", d.unowed, ["grp", "destination_id", "msg_id", "enqueued_at"]
         ),
-        check_ack_without_message(d.pending, d.messages, d.subscriptions, d.bounds),
+        check_ack_without_message(d.pending, d.messages, d.subscriptions),
         check_stale_inflight(d.messages, d.pending, d.subscriptions, d.groups, d.now_ms),
         check_expired_unreaped(d.messages, d.now_ms),
         check_dedup_expired(d.dedup, d.groups, d.now_ms),
@@ -1234,9 +1459,17 @@ def _summarize(reader: StoreReader, d: StoreData, findings: DataFrame) -> dict[s
         ):
             samples.setdefault(r["finding"], []).append(json.loads(r["detail"]))
     total = sum(counts.values())
+    pending = {
+        r["grp"]: {
+            "dedup_entries_past_window": int(r["entries"]),
+            "oldest_created_at": r["oldest_created_at"],
+            "last_prune_at": r["last_prune_at"],
+        }
+        for r in dedup_pending(d.dedup, d.groups, d.now_ms).collect()
+    }
     return {
         "tool": "amqlite-audit",
-        "store": reader.source.description,
+        "store": reader.described,
         "backend": reader.source.backend,
         "group": reader.group,
         "groups": d.group_names,
@@ -1245,6 +1478,8 @@ def _summarize(reader: StoreReader, d: StoreData, findings: DataFrame) -> dict[s
         "duration_s": None,
         "reads": {k: {"rows": v.rows, "partitions": v.partitions} for k, v in reader.reads.items()},
         "rows_read": sum(v.rows for v in reader.reads.values()),
+        "snapshot": reader.snapshot.pins if reader.snapshot is not None else None,
+        "housekeeping_pending": {g: pending[g] for g in sorted(pending)},
         "limits": {
             "expiry_grace_ms": EXPIRY_GRACE_MS,
             "dedup_grace_ms": DEDUP_GRACE_MS,
@@ -1377,13 +1612,32 @@ def render_table(summary: dict[str, Any]) -> str:
             out.append(f"  {name}: {FINDINGS[name]}")
             out.extend(f"    {json.dumps(s, sort_keys=True)}" for s in sample)
         out.append("")
+        out.extend(_pending_lines(summary))
         kinds = sum(1 for c in summary["counts"].values() if c)
         out.append(f"FOUND {summary['total']:,} in {kinds} finding type(s)")
     else:
+        out.extend(_pending_lines(summary))
         out.append("clean: no duplicates, orphans, stale state or sequence gaps found")
     if summary["files"]:
         out.append(f"rows written under {summary['output']}")
     return "\n".join(out)
+
+
+def _pending_lines(summary: dict[str, Any]) -> list[str]:
+    """Housekeeping that has not run yet, per group: not a finding, said anyway."""
+    out = []
+    for grp, p in summary.get("housekeeping_pending", {}).items():
+        last = p["last_prune_at"]
+        when = (
+            "no prune recorded"
+            if last is None
+            else f"last prune {dt.datetime.fromtimestamp(last / 1000, dt.UTC):%Y-%m-%d %H:%M:%S}Z"
+        )
+        out.append(
+            f"housekeeping pending (not a finding): group {grp}: "
+            f"{p['dedup_entries_past_window']:,} dedup entries past the window ({when})"
+        )
+    return out + ([""] if out else [])
 
 
 # --------------------------------------------------------------------------- entry point

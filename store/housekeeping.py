@@ -3,11 +3,32 @@ reaped, a destination deleted for good, the dedup window pruned."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 
+from sqlalchemy import Connection, delete, insert, select, update
+
+from store import schema
 from store.api import DeletedDestination, Ref
 from store.fencing import Changes, FencedStore
-from store.statements import chunks
+from store.statements import chunks, now_ms
+
+#: ``amq_meta`` key prefix of a group's last dedup prune (``dedup_pruned_key``).
+DEDUP_PRUNED_PREFIX = "dedup_pruned:"
+#: Hex digits of the group name's sha256 in that key: ``amq_meta.key`` is
+#: String(64), a group name up to 200 characters; 13 + 48 = 61 fit.
+DEDUP_PRUNED_DIGEST_CHARS = 48
+
+
+def dedup_pruned_key(group: str) -> str:
+    """The ``amq_meta`` key under which a group's last prune is recorded; its value
+    is JSON ``{"grp": group, "before": ms, "at": ms}``: at ``at`` (the master's clock)
+    every dedup entry of ``grp`` created before ``before`` was gone. The audit
+    (spark/audit_job.py) judges dedup expiry against it, not against its own clock,
+    so that housekeeping that has not run yet (a stopped broker) is no defect."""
+    digest = hashlib.sha256(group.encode("utf-8")).hexdigest()[:DEDUP_PRUNED_DIGEST_CHARS]
+    return DEDUP_PRUNED_PREFIX + digest
 
 
 class Housekeeping(FencedStore):
@@ -58,7 +79,35 @@ class Housekeeping(FencedStore):
         return DeletedDestination(existed=True, messages=gone, subscriptions=len(sids))
 
     def prune_dedup(self, epoch: int, older_than_ms: int, limit: int) -> int:
+        """Forget about ``limit`` of the oldest entries created before ``older_than_ms``,
+        and record (``dedup_pruned_key``) the time below which none is left.
+
+        Whole instants go: when the limit falls among entries of one ``created_at``
+        (one batch), every entry of it goes too, so the entries left of a producer
+        are always a suffix of its sequence (a hole in the middle would be a false
+        sequence gap for the audit)."""
+        dd = schema.dedup
         with self._tx("prune_dedup") as conn:
             self._fence(conn, epoch)
-            params = {"g": self.group, "before": older_than_ms, "n": limit}
-            return int(conn.execute(self._st.prune, params).rowcount)
+            edge = conn.scalar(
+                select(dd.c.created_at)
+                .where(dd.c.grp == self.group, dd.c.created_at < older_than_ms)
+                .order_by(dd.c.created_at)  # the ix_amq_dedup_age index's order
+                .offset(max(0, limit - 1))
+                .limit(1)
+            )
+            before = older_than_ms if edge is None else int(edge) + 1
+            gone = conn.execute(
+                delete(dd).where(dd.c.grp == self.group, dd.c.created_at < before)
+            ).rowcount
+            self._record_prune(conn, before)
+            return int(gone)
+
+    def _record_prune(self, conn: Connection, before: int) -> None:
+        """Upsert the group's ``amq_meta`` row; the fence holds the group's row lock,
+        so no other transaction writes this key meanwhile."""
+        meta = schema.meta
+        key = dedup_pruned_key(self.group)
+        value = json.dumps({"grp": self.group, "before": before, "at": now_ms()})
+        if conn.execute(update(meta).where(meta.c.key == key).values(value=value)).rowcount == 0:
+            conn.execute(insert(meta).values(key=key, value=value))

@@ -24,11 +24,13 @@ from spark.audit_job import (
     EXPIRY_GRACE_MS,
     STALE_INFLIGHT_GRACE_MS,
 )
+from store.housekeeping import dedup_pruned_key
 from store.schema import (
     dedup,
     destinations,
     groups,
     messages,
+    meta,
     metadata,
     registry,
     sub_pending,
@@ -131,6 +133,17 @@ def seed_group(
             max_msg_id=33,
             checkpoint_at=now,
             dedup_window_ms=dedup_window_ms,
+        )
+    )
+    # The master's housekeeping pruned a grace ago (store/housekeeping.py records it):
+    # every dedup entry older than the window then was gone.
+    pruned_at = now - DEDUP_GRACE_MS
+    conn.execute(
+        insert(meta).values(
+            key=dedup_pruned_key(grp),
+            value=json.dumps(
+                {"grp": grp, "before": pruned_at - dedup_window_ms, "at": pruned_at}
+            ),
         )
     )
     conn.execute(

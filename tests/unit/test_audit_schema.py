@@ -24,6 +24,7 @@ from sqlalchemy import (
 )
 
 from store import schema
+from store.housekeeping import DEDUP_PRUNED_PREFIX, dedup_pruned_key
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_JOB = ROOT / "spark" / "audit_job.py"
@@ -85,6 +86,13 @@ def test_audit_job_columns_agree_with_the_store_schema(table: str) -> None:
     missing = sorted(set(job) - set(declared.keys()))
     assert missing == [], f"the audit reads {table} columns the store lacks: {missing}"
     assert job == {name: _spark_type(declared[name]) for name in job}
+
+
+def test_audit_job_reads_the_prune_records_the_store_writes() -> None:
+    """The job finds a group's last dedup prune under the key prefix the store writes."""
+    assert _module_constant(_job_tree(), "DEDUP_PRUNED_PREFIX") == DEDUP_PRUNED_PREFIX
+    assert dedup_pruned_key("g" * schema.NAME_LENGTH).startswith(DEDUP_PRUNED_PREFIX)
+    assert len(dedup_pruned_key("g" * schema.NAME_LENGTH)) <= schema.meta.c.key.type.length
 
 
 def test_audit_job_names_only_tables_it_declares() -> None:
