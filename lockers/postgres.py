@@ -48,6 +48,7 @@ from lockers.base import (
 )
 from lockers.connections.blocking import collect_outcome, run_blocking
 from lockers.connections.errors import one_line
+from lockers.connections.pg_url import libpq_url
 from lockers.connections.postgres import (
     PG_DEAD_PEER_TIMEOUT,
     PG_STATEMENT_TIMEOUT,
@@ -126,14 +127,6 @@ def key_parts(key: int) -> tuple[int, int]:
     return unsigned >> 32, unsigned & 0xFFFF_FFFF
 
 
-def strip_driver(url: str) -> str:
-    """``postgresql+psycopg://`` (SQLAlchemy's form of the store URL) -> ``postgresql://``."""
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme.lower().startswith("postgresql+"):
-        return "postgresql://" + rest
-    return url
-
-
 def _redacted(e: BaseException) -> str:
     """libpq's URL errors quote the offending token, which may be the password."""
     return re.sub(r'"[^"]*"', '"..."', one_line(e))
@@ -186,7 +179,7 @@ class PostgresLocker(Locker):
     ) -> None:
         super().__init__()
         try:
-            params = conninfo_to_dict(strip_driver(url))
+            params = conninfo_to_dict(libpq_url(url))
         except psycopg.Error as e:
             raise LockerError(f"bad PostgreSQL URL: {_redacted(e)}") from None
         for name, value in tcp_settings(dead_peer_timeout).items():
