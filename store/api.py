@@ -55,6 +55,11 @@ class NewMessage:
     #: commit that stores it (stored as delivered, in flight under the epoch):
     #: the delivery needs no write of its own.
     delivery_count: int = 0
+    #: > 0: a scheduled message, due at this time (ms): stored but not deliverable, no
+    #: queue depth, no subscription owed it (see ``ScheduleStep``). 0: an ordinary one.
+    deliver_at: int = 0
+    #: A scheduled message's plan (JSON, ``amqlite.broker.schedule.Plan``).
+    schedule: str | None = None
 
 
 @dataclass(slots=True)
@@ -73,6 +78,35 @@ class StoredMessage:
     producer_id: str | None = None
     producer_seq: int | None = None
     dedup_key: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ScheduleStep:
+    """A scheduled message's occurrence was made deliverable (a copy inserted in the
+    same batch): its row moves on to the next occurrence, ``next_due`` (ms) with
+    ``schedule`` as its plan, or goes (``next_due`` None: that was the last)."""
+
+    id: int
+    next_due: int | None = None
+    schedule: str | None = None
+
+
+@dataclass(slots=True)
+class ScheduledRow:
+    """A scheduled message as stored (``Store.due_scheduled``). ``destination`` and
+    ``kind`` are None when its destination row is gone."""
+
+    id: int
+    destination_id: int
+    destination: str | None
+    kind: str | None
+    message_id: str
+    headers: dict[str, str]
+    body: bytes
+    priority: int
+    enqueued_at: int
+    deliver_at: int
+    schedule: str | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,8 +152,8 @@ class Batch:
     """Writes committed together in one fenced transaction.
 
     Order of application inside the transaction: destinations, subscriptions
-    (created), subscriptions (claimed), inserts, undeliveries, deliveries,
-    releases, moves, acks, subscriptions (removed). An insert whose
+    (created), subscriptions (claimed), inserts, schedule steps, undeliveries,
+    deliveries, releases, moves, acks, subscriptions (removed). An insert whose
     ``dedup_key`` is already in the dedup window (or earlier in the same batch)
     is skipped and reported in ``BatchResult.duplicates``.
 
@@ -155,6 +189,9 @@ class Batch:
     #: were stored, or made without authentication) gets its first owner. Only a
     #: NULL owner is set, so a replayed claim cannot take one over.
     claimed_subscriptions: list[tuple[int, str]] = field(default_factory=list)
+    #: Scheduled messages whose due occurrence this batch makes deliverable (applied
+    #: with the inserts of their copies, so a takeover delivers each occurrence once).
+    schedule_steps: list[ScheduleStep] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
@@ -169,6 +206,7 @@ class Batch:
             + len(self.acks)
             + len(self.removed_subscriptions)
             + len(self.claimed_subscriptions)
+            + len(self.schedule_steps)
         )
 
     def extend(self, other: Batch) -> None:
@@ -183,6 +221,7 @@ class Batch:
         self.acks += other.acks
         self.removed_subscriptions += other.removed_subscriptions
         self.claimed_subscriptions += other.claimed_subscriptions
+        self.schedule_steps += other.schedule_steps
 
     def carve(self, spans: list[UnitSpan]) -> tuple[Batch, list[Batch]]:
         """Split into the part outside every span and one batch per span
@@ -356,6 +395,20 @@ class Store(abc.ABC):
         messages (in flight or not), and for a topic its durable subscriptions with
         what they were owed (ActiveMQ removes a topic's durable subscriptions with it).
         Raises ``Fenced`` (nothing removed) like ``commit_batch``."""
+
+    # Scheduled delivery. Not abstract so that test doubles of the store need not.
+    def next_scheduled(self) -> int | None:
+        """The earliest ``deliver_at`` of a scheduled message (ms), or None: one index
+        probe, whatever the number of scheduled messages."""
+        return None
+
+    def due_scheduled(self, now_ms: int, limit: int) -> list[ScheduledRow]:
+        """Up to ``limit`` scheduled messages due at ``now_ms``, earliest first."""
+        return []
+
+    def cancel_scheduled(self, epoch: int, message_id: int) -> bool:
+        """Remove a scheduled message (fenced); False when there is no such one."""
+        return False
 
     @abc.abstractmethod
     def end_activation(self, epoch: int) -> None:

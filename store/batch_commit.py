@@ -19,6 +19,7 @@ from store.api import (
     Fenced,
     NewMessage,
     Ref,
+    ScheduleStep,
     StoreError,
     SubscriptionRow,
 )
@@ -100,6 +101,8 @@ class BatchCommitting(FencedStore):
                 self._claim_subscriptions(conn, batch.claimed_subscriptions)
             if inserts or batch.identities:
                 self._insert(conn, epoch, inserts, batch.identities, now, result, ch)
+            if batch.schedule_steps:
+                self._step_schedules(conn, batch.schedule_steps, ch)
             for chunk in chunks(batch.undeliveries, self._chunk):
                 conn.execute(self._st.undeliver_q, {"g": self.group, "ids": chunk})
             if batch.deliveries:
@@ -213,8 +216,10 @@ class BatchCommitting(FencedStore):
                 g, x.id, x.destination_id, x.message_id, x.producer_id, x.producer_seq,
                 x.dedup_key, x.priority, x.expires_at, x.enqueued_at or now, x.delivery_count,
                 epoch if x.delivery_count else None, encode(x.headers), x.body,
+                x.deliver_at or None, x.schedule,
             ))
-            depth[x.destination_id] += 1
+            if not x.deliver_at:  # scheduled: in no queue's depth until a copy is due
+                depth[x.destination_id] += 1
             if x.dedup_key is not None:
                 dedup_rows.append((g, x.dedup_key, x.producer_id, x.producer_seq, x.id, now))
             for sub in x.subscriber_ids:
@@ -226,6 +231,19 @@ class BatchCommitting(FencedStore):
             conn.exec_driver_sql(self._st.ins_dedup, dedup_rows)
         if pending_rows:
             conn.exec_driver_sql(self._st.ins_pending, pending_rows)
+
+    def _step_schedules(self, conn: Connection, steps: Sequence[ScheduleStep],
+                        ch: Changes) -> None:
+        """Scheduled rows move to their next occurrence or go (no queue depth: they
+        were never counted in one)."""
+        moves = [{"g": self.group, "i": x.id, "at": x.next_due, "plan": x.schedule}
+                 for x in steps if x.next_due is not None]
+        if moves:
+            conn.execute(self._st.step_schedule, moves)
+        gone = [x.id for x in steps if x.next_due is None]
+        for chunk in chunks(gone, self._chunk):
+            ch.msgs -= len(conn.scalars(self._st.delete_scheduled,
+                                        {"g": self.group, "ids": chunk}).all())
 
     def _deliver(self, conn: Connection, epoch: int, batch: Batch, ch: Changes) -> None:
         acked = set(batch.acks)

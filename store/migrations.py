@@ -35,6 +35,18 @@ def _add_subscription_owner(conn: Connection) -> None:
     _add_column(conn, schema.subscriptions.c.owner)
 
 
+def _add_scheduling(conn: Connection) -> None:
+    """v2 -> v3: scheduled delivery, ``amq_messages.deliver_at`` and ``schedule`` and
+    the partial index on due times. Existing rows keep NULL: ordinary messages."""
+    _add_column(conn, schema.messages.c.deliver_at)
+    _add_column(conn, schema.messages.c.schedule)
+    if conn.dialect.name == "postgresql":  # CREATE INDEX waits for its lock like ALTER
+        conn.execute(text(f"SET LOCAL lock_timeout = {UPGRADE_LOCK_TIMEOUT_MS}"))
+    # Partial: only rows with deliver_at > 0 (none yet) are indexed, so the build reads
+    # the table once and writes nothing, and ordinary inserts never update it.
+    schema.DUE_INDEX.create(conn, checkfirst=True)
+
+
 def _add_column(conn: Connection, column: Any) -> None:
     """ALTER TABLE ... ADD COLUMN unless it is there (a store a newer amqlite
     began to upgrade, or a table ``create_all`` has just made with it). Both
@@ -55,7 +67,10 @@ def _add_column(conn: Connection, column: Any) -> None:
 #: PostgreSQL, BEGIN IMMEDIATE on SQLite), after ``create_all`` has added any
 #: new tables, so nodes starting at once upgrade one after the other and the
 #: later ones find the new version. Version 1 was the first.
-UPGRADES: dict[int, Callable[[Connection], None]] = {1: _add_subscription_owner}
+UPGRADES: dict[int, Callable[[Connection], None]] = {
+    1: _add_subscription_owner,
+    2: _add_scheduling,
+}
 
 
 def ensure_schema(conn: Connection, sqlite: bool, description: str) -> None:

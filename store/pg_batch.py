@@ -21,8 +21,8 @@ That needs two things the step-by-step path did in Python:
 
 Only the hot shapes take this path: queue messages, producer identities, and
 queue undeliveries, deliveries, releases and acks. A batch that also creates destinations
-or subscriptions, moves to a DLQ or touches durable subscriptions goes the
-step-by-step way (``SqlStore``); those are rare.
+or subscriptions, moves to a DLQ, touches durable subscriptions or scheduled messages
+goes the step-by-step way (``SqlStore``); those are rare.
 """
 
 from __future__ import annotations
@@ -114,11 +114,11 @@ UPDATE amq_groups SET msg_count = msg_count - (SELECT count(*) FROM del) WHERE g
 def fits(batch: Batch) -> bool:
     """True when every write of ``batch`` has a statement here."""
     if (batch.destinations or batch.subscriptions or batch.moves or batch.removed_subscriptions
-            or batch.claimed_subscriptions):
+            or batch.claimed_subscriptions or batch.schedule_steps):
         return False
     size = 0
     for x in batch.inserts:
-        if x.subscriber_ids:
+        if x.subscriber_ids or x.deliver_at:  # scheduled messages: step by step
             return False
         size += len(x.body)
     if size > MAX_PIPELINED_BODY_BYTES:

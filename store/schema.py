@@ -28,8 +28,9 @@ from sqlalchemy import (
 )
 
 #: Bumped whenever a table or column changes; ``store`` upgrades older stores
-#: (``store.migrations.UPGRADES``). v2: ``amq_subscriptions.owner``.
-SCHEMA_VERSION = 2
+#: (``store.migrations.UPGRADES``). v2: ``amq_subscriptions.owner``. v3:
+#: ``amq_messages.deliver_at`` and ``schedule`` (scheduled delivery) and their index.
+SCHEMA_VERSION = 3
 
 # Column sizes that bound what a client may send. The broker validates every
 # frame against these (amqlite/validation.py) so that a value the store cannot
@@ -128,9 +129,25 @@ messages = Table(
     Column("inflight_epoch", BigInteger),  # epoch that delivered it and awaits its ack
     Column("headers", Text, nullable=False),  # JSON object of the user's headers
     Column("body", LargeBinary, nullable=False),
+    # Scheduled delivery (v3): a row with deliver_at > 0 (ms) is a scheduled message
+    # (ActiveMQ's AMQ_SCHEDULED_* headers), not deliverable: paging skips it, and at
+    # deliver_at the master inserts a deliverable copy and moves deliver_at to the next
+    # occurrence (or deletes the row) in one fenced transaction. NULL or 0: an ordinary
+    # message. ``schedule`` is its JSON plan (``amqlite.broker.schedule.Plan``).
+    Column("deliver_at", BigInteger),
+    Column("schedule", Text),
     PrimaryKeyConstraint("grp", "id"),
 )
 Index("ix_amq_messages_dest", messages.c.grp, messages.c.destination_id, messages.c.id)
+#: The next due scheduled message (MIN(deliver_at)) and the due ones, without reading
+#: any other row: an activation's cost does not grow with the scheduled backlog.
+DUE_INDEX = Index(
+    "ix_amq_messages_due",
+    messages.c.grp,
+    messages.c.deliver_at,
+    postgresql_where=messages.c.deliver_at > 0,
+    sqlite_where=messages.c.deliver_at > 0,
+)
 Index(
     "ix_amq_messages_expiry",
     messages.c.grp,

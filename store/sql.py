@@ -8,6 +8,8 @@
 ``store.batch_commit``     ``commit_batch``: pipelined (``store.pg_batch``) or stepwise
 ``store.recovery``         ``recover``, message pages, ``check_integrity``, activation end
 ``store.housekeeping``     ``reap_expired``, ``delete_destination``, ``prune_dedup``
+``store.scheduling``       scheduled delivery: ``next_scheduled``, ``due_scheduled``,
+                           ``cancel_scheduled``
 ``store.registry_sql``     registry rows: ``register``, ``unregister``, ``read_registry``
 =========================  ==========================================================
 
@@ -23,9 +25,10 @@ from store.batch_commit import BatchCommitting
 from store.housekeeping import Housekeeping
 from store.recovery import Recovering
 from store.registry_sql import RegistryRows
+from store.scheduling import Scheduling
 
 
-class SqlStore(BatchCommitting, Recovering, Housekeeping, RegistryRows):
+class SqlStore(BatchCommitting, Recovering, Housekeeping, Scheduling, RegistryRows):
     """The store on SQLite or PostgreSQL. Driven by one thread (the group
     committer); ``check_integrity`` and the registry methods may run on another
     thread because each operation checks its own connection out of the pool."""

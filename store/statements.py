@@ -31,6 +31,8 @@ from sqlalchemy import (
     delete,
     exists,
     func,
+    literal_column,
+    or_,
     select,
     update,
 )
@@ -63,6 +65,12 @@ def chunks(seq: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 encode_headers = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
+def deliverable() -> ColumnElement[bool]:
+    """An ordinary message row, not a scheduled one still waiting (``deliver_at``)."""
+    m = schema.messages
+    return or_(m.c.deliver_at.is_(None), m.c.deliver_at == literal_column("0"))
+
+
 def greatest(col: Any, value: Any) -> Any:
     """greatest() that both dialects understand."""
     return case((col > value, col), else_=value)
@@ -90,7 +98,7 @@ class Statements:
             m,
             ("grp", "id", "destination_id", "message_id", "producer_id", "producer_seq",
              "dedup_key", "priority", "expires_at", "enqueued_at", "delivery_count",
-             "inflight_epoch", "headers", "body"),
+             "inflight_epoch", "headers", "body", "deliver_at", "schedule"),
         )
         self.ins_dedup = self._driver_insert(
             dd, ("grp", "dedup_key", "producer_id", "producer_seq", "msg_id", "created_at")
@@ -214,6 +222,7 @@ class Statements:
                 m.c.grp == grp,
                 m.c.destination_id == bindparam("d"),
                 m.c.id > bindparam("after"),
+                deliverable(),
             )
             .order_by(m.c.id)
             .limit(bindparam("n"))
@@ -248,6 +257,28 @@ class Statements:
             .limit(bindparam("n"))
         )
         self.prune = delete(dd).where(dd.c.grp == grp, dd.c.dedup_key.in_(oldest))
+        # Scheduled delivery: every lookup of scheduled rows goes through the partial
+        # index ix_amq_messages_due, whose condition the query repeats as a literal.
+        scheduled = m.c.deliver_at > literal_column("0")
+        self.next_due = select(func.min(m.c.deliver_at)).where(m.c.grp == grp, scheduled)
+        self.due = (
+            select(m.c.id, m.c.destination_id, d.c.name, d.c.kind, m.c.message_id,
+                   m.c.headers, m.c.body, m.c.priority, m.c.enqueued_at, m.c.deliver_at,
+                   m.c.schedule)
+            .select_from(m.outerjoin(d, and_(d.c.grp == m.c.grp,
+                                             d.c.id == m.c.destination_id)))
+            .where(m.c.grp == grp, scheduled, m.c.deliver_at <= bindparam("now"))
+            .order_by(m.c.deliver_at, m.c.id)
+            .limit(bindparam("n"))
+        )
+        self.step_schedule = (
+            update(m)
+            .where(m.c.grp == grp, m.c.id == bindparam("i"), scheduled)
+            .values(deliver_at=bindparam("at"), schedule=bindparam("plan"))
+        )
+        self.delete_scheduled = (
+            delete(m).where(m.c.grp == grp, in_(m.c.id, "ids"), scheduled).returning(m.c.id)
+        )
 
     def _driver_insert(
         self, table: Any, columns: Sequence[str], constants: dict[str, str] | None = None
@@ -280,7 +311,7 @@ class Statements:
         m = schema.messages
         where: list[ColumnElement[bool]] = [
             m.c.grp == bindparam("g"), m.c.destination_id == bindparam("d"),
-            m.c.id > bindparam("after"),
+            m.c.id > bindparam("after"), deliverable(),
         ]
         for kind, field, op, value in terms:
             cond = self._term(kind, field, op, value)

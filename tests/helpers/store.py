@@ -90,8 +90,9 @@ def assert_counters(store: SqlStore) -> None:
     """depth, pending and msg_count agree with the rows they count."""
     g = store.group
     for dest_id, depth in sql(store, "SELECT id, depth FROM amq_destinations WHERE grp=:g", g=g):
-        rows = one(store, "SELECT count(*) FROM amq_messages WHERE grp=:g AND destination_id=:d",
-                   g=g, d=dest_id)
+        # scheduled rows (deliver_at > 0) are in no depth until a copy is due
+        rows = one(store, "SELECT count(*) FROM amq_messages WHERE grp=:g AND destination_id=:d"
+                   " AND coalesce(deliver_at, 0) = 0", g=g, d=dest_id)
         assert depth == rows, f"destination {dest_id}: depth {depth}, rows {rows}"
     for sub_id, pending in sql(store, "SELECT id, pending FROM amq_subscriptions WHERE grp=:g",
                                g=g):
@@ -106,9 +107,10 @@ def make_v1_store(url: str, group: str, subscriptions: list[SubscriptionRow],
                   topic: DestinationRow, messages: list[NewMessage]) -> None:
     """A store as schema v1 left it (before durable subscriptions had an owner), with
     ``subscriptions`` on ``topic`` owed ``messages``: written by today's code, then
-    the v2 column dropped and the version put back, which leaves exactly v1's
-    tables (v2 added only ``amq_subscriptions.owner``; SQLite >= 3.35 and
-    PostgreSQL drop a column in place)."""
+    the later columns dropped and the version put back, which leaves exactly v1's
+    tables (v2 added only ``amq_subscriptions.owner``, v3 ``amq_messages.deliver_at``
+    and ``schedule`` with their index; SQLite >= 3.35 and PostgreSQL drop a column in
+    place)."""
     s = open_store(url, group)
     assert isinstance(s, SqlStore)
     s.open()
@@ -119,7 +121,33 @@ def make_v1_store(url: str, group: str, subscriptions: list[SubscriptionRow],
             s.commit_batch(epoch, Batch(inserts=messages))
         s.end_activation(epoch)
         sql(s, "ALTER TABLE amq_subscriptions DROP COLUMN owner")
+        drop_v3(s)
         sql(s, "UPDATE amq_meta SET value = '1' WHERE key = 'schema_version'")
+    finally:
+        s.close()
+
+
+def drop_v3(s: SqlStore) -> None:
+    """What schema v3 added (scheduled delivery), dropped: the index first (SQLite
+    refuses to drop an indexed column)."""
+    sql(s, "DROP INDEX ix_amq_messages_due")
+    sql(s, "ALTER TABLE amq_messages DROP COLUMN deliver_at")
+    sql(s, "ALTER TABLE amq_messages DROP COLUMN schedule")
+
+
+def make_v2_store(url: str, group: str, queue: DestinationRow,
+                  messages: list[NewMessage]) -> None:
+    """A store as schema v2 left it (before scheduled delivery), ``messages`` in
+    ``queue``: written by today's code, then v3's columns and index dropped."""
+    s = open_store(url, group)
+    assert isinstance(s, SqlStore)
+    s.open()
+    try:
+        epoch = s.claim_epoch("old-node")
+        s.commit_batch(epoch, Batch(destinations=[queue], inserts=messages))
+        s.end_activation(epoch)
+        drop_v3(s)
+        sql(s, "UPDATE amq_meta SET value = '2' WHERE key = 'schema_version'")
     finally:
         s.close()
 

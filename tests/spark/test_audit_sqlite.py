@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, insert, text
 
 from spark.audit_job import EXIT_CLEAN, EXIT_FINDINGS, FINDINGS, parse_store_url
-from store.schema import groups, metadata
+from store.schema import dedup, groups, messages, metadata
 from tests.spark.conftest import Run, run_audit
 from tests.spark.seed import CLEAN_GROUPS, DAMAGE, create_store
 
@@ -107,3 +107,39 @@ def test_missing_sqlite_file_exits_2(spark: SparkSession, tmp_path: Path) -> Non
     run = run_audit(["--store", f"sqlite:///{tmp_path}/nope.db"])
     assert run.code == 2
     assert run.stderr == f"amqlite audit: error: SQLite store {tmp_path}/nope.db does not exist\n"
+
+
+def test_scheduled_messages_not_yet_due_are_no_finding(spark: SparkSession,
+                                                        tmp_path: Path) -> None:
+    """A scheduled topic message (``deliver_at > 0``) is owed to no durable subscription
+    until a copy of it is due, and a scheduled row never expires itself: the audit of a
+    clean store with such rows stays clean. The same topic row without ``deliver_at``
+    is an orphan (the check still runs)."""
+    db = tmp_path / "amqlite.db"
+    now = int(time.time() * 1000)
+    create_store(f"sqlite:///{db}", now, damaged=False)
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        topic, queue = (conn.scalar(text(
+            "SELECT min(id) FROM amq_destinations WHERE grp = 'alpha' AND kind = :k"), {"k": k})
+            for k in ("topic", "queue"))
+        top = conn.scalar(text("SELECT max(id) FROM amq_messages WHERE grp = 'alpha'"))
+        plan = '{"delay":3600000,"period":0,"repeat":0,"cron":null,"fired":0,"ttl":0}'
+        for i, dest in ((top + 1, topic), (top + 2, queue)):
+            conn.execute(insert(messages).values(
+                grp="alpha", id=i, destination_id=dest, message_id=f"ID:alpha-{i}",
+                producer_id="sched", producer_seq=i, dedup_key=f"sched:{i}", priority=4,
+                expires_at=0, enqueued_at=now - 1000, delivery_count=0, headers="{}",
+                body=b"later %d" % i, deliver_at=now + 3_600_000, schedule=plan))
+            conn.execute(insert(dedup).values(grp="alpha", dedup_key=f"sched:{i}",
+                                              producer_id="sched", producer_seq=i,
+                                              msg_id=i, created_at=now - 1000))
+    run = run_audit(["--store", f"sqlite:///{db}", "--now", str(now)])
+    assert run.code == EXIT_CLEAN, run.stdout + run.stderr
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE amq_messages SET deliver_at = NULL WHERE id = :i"),
+                     {"i": top + 1})
+    engine.dispose()
+    run = run_audit(["--store", f"sqlite:///{db}", "--now", str(now), "--json"])
+    assert run.code == EXIT_FINDINGS
+    assert json.loads(run.stdout)["counts"]["orphan_topic_message"] == 1, run.stdout

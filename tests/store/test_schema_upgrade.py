@@ -1,6 +1,7 @@
-"""Schema v1 -> v2 (durable subscriptions' owner) on a real SQLite file and a real
-PostgreSQL: an old store is upgraded in place, keeps its subscriptions and what they
-are owed, and brokers starting at once on it all succeed."""
+"""Schema upgrades on a real SQLite file and a real PostgreSQL: v1 -> v2 (durable
+subscriptions' owner) and on to v3 (scheduled delivery: ``amq_messages.deliver_at``,
+``schedule`` and the due index). An old store is upgraded in place, keeps its
+subscriptions and what they are owed, and brokers starting at once on it all succeed."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def test_v1_store_is_upgraded_and_keeps_its_subscriptions(store_url: str,
     make_v1_store(store_url, "g1", [SUB1, SUB2], TOPIC,
                   [msg(1, TOPIC.id, subs=(1, 2)), msg(2, TOPIC.id, subs=(1,))])
     s = make_store("g1")
-    assert SCHEMA_VERSION == 2
-    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "2"
+    assert SCHEMA_VERSION == 3
+    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "3"
     assert "owner" in columns(s)
     epoch = s.claim_epoch("new-node")
     subs = s.recover(epoch).subscriptions
@@ -66,7 +67,7 @@ def test_nodes_starting_at_once_on_a_v1_store_all_succeed(store_url: str) -> Non
     stores, errors = open_at_once(store_url, ["g1"] * 3)
     try:
         assert errors == []
-        assert one(stores[0], "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "2"
+        assert one(stores[0], "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "3"
         epoch = stores[0].claim_epoch("node-0")
         assert [m.id for m in stores[0].load_subscription_page(SUB1.id, 0, 10)] == [1]
         assert [r.owner for r in stores[0].recover(epoch).subscriptions] == [None]
@@ -96,7 +97,7 @@ def test_a_pg_upgrade_waiting_for_a_busy_table_gives_up_and_retries(pg_url: str)
     s = SqlStore(pg_url, "g1")
     s.open()
     try:
-        assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "2"
+        assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "3"
     finally:
         s.close()
 
