@@ -34,6 +34,11 @@ class Fenced(StoreError):  # not FencedError: the name says what happened
     """The group's epoch is no longer ours: another master took over."""
 
 
+class StaleClaim(Fenced):
+    """A claim refused: the group's epoch moved past the one this node read when it
+    acquired the lock, so another node has claimed since (we lost the lock)."""
+
+
 @dataclass(slots=True)
 class NewMessage:
     """A persistent message to insert. ``id`` is allocated by the master."""
@@ -335,9 +340,16 @@ class Store(abc.ABC):
     def close(self) -> None: ...
 
     @abc.abstractmethod
-    def claim_epoch(self, node: str, token: int | None = None, dedup_window_ms: int = 0) -> int:
+    def read_epoch(self) -> int:
+        """The group's current epoch (0: never claimed)."""
+
+    @abc.abstractmethod
+    def claim_epoch(self, node: str, token: int | None = None, dedup_window_ms: int = 0,
+                    *, expected: int | None = None) -> int:
         """Make this node the group's master: epoch := max(epoch + 1, token). Call
-        only while holding the lock. Records an activation row. Returns the epoch."""
+        only while holding the lock. Records an activation row. Returns the epoch.
+        With ``expected`` (the epoch read on acquiring the lock) the group must still
+        be at it, else ``StaleClaim`` and nothing changes."""
 
     @abc.abstractmethod
     def recover(self, epoch: int) -> Recovery:

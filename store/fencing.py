@@ -15,6 +15,11 @@ proves the epoch and takes the row lock that serialises against a new master's
 
 On SQLite every write transaction is ``BEGIN IMMEDIATE``: one writer at a
 time for the whole file, so the same two outcomes hold.
+
+The claim itself is a compare-and-set when the node passes the epoch it read
+on acquiring the lock (``read_epoch``): a node that lost the lock before its
+claim landed finds a newer epoch there and is refused (``StaleClaim``), so it
+can neither go backwards nor fence out the master that took the lock from it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.exc import SQLAlchemyError
 
 from store import schema
-from store.api import Fenced, Store, StoreError, StoreUnusable
+from store.api import Fenced, StaleClaim, Store, StoreError, StoreUnusable
 from store.engine import make_engine, retry_while_locked, store_application_name
 from store.errors import is_lock_timeout, is_permanent, store_error
 from store.migrations import ensure_schema
@@ -159,13 +164,26 @@ class FencedStore(Store):
                 writer.close()  # an open transaction is rolled back by the server
 
     # -- epoch -------------------------------------------------------------
-    def claim_epoch(self, node: str, token: int | None = None, dedup_window_ms: int = 0) -> int:
+    def read_epoch(self) -> int:
+        """The group's epoch now (0: never claimed). Read right after the lock is
+        acquired, it is what ``claim_epoch(expected=...)`` must still find."""
+        with self._tx("reading the group's epoch", write=False) as conn:
+            current = self._current_epoch(conn)
+        return 0 if current is None else current[0]
+
+    def claim_epoch(self, node: str, token: int | None = None, dedup_window_ms: int = 0,
+                    *, expected: int | None = None) -> int:
         """Call only while holding the group's lock. On PostgreSQL a deposed master
         paused inside a batch keeps the group row locked: being the lock holder,
-        we may end its session (PostgreSQL rolls its batch back), and we do."""
+        we may end its session (PostgreSQL rolls its batch back), and we do.
+
+        ``expected``: the epoch this node read when it acquired the lock. The claim
+        is then a compare-and-set: a group that moved past it (another node took
+        the lock from us and claimed) raises ``StaleClaim`` and nothing changes,
+        so a late claim never goes backwards or over a newer master's epoch."""
         for attempt in range(1, CLAIM_ATTEMPTS + 1):
             try:
-                return self._claim_epoch_once(node, token, dedup_window_ms)
+                return self._claim_epoch_once(node, token, dedup_window_ms, expected)
             except StoreError as exc:
                 if self._sqlite or attempt == CLAIM_ATTEMPTS or not is_lock_timeout(exc):
                     raise
@@ -188,7 +206,8 @@ class FencedStore(Store):
                         "(backend pid %s from %s, %s) that held the group row",
                         self.description, node, self.group, pid, addr, state)
 
-    def _claim_epoch_once(self, node: str, token: int | None, dedup_window_ms: int) -> int:
+    def _claim_epoch_once(self, node: str, token: int | None, dedup_window_ms: int,
+                          expected: int | None) -> int:
         g = schema.groups
         now = now_ms()
         with self._tx("claim_epoch") as conn:
@@ -199,18 +218,26 @@ class FencedStore(Store):
                 .values(grp=self.group, epoch=0, msg_count=0, max_msg_id=0, dedup_window_ms=0)
                 .on_conflict_do_nothing(index_elements=[g.c.grp])
             )
-            # Blocks behind a running batch's fence, then sees its commit.
+            # Blocks behind a running batch's fence, then sees its commit (and, on
+            # PostgreSQL, re-checks ``epoch = expected`` on the row it committed).
+            claim = update(g).where(g.c.grp == self.group)
+            if expected is not None:
+                claim = claim.where(g.c.epoch == expected)
             row = conn.execute(
-                update(g)
-                .where(g.c.grp == self.group)
-                .values(
+                claim.values(
                     epoch=greatest(g.c.epoch + 1, token or 0),
                     master=node,
                     epoch_started_at=now,
                     dedup_window_ms=dedup_window_ms,
                 )
                 .returning(g.c.epoch, g.c.msg_count, g.c.max_msg_id)
-            ).one()
+            ).first()
+            if row is None:
+                current = self._current_epoch(conn)
+                raise StaleClaim(
+                    f"{self.description}: {node} may not claim group {self.group!r}: it is at "
+                    f"epoch {current[0] if current else 0}, not at epoch {expected} as when "
+                    "this node took the lock (another node claimed it meanwhile)")
             conn.execute(
                 insert(schema.activations).values(
                     grp=self.group,
