@@ -131,6 +131,13 @@ class Locker(abc.ABC):
     async def keepalive(self) -> None:
         """Prove we still hold the lock; raise ``LockLost`` when we cannot."""
 
+    async def prove(self) -> None:
+        """Prove, right now, that we hold the lock (an activation's check): ``LockLost``
+        when it is gone, ``LockerError`` when it cannot be proved at the moment (the
+        connection is in doubt), never a pass without proof. A locker whose
+        ``keepalive`` passes only with proof needs no override."""
+        await self.keepalive()
+
     @abc.abstractmethod
     async def release(self) -> None:
         """Give the lock up at once so a slave takes over without a timeout."""

@@ -587,6 +587,13 @@ class PostgresLocker(Locker):
             self._held = False
             self._notify(LockState.LOST)
             raise LockLost(f"{self.description}: lock not in pg_locks")
+        keeper = self._keeper
+        if keeper is not None and time.monotonic() >= keeper.valid_until:
+            # Our session still holds it, but the lease ran out (the process was
+            # paused): a slave may end the session any moment. The keeper thread
+            # says so too, maybe only after our caller acted on a yes.
+            self._lease_lost(keeper, "lease ran out before this check could prove it")
+            raise LockLost(f"{self.description}: lease ran out")
 
     async def release(self) -> None:
         if not self._held:

@@ -468,6 +468,14 @@ class ZooKeeperLocker(Locker):
             backoff.succeeded()
 
     async def keepalive(self) -> None:
+        await self._check(strict=False)
+
+    async def prove(self) -> None:
+        """``keepalive``, except that a suspended connection or a check that cannot
+        reach ZooKeeper is ``LockerError`` (in doubt), not a pass."""
+        await self._check(strict=True)
+
+    async def _check(self, *, strict: bool) -> None:
         grant, client = self._grant, self._client
         if not self._held or grant is None or client is None:
             raise LockLost(f"{self.description}: not held")
@@ -476,13 +484,18 @@ class ZooKeeperLocker(Locker):
                 await self._verify()
             if not self._held:
                 raise LockLost(f"{self.description}: lock lost")
+            if strict and self._suspended:
+                raise LockerError(f"{self.description}: connection suspended")
             return
         try:
             stat = await self._stat(client, grant)
         except SessionExpiredError:
             self._declare_lost("ZooKeeper session expired")
             raise LockLost(f"{self.description}: session expired") from None
-        except (ConnectionLoss, TimeoutError):
+        except (ConnectionLoss, TimeoutError) as e:
+            if strict:
+                raise LockerError(f"{self.description}: cannot reach ZooKeeper: "
+                                  f"{type(e).__name__}") from None
             return  # the session machinery turns this into SUSPENDED, then HELD or LOST
         if not self._held or self._grant is not grant:
             raise LockLost(f"{self.description}: lock lost")
