@@ -23,8 +23,7 @@ import time
 from collections.abc import Awaitable
 from pathlib import Path
 
-from amqlite import activation, pidfile
-from amqlite.activation import ActivationAborted, ActivationGuard
+from amqlite import pidfile
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker
@@ -39,6 +38,7 @@ from amqlite.registry import (
     read_members,
     registry_url,
 )
+from amqlite.replication import ReplicationMonitor
 from amqlite.server import StompServer
 from amqlite.settings import Settings, SettingsError
 from lockers import Locker, LockerError, LockLost, LockState, open_locker
@@ -74,8 +74,7 @@ class Outcome(enum.Enum):
 
     RETRY = "retry"  # activation failed; the lock is released, wait for it again
     STOPPED = "stopped"  # a stop was asked for: the node ends
-    LOST = "lost"  # mastership (or the lock, while activating) lost: exit (demoted) or,
-    # with --rejoin, slave again
+    LOST = "lost"  # mastership lost: exit (demoted) or, with --rejoin, slave again
     CANNOT_SERVE = "cannot serve"  # the listener cannot open: the node ends with an error
 
 
@@ -134,8 +133,8 @@ class Node:
         self.auth = Authenticator(None)
         #: Risks the settings accepted, shown in the log and in /readyz (fsync = off).
         self.warnings: list[str] = []
-        #: Watches the lock from the start of an activation until the node serves.
-        self.guard: ActivationGuard | None = None
+        #: The store's replication as last read (PostgreSQL), for the log and /readyz.
+        self.replication = ReplicationMonitor(settings, None)
 
     # -- entry point ----------------------------------------------------------------
     async def run(self) -> int:
@@ -174,6 +173,8 @@ class Node:
             if not await self._open_store(store):
                 return EXIT_OK
             await self._check_durability(store)
+            self.replication = ReplicationMonitor(s, store)
+            await self.replication.check("start")  # refuses (exit 2) what is not accepted
             self.registry = open_registry(s, store)
             self.registry.confirm_master = lambda: self._still_master(locker)
             if not await self._start_management():
@@ -344,8 +345,6 @@ class Node:
     # -- lock state -------------------------------------------------------------------
     def _lock_state(self, state: LockState) -> None:
         broker = self.broker
-        if self.guard is not None:
-            self.guard.state(state)
         if state is LockState.LOST:
             self._demote("lock lost")
         elif state is LockState.SUSPENDED and broker is not None:
@@ -359,20 +358,15 @@ class Node:
     def _freeze(self) -> None:
         """From a locker thread: the lock may be gone (a paused master woke up).
         Only flags: nothing is dispatched or committed until LOST demotes us."""
-        broker, guard = self.broker, self.guard
-        if guard is not None:
-            guard.freeze()
+        broker = self.broker
         if broker is not None:
             broker.paused = True
             broker.writes.held = True
 
     def _demote(self, reason: str) -> None:
-        """Mastership ends: a master demotes, an activation in progress aborts."""
         if not self.lost.is_set() and self.role is Role.MASTER:
             self.lost_reason = reason
             self.lost.set()
-        elif self.guard is not None:
-            self.guard.lost(reason)
 
     # -- master -------------------------------------------------------------------------
     async def _serve_as_master(self, store: Store, locker: Locker,
@@ -387,14 +381,12 @@ class Node:
                       refused.strerror or refused)
             await locker.release()
             return Outcome.CANNOT_SERVE
-        # A LOST that came before the guard is caught by its first proof (keepalive).
-        guard = self.guard = ActivationGuard(locker, s.name, self.stopping)
+        await self.replication.check("activation")  # refuses as at start, before the claim
         try:
-            epoch, recovery = await activation.claim(store, locker, guard, s)
-        except ActivationAborted as exc:
-            return await self._abort_activation(locker, exc)
+            epoch = await asyncio.to_thread(
+                store.claim_epoch, s.name, locker.fencing_token, int(s.dedup_window * 1000))
+            recovery = await asyncio.to_thread(store.recover, epoch)
         except StoreError as exc:
-            self.guard = None
             log.error("node %s: activation failed: %s; releasing the lock", s.name, exc)
             await locker.release()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -405,32 +397,14 @@ class Node:
         if self.users_file is not None and self.users_file.policy.enabled:
             broker.authz = self.users_file.policy
         server = StompServer(s, broker, auth)
-        broker.pause()  # nothing dispatched or committed until the last check below
-        try:
-            await guard.pass_gate("listen")
-            await guard.confirm("before listening")
-        except ActivationAborted as exc:
-            committer.close()
-            return await self._abort_activation(locker, exc)
         try:
             await server.start()
         except OSError as exc:
-            self.guard = None
             log.error("node %s: cannot listen on %s: %s", s.name,
                       getattr(exc, "listener", s.bind), exc.strerror)
             committer.close()
             await locker.release()
             return Outcome.CANNOT_SERVE
-        try:
-            guard.check("after opening the listener")
-        except ActivationAborted as exc:
-            server.stop_accepting()
-            server.close_all("broker lost mastership; fail over")
-            committer.close()
-            return await self._abort_activation(locker, exc)
-        # No await from the last check to here: a LOST from now on demotes a master.
-        self.guard = None
-        broker.resume()
         self.broker, self.server, self.role = broker, server, Role.MASTER
         self.takeovers += 1
         self.master_since = time.time()
@@ -447,6 +421,7 @@ class Node:
             asyncio.ensure_future(self._keepalive(locker)),
             asyncio.ensure_future(self._check_integrity(epoch)),
             asyncio.ensure_future(self._housekeeping(committer, store, epoch)),
+            asyncio.ensure_future(self.replication.watch(committer, self._demote)),
         ]
         if s.update_cluster_clients:
             background.append(asyncio.ensure_future(self._cluster_updates(server)))
@@ -488,16 +463,6 @@ class Node:
         await server.wait_closed()
         log.info("node %s: released the lock of group %s", s.name, s.group)
         return Outcome.STOPPED
-
-    async def _abort_activation(self, locker: Locker, exc: ActivationAborted) -> Outcome:
-        """The lock went while activating: serve nothing, release, end the term as a
-        lost lock does (exit 3, or slave again with --rejoin)."""
-        self.guard = None
-        log.error("node %s: lock lost while activating (%s): not serving", self.settings.name,
-                  exc)
-        with contextlib.suppress(Exception):
-            await locker.release()
-        return Outcome.LOST
 
     async def _still_master(self, locker: Locker) -> bool:
         """For the registry: may this node (still) call itself master?"""

@@ -16,16 +16,15 @@ not apply to the chosen store or locker. A bad value is one ``SettingsError`` li
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import socket
 import ssl
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from amqlite.codec import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -34,6 +33,20 @@ from amqlite.codec import (
     ProtocolError,
 )
 from amqlite.protocol import MAX_HEARTBEAT_MS, parse_heartbeat
+from amqlite.setting_domains import (
+    BYTES,
+    COUNT,
+    COUNT_OR_ZERO,
+    LEASE,
+    LEVEL,
+    LOG_LEVELS,
+    NAME,
+    PREFETCH,
+    SECONDS,
+    SECONDS_OR_ZERO,
+    Domain,
+    described,
+)
 from amqlite.tls import TlsError, check_pair, server_context
 from amqlite.wire import DEFAULT_STOMP_PORT
 from lockers import DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_POLL_INTERVAL, GROUP_NAME
@@ -115,29 +128,6 @@ class SettingsError(ValueError):
         self.setting = setting
 
 
-class Domain(NamedTuple):
-    """The values a setting may take: ``accepts`` tests one, ``must_be`` says which."""
-
-    accepts: Callable[[Any], bool]
-    must_be: Callable[[], str]  # called for the message only (it may import a backend)
-
-
-def _domain(must_be: str, accepts: Callable[[Any], bool]) -> Domain:
-    return Domain(accepts, lambda: must_be)
-
-
-def _min_lease() -> float:
-    from lockers.pg_lease import PG_MIN_LEASE  # psycopg: imported when checked
-
-    return PG_MIN_LEASE
-
-
-def _max_prefetch() -> int:
-    from amqlite.validation import MAX_PREFETCH  # the store's schema: imported when checked
-
-    return MAX_PREFETCH
-
-
 def _destination_ok(value: str) -> bool:
     from amqlite.validation import BrokerError, check_destination
 
@@ -148,27 +138,7 @@ def _destination_ok(value: str) -> bool:
     return True
 
 
-#: Log levels ``log_level`` takes (any case).
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-SECONDS = _domain("a number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
-SECONDS_OR_ZERO = _domain("a number of seconds >= 0", lambda v: math.isfinite(v) and v >= 0)
-COUNT = _domain("an integer > 0", lambda v: v > 0)
-COUNT_OR_ZERO = _domain("an integer >= 0", lambda v: v >= 0)
-BYTES = _domain("a number of bytes > 0", lambda v: v > 0)
-NAME = _domain("a name without '/' or control characters",
-               lambda v: bool(v.strip()) and "/" not in v and v.isprintable())
-LEVEL = _domain(f"one of {', '.join(LOG_LEVELS)}", lambda v: v.upper() in LOG_LEVELS)
-DESTINATION = _domain("a destination /queue/NAME or /topic/NAME", _destination_ok)
-#: 0 (no lease) or at least what the PostgreSQL locker accepts, whatever the locker:
-#: a value the one locker that reads it would refuse is refused for all.
-LEASE = Domain(
-    lambda v: v == 0 or _min_lease() <= v < math.inf,
-    lambda: f"0 (no lease) or at least {_min_lease():g} s, the PostgreSQL locker's "
-            "minimum (PG_MIN_LEASE, lockers/pg_lease.py)")
-PREFETCH = Domain(
-    lambda v: 0 < v <= _max_prefetch(),
-    lambda: f"an integer from 1 to {_max_prefetch()}, the most a SUBSCRIBE may ask "
-            "(MAX_PREFETCH, amqlite/validation.py)")
+DESTINATION = described("a destination /queue/NAME or /topic/NAME", _destination_ok)
 
 #: Keys of a field's metadata (see ``doc``).
 HELP, ORIGIN, DOMAIN, METAVAR, DERIVED = "help", "origin", "domain", "metavar", "derived"
@@ -308,6 +278,9 @@ class Settings:
     allow_fsync_off: bool = field(default=False, metadata=doc(
         "Accept a PostgreSQL store whose server runs with fsync = off (a crash can lose "
         "RECEIPTed messages): throwaway test setups only."))
+    allow_async_replication: bool = field(default=False, metadata=doc(
+        "Serve from a PostgreSQL store with standbys but none synchronous, or whose commits "
+        "do not wait for it (a promoted standby can lack RECEIPTed messages)."))
     update_cluster_clients: bool = field(default=False, metadata=doc(
         "Tell clients the group's URIs (ActiveMQ's updateClusterClients)."))
     rebalance_cluster_clients: bool = field(default=False, metadata=doc(
@@ -559,6 +532,8 @@ def unused(s: Settings, given: Mapping[str, str]) -> list[str]:
         else f"only the file locker polls, the {locker}:// locker waits on its server",
         "allow_fsync_off": None if store == "postgresql"
         else f"only a PostgreSQL store's fsync is checked, the store is {store}://",
+        "allow_async_replication": None if store == "postgresql"
+        else f"only a PostgreSQL store's replication is checked, the store is {store}://",
         "http_ssl": None if s.ssl_cert else "without ssl_cert the management API is HTTP",
         "rebalance_cluster_clients": not_cluster,
         "update_cluster_clients_on_remove": not_cluster,

@@ -11,8 +11,10 @@ import json
 import shutil
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -49,6 +51,10 @@ EXIT_USAGE = 2
 FOLLOW_POLL = 0.2
 #: Fabric's cluster-list column width: the minimum; a longer cell widens its column.
 COLUMN_WIDTH = 30
+#: How long cluster-list waits for a master's /readyz (s), where it reads the store's
+#: replication: a live master answers in milliseconds, and a frozen one must not hold
+#: the listing up for longer than this.
+READYZ_TIMEOUT = 1.0
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
@@ -96,6 +102,40 @@ def format_table(views: list[GroupView]) -> str:
         cells = [f"{c:<{w}}" for c, w in zip(r, widths, strict=False)]
         lines.append(" ".join([*cells, r[-1]]).rstrip())
     return "\n".join(lines)
+
+
+def master_replication(v: GroupView) -> dict[str, Any] | None:
+    """The store's replication as the group's master last read it (its /readyz, which
+    needs no login), None when it has none to say (SQLite) or there is no master."""
+    if v.registry.startswith("sqlite") or not v.masters:
+        return None  # a SQLite registry is a SQLite store: no replication
+    master = next((m for m in v.members if m.name == v.masters[0]), None)
+    if master is None or not master.http:
+        return None
+    url = master.http.rstrip("/") + "/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=READYZ_TIMEOUT) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as e:  # 503: not serving, still says what it read
+        body = json.loads(e.read() or b"{}")
+    except (OSError, ValueError) as e:
+        return {"summary": f"unknown ({url}: {getattr(e, 'reason', e)})"}
+    replication = body.get("replication") if isinstance(body, dict) else None
+    return replication if isinstance(replication, dict) else None
+
+
+def replication_notes(views: list[GroupView],
+                      replication: dict[str, dict[str, Any] | None]) -> list[str]:
+    """One line per group whose master reads a replicated store: what its commits wait
+    for (below the table: the table keeps Fabric's columns)."""
+    notes = []
+    for v in views:
+        r = replication.get(v.group + v.registry)
+        if r is not None:
+            waiting = r.get("commit_waiting") or r.get("waiting")
+            notes.append(f"[replication] {v.group} (master {v.masters[0]}): {r.get('summary')}"
+                         + (f"; {waiting}" if waiting else ""))
+    return notes
 
 
 def _default_sources(group: str | None, config_file: str | None) -> list[str]:
@@ -156,10 +196,14 @@ def cluster_list(registry: str | None, store: str | None, group: str | None, as_
     for error in errors:
         _warn(error)
     ordered = [views[k] for k in sorted(views)]
+    replication = {v.group + v.registry: master_replication(v) for v in ordered}
     if as_json:
-        click.echo(json.dumps([v.to_json() for v in ordered], indent=2))
+        click.echo(json.dumps([{**v.to_json(), "replication": replication[v.group + v.registry]}
+                               for v in ordered], indent=2))
     else:
         click.echo(format_table(ordered))
+        for note in replication_notes(ordered, replication):
+            click.echo(note)
 
 
 # --------------------------------------------------------------------------- containers

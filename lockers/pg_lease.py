@@ -73,6 +73,14 @@ PG_LEASE_RETRY_SHARE = 0.25
 #: after ``lease * PG_UNLEASED_GRACE_SHARE`` of being seen without one.
 PG_UNLEASED_GRACE_SHARE = 1.5
 
+#: The lease's writes do not wait for a synchronous standby. A lease only says, on the
+#: server that holds the lock, that its holder is alive; after a failover the locks are
+#: on another server and so is the lease. Waiting would make a missing standby look like
+#: a paused master: the renewal hangs in SyncRep (statement_timeout does not end that
+#: wait), the lease runs out, a slave ends the holder's session and takes over, its own
+#: renewals hang alike, and the group cycles through epochs while nobody serves.
+LEASE_SYNCHRONOUS_COMMIT = "local"
+
 LEASE_TABLE = "amqlite_lock_lease"
 
 #: ``application_name`` prefix of the lease connections (not ``amqlite-lock``:
@@ -148,7 +156,8 @@ class _LeaseThread(threading.Thread):
         conn = psycopg.connect(self.conninfo, autocommit=True)
         try:
             timeout = round(self.lease * PG_LEASE_STATEMENT_SHARE * 1000)
-            sets = [f"SET statement_timeout = {timeout}", f"SET lock_timeout = {timeout}"]
+            sets = [f"SET statement_timeout = {timeout}", f"SET lock_timeout = {timeout}",
+                    f"SET synchronous_commit = {LEASE_SYNCHRONOUS_COMMIT}"]
             # A role's or database's idle-session limit must not end us.
             sets += idle_session_unlimited(conn.info.server_version)
             conn.execute("; ".join(sets))

@@ -100,6 +100,10 @@ class GroupCommitter:
         #: Batches the store refused on their own, and merged commits it refused.
         self.rejected = 0
         self.splits = 0
+        #: time.monotonic() when the store thread took up the work in hand (a commit, a
+        #: call), None while it waits for work: how long a commit has been stuck
+        #: (amqlite.replication diagnoses one stuck on a missing synchronous standby).
+        self.busy_since: float | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"amqlite-store-{store.group}", daemon=True
         )
@@ -175,6 +179,7 @@ class GroupCommitter:
             held = None
             if item is _STOP:
                 break
+            self.busy_since = time.monotonic()
             try:
                 if len(item) == 4:
                     self._run_call(item)
@@ -183,6 +188,8 @@ class GroupCommitter:
             except BaseException as exc:  # a bug here must not strand futures
                 log.exception("group committer failed")
                 self._fail(exc, [item])
+            finally:
+                self.busy_since = None
         self._shutdown(held)
 
     def _run_writes(self, first: tuple[Any, ...]) -> tuple[Any, ...] | None:

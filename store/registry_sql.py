@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import case, delete, inspect, select
+from sqlalchemy import Connection, case, delete, inspect, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from lockers.connections.errors import one_line
@@ -57,6 +57,7 @@ class RegistryRows(FencedStore):
             },
         )
         with self._tx("register") as conn:
+            self._heartbeat_commit(conn)
             conn.execute(
                 stmt,
                 {"grp": self.group, "name": name, "role": role, "services": services,
@@ -67,7 +68,15 @@ class RegistryRows(FencedStore):
     def unregister(self, name: str) -> None:
         r = schema.registry
         with self._tx("unregister") as conn:
+            self._heartbeat_commit(conn)
             conn.execute(delete(r).where(r.c.grp == self.group, r.c.name == name))
+
+    def _heartbeat_commit(self, conn: Connection) -> None:
+        """A registry row is rewritten every heartbeat and means nothing after a failover
+        of the database: its commit does not wait for a synchronous standby, so a master
+        whose message commits wait for a missing one still shows live in cluster-list."""
+        if not self._sqlite:
+            conn.execute(text("SET LOCAL synchronous_commit = local"))
 
 
 def read_registry(

@@ -413,8 +413,13 @@ class ManagementServer:
                                   "name": self.settings.name})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        # What an operator accepted but should not forget (e.g. fsync = off).
-        warnings = {"warnings": list(w)} if (w := self.node.warnings) else {}
+        # What an operator accepted but should not forget (e.g. fsync = off), what the
+        # store's replication is (a missing synchronous standby holds every commit).
+        replication = self.node.replication
+        w = [*self.node.warnings, *([replication.warning] if replication.warning else [])]
+        warnings: dict[str, Any] = {"warnings": w} if w else {}
+        if (state := replication.to_json()) is not None:
+            warnings["replication"] = state
         broker = self.view.broker
         if self.view.serving and broker is not None:  # serving: there is a broker
             return web.json_response({"ready": True, "role": "master",
@@ -443,8 +448,10 @@ class ManagementServer:
 
     async def group(self, request: web.Request) -> web.Response:
         members = await self.view.group()
+        replication = self.node.replication.to_json()  # as this node last read it
         return web.json_response({"group": self.settings.group,
-                                  "nodes": [m.to_json() for m in members]})
+                                  "nodes": [m.to_json() for m in members],
+                                  **({"replication": replication} if replication else {})})
 
     async def destinations(self, request: web.Request) -> web.Response:
         await self.view.refresh_depths()
