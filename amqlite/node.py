@@ -23,7 +23,8 @@ import time
 from collections.abc import Awaitable
 from pathlib import Path
 
-from amqlite import pidfile
+from amqlite import activation, pidfile
+from amqlite.activation import ActivationAborted, ActivationGuard
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker
@@ -74,7 +75,8 @@ class Outcome(enum.Enum):
 
     RETRY = "retry"  # activation failed; the lock is released, wait for it again
     STOPPED = "stopped"  # a stop was asked for: the node ends
-    LOST = "lost"  # mastership lost: exit (demoted) or, with --rejoin, slave again
+    LOST = "lost"  # mastership (or the lock, while activating) lost: exit (demoted) or,
+    # with --rejoin, slave again
     CANNOT_SERVE = "cannot serve"  # the listener cannot open: the node ends with an error
 
 
@@ -135,6 +137,8 @@ class Node:
         self.warnings: list[str] = []
         #: The store's replication as last read (PostgreSQL), for the log and /readyz.
         self.replication = ReplicationMonitor(settings, None)
+        #: Watches the lock from the start of an activation until the node serves.
+        self.guard: ActivationGuard | None = None
 
     # -- entry point ----------------------------------------------------------------
     async def run(self) -> int:
@@ -345,6 +349,8 @@ class Node:
     # -- lock state -------------------------------------------------------------------
     def _lock_state(self, state: LockState) -> None:
         broker = self.broker
+        if self.guard is not None:
+            self.guard.state(state)
         if state is LockState.LOST:
             self._demote("lock lost")
         elif state is LockState.SUSPENDED and broker is not None:
@@ -358,15 +364,20 @@ class Node:
     def _freeze(self) -> None:
         """From a locker thread: the lock may be gone (a paused master woke up).
         Only flags: nothing is dispatched or committed until LOST demotes us."""
-        broker = self.broker
+        broker, guard = self.broker, self.guard
+        if guard is not None:
+            guard.freeze()
         if broker is not None:
             broker.paused = True
             broker.writes.held = True
 
     def _demote(self, reason: str) -> None:
+        """Mastership ends: a master demotes, an activation in progress aborts."""
         if not self.lost.is_set() and self.role is Role.MASTER:
             self.lost_reason = reason
             self.lost.set()
+        elif self.guard is not None:
+            self.guard.lost(reason)
 
     # -- master -------------------------------------------------------------------------
     async def _serve_as_master(self, store: Store, locker: Locker,
@@ -382,11 +393,14 @@ class Node:
             await locker.release()
             return Outcome.CANNOT_SERVE
         await self.replication.check("activation")  # refuses as at start, before the claim
+        # A LOST that came before the guard is caught by its first proof (keepalive).
+        guard = self.guard = ActivationGuard(locker, s.name, self.stopping)
         try:
-            epoch = await asyncio.to_thread(
-                store.claim_epoch, s.name, locker.fencing_token, int(s.dedup_window * 1000))
-            recovery = await asyncio.to_thread(store.recover, epoch)
+            epoch, recovery = await activation.claim(store, locker, guard, s)
+        except ActivationAborted as exc:
+            return await self._abort_activation(locker, exc)
         except StoreError as exc:
+            self.guard = None
             log.error("node %s: activation failed: %s; releasing the lock", s.name, exc)
             await locker.release()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -397,14 +411,32 @@ class Node:
         if self.users_file is not None and self.users_file.policy.enabled:
             broker.authz = self.users_file.policy
         server = StompServer(s, broker, auth)
+        broker.pause()  # nothing dispatched or committed until the last check below
+        try:
+            await guard.pass_gate("listen")
+            await guard.confirm("before listening")
+        except ActivationAborted as exc:
+            committer.close()
+            return await self._abort_activation(locker, exc)
         try:
             await server.start()
         except OSError as exc:
+            self.guard = None
             log.error("node %s: cannot listen on %s: %s", s.name,
                       getattr(exc, "listener", s.bind), exc.strerror)
             committer.close()
             await locker.release()
             return Outcome.CANNOT_SERVE
+        try:
+            guard.check("after opening the listener")
+        except ActivationAborted as exc:
+            server.stop_accepting()
+            server.close_all("broker lost mastership; fail over")
+            committer.close()
+            return await self._abort_activation(locker, exc)
+        # No await from the last check to here: a LOST from now on demotes a master.
+        self.guard = None
+        broker.resume()
         self.broker, self.server, self.role = broker, server, Role.MASTER
         self.takeovers += 1
         self.master_since = time.time()
@@ -463,6 +495,16 @@ class Node:
         await server.wait_closed()
         log.info("node %s: released the lock of group %s", s.name, s.group)
         return Outcome.STOPPED
+
+    async def _abort_activation(self, locker: Locker, exc: ActivationAborted) -> Outcome:
+        """The lock went while activating: serve nothing, release, end the term as a
+        lost lock does (exit 3, or slave again with --rejoin)."""
+        self.guard = None
+        log.error("node %s: lock lost while activating (%s): not serving", self.settings.name,
+                  exc)
+        with contextlib.suppress(Exception):
+            await locker.release()
+        return Outcome.LOST
 
     async def _still_master(self, locker: Locker) -> bool:
         """For the registry: may this node (still) call itself master?"""
