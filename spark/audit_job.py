@@ -137,7 +137,7 @@ FINDINGS: dict[str, str] = {
     "ack_without_message": "pending (acknowledgement) row that points at no message",
     "stale_inflight": "in flight under an epoch older than the group's current one",
     "expired_unreaped": "expired message never reaped",
-    "dedup_expired": "dedup entry older than the group's dedup window",
+    "dedup_expired": "dedup entry past the group's window that its last prune left behind",
     "sequence_gap": "producer sequence numbers the store never got",
 }
 
