@@ -48,7 +48,7 @@ from lockers.base import (
 )
 from lockers.connections.blocking import collect_outcome, run_blocking
 from lockers.connections.errors import one_line
-from lockers.connections.pg_url import libpq_url
+from lockers.connections.pg_url import hosts_text, libpq_url, split_hosts
 from lockers.connections.postgres import (
     PG_DEAD_PEER_TIMEOUT,
     PG_STATEMENT_TIMEOUT,
@@ -207,12 +207,13 @@ class PostgresLocker(Locker):
         self.lease = lease
         self.key = advisory_key(group)
         self._classid, self._objid = key_parts(self.key)
-        where = "{user}@{host}:{port}/{dbname}".format(
-            user=params.get("user", ""),
-            host=params.get("host") or params.get("hostaddr") or "localhost",
-            port=params.get("port", 5432),
-            dbname=params.get("dbname", ""),
-        )  # never the password: it is not in the description at all
+        host = str(params.get("host") or params.get("hostaddr") or "localhost")
+        if "," in host:  # several hosts: libpq's spelling, db1:5432,db2:5432
+            hosts = hosts_text(split_hosts(host, str(params.get("port") or "")))
+        else:
+            hosts = f"{host}:{params.get('port', 5432)}"
+        # never the password: it is not in the description at all
+        where = f"{params.get('user', '')}@{hosts}/{params.get('dbname', '')}"
         self.description = f"postgres advisory lock {group!r} on {where}"
         self._session: _Session | None = None
         self._io = asyncio.Lock()  # one call at a time on the connection

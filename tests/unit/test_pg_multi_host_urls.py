@@ -114,7 +114,7 @@ def test_the_locker_takes_both_spellings(raw: str) -> None:
     assert params["host"] == "db1,db2" and params["port"] == "5432,5433"
     assert params["target_session_attrs"] == "read-write"
     assert params["application_name"] == "amqlite-lock:g:n"
-    assert "s3cret" not in locker.description
+    assert locker.description == "postgres advisory lock 'g' on amq@db1:5432,db2:5433/amq"
     default = open_locker("postgresql://amq@db1,db2/amq", "g", node="n")
     assert conninfo_to_dict(default._conninfo)[  # type: ignore[attr-defined]
         "target_session_attrs"] == "read-write"
