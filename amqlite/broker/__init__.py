@@ -14,13 +14,16 @@ One concern a module:
 * ``subscribe`` -- SUBSCRIBE/UNSUBSCRIBE;
 * ``destinations`` -- destination rows, durable subscriptions, deleting one;
 * ``routing`` -- where a visible message goes;
+* ``schedule`` -- ActiveMQ's ``AMQ_SCHEDULED_*`` headers, pure: due times and plans;
+* ``scheduler`` -- scheduled delivery: stored with a due time, one timer, copies made
+  deliverable in fenced batches when due;
 * ``core`` -- ``Broker``: the state, connections, authorization;
 * ``operations`` -- the operator API (``Operations``: purge, move, retry, delete,
-  remove a durable subscription, close a connection, send): the only way the
-  management API changes anything.
+  remove a durable subscription, close a connection, send, list and cancel scheduled
+  messages): the only way the management API changes anything.
 
-Room for what comes next: selectors (``selector``), wildcard matching
-(``wildcard``) and scheduled delivery (``schedule``) are modules of their own here.
+Room for what comes next: selectors (``selector``) and wildcard matching
+(``wildcard``) are modules of their own here too.
 """
 
 from amqlite.broker.core import Broker

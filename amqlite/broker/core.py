@@ -22,6 +22,7 @@ from amqlite.broker import destinations, selective, send, wildcard_queues
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message
+from amqlite.broker.scheduler import Scheduler
 from amqlite.broker.session import Client, Session
 from amqlite.broker.source import DurableSource, Source, TopicSubscriptionSource
 from amqlite.broker.subscription import close_subscription
@@ -107,6 +108,10 @@ class Broker:
             destinations.add_durable(self, DurableSource(
                 self, topic, s.id, s.client_id, s.name, topic, s.owner,
                 selective.stored_selector(s.selector, s.name)))
+        #: Scheduled delivery's one timer: it looks for due and future scheduled
+        #: messages in the store as soon as the loop runs (``amqlite.broker.scheduler``).
+        self.scheduler = Scheduler(self)
+        self.scheduler.start()
 
     # -- the memory budget's figures, as the metrics and tests read them ----------------
     @property
@@ -252,6 +257,7 @@ class Broker:
         self.paused = False
         self.writes.release()
         self.dispatch_all()
+        self.scheduler.check_now()  # what fell due while paused (an activation's start too)
 
     def dispatch_all(self) -> None:
         for q in self.queues.values():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from amqlite.broker.schedule import SCHEDULE_HEADERS, Plan, ScheduleError, parse_schedule
 from amqlite.codec import Frame
 from amqlite.validation import (
     BrokerError,
@@ -51,10 +52,38 @@ def checked_send(frame: Frame) -> Message:
                           "one destination")
     persistent, priority, expires, producer_id, producer_seq = parse_send(h, DEFAULT_PRIORITY)
     headers = {k: v for k, v in h.items() if k not in NON_USER_HEADERS}
+    now = now_ms()
+    plan, deliver_at = _scheduled(headers, expires, now)
+    if plan is not None:
+        # Scheduled: stored whatever the persistent header said (ActiveMQ keeps every
+        # scheduled message in its scheduler store and delivers the copies persistent).
+        persistent = True
+        if "persistent" in headers:
+            headers["persistent"] = "true"
     chars, floor = check_user_headers(headers)
-    return Message(0, destination, "", headers, frame.body, priority, expires, persistent,
-                   enqueued_at=now_ms(), producer_id=producer_id, producer_seq=producer_seq,
-                   size=message_size(headers, frame.body, chars), floor=floor)
+    m = Message(0, destination, "", headers, frame.body, priority, expires, persistent,
+                enqueued_at=now, producer_id=producer_id, producer_seq=producer_seq,
+                size=message_size(headers, frame.body, chars), floor=floor)
+    if plan is not None:
+        m.plan, m.deliver_at = plan, deliver_at
+    return m
+
+
+def _scheduled(headers: dict[str, str], expires: int, now: int) -> tuple[Plan | None, int]:
+    """The SEND's scheduling headers (``amqlite.broker.schedule``) as a plan and its first
+    due time, removed from ``headers`` (the copies delivered do not carry them, as in
+    ActiveMQ); (None, 0) when it is not scheduled. BrokerError names a bad header."""
+    try:
+        schedule = parse_schedule(headers)
+        if schedule is None:
+            return None, 0
+        due = schedule.first_due(now)
+    except ScheduleError as e:
+        raise BrokerError(str(e)) from None
+    for name in SCHEDULE_HEADERS:
+        headers.pop(name, None)
+    # An expires already past leaves its copies a millisecond (0 would be "never").
+    return Plan(schedule, ttl_ms=max(expires - now, 1) if expires > 0 else 0), due
 
 
 def message_size(headers: dict[str, str], body: bytes, header_chars: int = -1) -> int:
@@ -69,9 +98,9 @@ class Message:
     """A message in memory; ``id`` is its store row id (or a memory-only id)."""
 
     __slots__ = (
-        "body", "delivery_count", "destination", "enqueued_at", "expires_at", "floor",
-        "headers", "id", "message_id", "persistent", "priority", "producer_id", "producer_seq",
-        "size",
+        "body", "deliver_at", "delivery_count", "destination", "enqueued_at", "expires_at",
+        "floor", "headers", "id", "message_id", "persistent", "plan", "priority",
+        "producer_id", "producer_seq", "size",
     )
 
     def __init__(
@@ -96,6 +125,10 @@ class Message:
         self.size = size if size >= 0 else message_size(headers, body)
         #: The oldest STOMP version that can carry every header (``header_floor``).
         self.floor = header_floor(headers) if floor is None else floor
+        #: A scheduled SEND's plan and first due time (ms); stored, not routed, until
+        #: then (``amqlite.broker.scheduler``). None and 0 for every other message.
+        self.plan: Plan | None = None
+        self.deliver_at = 0
 
     @classmethod
     def from_row(cls, row: StoredMessage, destination: str) -> Message:

@@ -1,6 +1,6 @@
 """The operator API: purge, move, retry, delete, remove a durable subscription, close a
-connection, send. The management API (and through it the CLI and the console) calls
-these and touches nothing else of the broker.
+connection, send, list and cancel scheduled messages. The management API (and through it
+the CLI and the console) calls these and touches nothing else of the broker.
 
 Every change is staged in the broker's write buffer and committed by the group committer
 in a fenced transaction, exactly like a client's ACK or SEND: a deposed master's
@@ -49,6 +49,8 @@ MOVE_CHUNK = 500
 ORIGINAL_DESTINATION = "original-destination"
 #: The receipt an operator's SEND asks for: its only way to learn the outcome.
 OPERATOR_RECEIPT = "operator-send"
+#: Scheduled messages listed at most by default (a console table's page).
+SCHEDULED_PAGE = 50
 #: Why a write failed without the store refusing its data: the node is demoting.
 DEPOSED = "the store refused the write: this node is no longer master"
 
@@ -128,6 +130,18 @@ class Sent(TypedDict):
     persistent: bool
 
 
+class ScheduledList(TypedDict):
+    scheduled: list[dict[str, Any]]  # ``StoreReads.scheduled``'s rows, earliest due first
+    total: int  # scheduled messages (of the destination, when one was asked for)
+
+
+class ScheduledCancelled(TypedDict):
+    cancelled: int  # always 1
+    id: int
+    message_id: str
+    destination: str
+
+
 # -- what the operations need from their surroundings ----------------------------------
 class StoreReads(Protocol):
     """Blocking reads of the store on a handle of its own (``amqlite.management.reads.
@@ -138,6 +152,9 @@ class StoreReads(Protocol):
     def message_ids(self, destination_id: int, after_id: int, limit: int) -> list[int]: ...
 
     def full_rows(self, ids: list[int]) -> list[dict[str, Any]]: ...
+
+    def scheduled(self, destination_id: int | None,
+                  limit: int) -> tuple[list[dict[str, Any]], int]: ...
 
 
 class Connection(Client, Protocol):
@@ -283,8 +300,10 @@ class Operations:
         removed = DeletedDestination(existed=False)
         try:
             if gone.store_id is not None and broker.committer is not None:
-                removed = await broker.committer.call(
-                    broker.committer.store.delete_destination, broker.epoch, gone.store_id)
+                async with broker.scheduler.lock:  # no copy made for it meanwhile
+                    removed = await broker.committer.call(
+                        broker.committer.store.delete_destination, broker.epoch,
+                        gone.store_id)
         except StoreError as e:
             raise OperationError(ErrorKind.UNAVAILABLE,
                                  f"the store refused to delete {name} ({e}); "
@@ -317,6 +336,9 @@ class Operations:
             raise OperationError(ErrorKind.NOT_FOUND, f"no message {message_id}")
         if check is not None:
             check(row["destination"])
+        if row.get("deliver_at"):
+            raise OperationError(ErrorKind.CONFLICT,
+                                 f"message {message_id} is scheduled: cancel it instead")
         if row["kind"] != "queue":
             raise OperationError(ErrorKind.CONFLICT,
                                  f"message {message_id} belongs to topic "
@@ -469,6 +491,42 @@ class Operations:
         destinations.remove_durable(self.broker, durable)
         await self._commit()
         return {"removed": 1, "client_id": client_id, "name": name, "topic": durable.topic}
+
+    # -- scheduled messages (amqlite.broker.scheduler) ------------------------------------
+    async def scheduled(self, destination: str | None = None,
+                        limit: int = SCHEDULED_PAGE) -> ScheduledList:
+        """The scheduled messages, earliest due first (of ``destination`` only, if given:
+        NOT_FOUND when it has no store row, so none)."""
+        did = None
+        if destination is not None:
+            self._kind(destination)
+            did = self.broker.destination_rows.get(destination)
+            if did is None:
+                raise OperationError(ErrorKind.NOT_FOUND, f"no destination {destination}")
+        rows, total = await asyncio.to_thread(self.reader.scheduled, did, limit)
+        return {"scheduled": rows, "total": total}
+
+    async def cancel_scheduled(self, message_id: int,
+                               check: Callable[[str], None] | None = None
+                               ) -> ScheduledCancelled:
+        """Remove a scheduled message before its next copy, in a fenced transaction that
+        waits for a copy being made (``Scheduler.cancel``). ``check`` (the caller's
+        permission check) gets its destination before anything changes."""
+        self._check_serving()
+        row = await asyncio.to_thread(self.reader.message, message_id)
+        if row is None or not row.get("deliver_at"):
+            raise OperationError(ErrorKind.NOT_FOUND, f"no scheduled message {message_id}")
+        if check is not None:
+            check(row["destination"])
+        try:
+            removed = await self.broker.scheduler.cancel(message_id)
+        except StoreError as e:
+            raise OperationError(ErrorKind.UNAVAILABLE, f"{DEPOSED} ({e})") from None
+        if not removed:
+            raise OperationError(ErrorKind.NOT_FOUND, f"scheduled message {message_id} is "
+                                 "no longer scheduled (its last copy was delivered)")
+        return {"cancelled": 1, "id": message_id, "message_id": row["message_id"],
+                "destination": row["destination"]}
 
     # -- send ------------------------------------------------------------------------------
     async def send(self, destination: str, body: bytes,

@@ -51,6 +51,7 @@ Where amqlite differs, deliberately:
 from __future__ import annotations
 
 import calendar
+import json
 import re
 from bisect import bisect_left
 from collections.abc import Mapping
@@ -68,8 +69,10 @@ __all__ = [
     "REPEAT_HEADER",
     "SCHEDULE_HEADERS",
     "CronExpression",
+    "Plan",
     "Schedule",
     "ScheduleError",
+    "next_occurrence",
     "parse_cron",
     "parse_schedule",
 ]
@@ -366,3 +369,52 @@ def parse_schedule(headers: Mapping[str, str]) -> Schedule | None:
                       "must not be negative (ActiveMQ refuses it too since AMQ-7458)")
     return Schedule(delay or 0, period or 0, repeat or 0,
                     parse_cron(cron_text) if cron_text else None)
+
+
+def next_occurrence(schedule: Schedule, previous_due_ms: int, delivered_count: int,
+                    now_ms: int) -> int | None:
+    """``Schedule.next_due`` as a broker applies it at ``now_ms``: a cron firing whose
+    sequence would already have started before ``now_ms`` (nobody was master then: an
+    outage longer than the cron's interval) is not made up; the schedule resumes at the
+    next firing instead, as cron itself does after downtime. The occurrence that was
+    due is still delivered, once, late; copies within a sequence (the REPEATs) are all
+    delivered, late ones at once."""
+    due = schedule.next_due(previous_due_ms, delivered_count)
+    cron = schedule.cron
+    if (due is None or cron is None or due >= now_ms
+            or delivered_count % (schedule.repeat + 1)):
+        return due
+    fire = cron.next_after(now_ms - schedule.offset_ms - 1)
+    return None if fire is None else fire + schedule.offset_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the store keeps of a scheduled message besides the message itself (JSON in
+    ``amq_messages.schedule``): its schedule, the copies delivered so far, and the time
+    to live each copy gets. ActiveMQ keeps a scheduled message's expiration relative
+    (``SchedulerBroker.scheduledJob``): a copy lives as long after it is delivered as the
+    message had left when it was sent; 0 = never expires."""
+
+    schedule: Schedule
+    fired: int = 0
+    ttl_ms: int = 0
+
+    def to_json(self) -> str:
+        s = self.schedule
+        return json.dumps({"delay": s.delay_ms, "period": s.period_ms, "repeat": s.repeat,
+                           "cron": s.cron.text if s.cron is not None else None,
+                           "fired": self.fired, "ttl": self.ttl_ms},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Plan:
+        """The plan a ``to_json`` wrote; ScheduleError when it cannot be read back."""
+        try:
+            d = json.loads(text or "")
+            cron = d.get("cron")
+            schedule = Schedule(int(d["delay"]), int(d["period"]), int(d["repeat"]),
+                                parse_cron(cron) if cron else None)
+            return cls(schedule, int(d["fired"]), int(d["ttl"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ScheduleError(f"unreadable schedule {_shown(str(text))}: {e}") from None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from amqlite.broker import acks, destinations, receipts, routing
 from amqlite.broker.message import Message, now_ms
+from amqlite.broker.schedule import ScheduleError
 from amqlite.broker.subscription import Delivery, Settled, Subscription
 from amqlite.codec import Frame
 from amqlite.validation import destination_kind
@@ -46,7 +47,11 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
     to_store: list[tuple[Message, list[DurableSource]]] = []  # no durables: a queue's
     identity_only: list[Message] = []  # nothing to keep but who sent it
     in_memory: list[Message] = []  # nothing to keep (no durable subscriber)
+    scheduled: list[Message] = []  # stored now, routed when due (amqlite.broker.scheduler)
     for m in messages:
+        if m.plan is not None:
+            scheduled.append(m)  # enqueued when a copy is due, not now
+            continue
         enqueued[m.destination] += 1
         if not m.persistent:
             in_memory.append(m)
@@ -62,7 +67,7 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
                 identity_only.append(m)
             else:
                 in_memory.append(m)
-    writes_nothing = not to_store and not identity_only and not ack_frames
+    writes_nothing = not to_store and not identity_only and not scheduled and not ack_frames
     if ack_frames is None or writes_nothing:  # else a COMMIT's: once its unit committed
         for m in in_memory:
             routing.route_now(broker, m, conn)
@@ -89,6 +94,9 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         pending_bytes += m.size
     for m in identity_only:
         batch.identities.append(new_row(broker, m, batch))
+    for m in scheduled:
+        batch.inserts.append(scheduled_row(broker, m, batch))
+        pending_bytes += m.size
     writes.end_unit(unit)
 
     def committed(result: BatchResult | None) -> None:
@@ -104,6 +112,11 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
                     acks.unsettle(broker, settled)
             return  # else the store failed: no receipt; the node is demoting
         _route_stored(broker, stored, identity_only, result, conn)
+        for m in scheduled:
+            if m.id in result.duplicate_ids:
+                broker.stats["duplicates"] += 1
+            else:
+                broker.scheduler.stored(m.deliver_at)
         for m in in_memory:
             try:
                 routing.route_now(broker, m, conn)
@@ -196,15 +209,37 @@ def new_row(broker: Broker, m: Message, batch: Batch,
     )
 
 
+def scheduled_row(broker: Broker, m: Message, batch: Batch) -> NewMessage:
+    """A scheduled SEND's row: stored with its due time and plan, deliverable at neither
+    its queue nor a durable subscription until then (``amqlite.broker.scheduler``)."""
+    assert m.plan is not None
+    row = new_row(broker, m, batch)
+    row.deliver_at, row.schedule = m.deliver_at, m.plan.to_json()
+    row.expires_at = 0  # its copies expire (Plan.ttl_ms); the row waits for its time
+    return row
+
+
 def commit(broker: Broker, session: Session, tx: Transaction, receipt: str | None) -> None:
     """Apply a transaction's sends and acks in one unit: all or nothing (see ``send``)."""
     if tx.sends or tx.acks:
         now = now_ms()
         for m in tx.sends:
             m.enqueued_at = now  # enqueued by the COMMIT, not when the SEND came
+            if m.plan is not None:  # scheduled from the COMMIT too
+                m.deliver_at = _first_due(m, now)
         send(broker, session, tx.sends, receipt, tx.acks)
     else:
         receipts.answer(broker, session, receipt)
+
+
+def _first_due(m: Message, now: int) -> int:
+    """A scheduled message's first due time counted from ``now`` (its COMMIT); the one its
+    SEND computed if the cron has no firing left (checked then: it had one)."""
+    assert m.plan is not None
+    try:
+        return m.plan.schedule.first_due(now)
+    except ScheduleError:
+        return m.deliver_at
 
 
 def abort(broker: Broker, session: Session, tx: Transaction, receipt: str | None,

@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, literal_column, select
 
 from lockers.connections.errors import one_line
 from store import StoreError, open_store, schema
+from store.statements import deliverable
 
 #: Bytes of a body shown when browsing; the whole body comes with one message.
 BODY_PREVIEW_BYTES = 256
@@ -55,6 +56,8 @@ class StoreReader:
         self._lock = threading.Lock()
         self._depths: dict[str, DestinationDepth] = {}
         self._depths_at = 0.0
+        self._scheduled: dict[str, int] = {}
+        self._scheduled_at = 0.0
 
     def _engine(self) -> Any:
         with self._lock:
@@ -93,6 +96,7 @@ class StoreReader:
     def invalidate(self) -> None:
         """Forget the cached depths: an action just changed them."""
         self._depths_at = 0.0
+        self._scheduled_at = 0.0
 
     def durables(self) -> list[DurableRow]:
         s, d = schema.subscriptions, schema.destinations
@@ -114,7 +118,7 @@ class StoreReader:
                    func.length(m.c.body).label("size"),
                    func.substr(m.c.body, 1, BODY_PREVIEW_BYTES).label("preview"))
             .where(m.c.grp == self.group, m.c.destination_id == destination_id,
-                   m.c.id > after_id)
+                   m.c.id > after_id, deliverable())
             .order_by(m.c.id).limit(limit))
         return [_message_json(r, bytes(r.preview)) for r in rows]
 
@@ -124,7 +128,7 @@ class StoreReader:
         rows = self._rows(
             select(m.c.id, m.c.message_id, m.c.priority, m.c.expires_at, m.c.enqueued_at,
                    m.c.delivery_count, m.c.inflight_epoch, m.c.headers, m.c.body,
-                   m.c.producer_id, m.c.producer_seq,
+                   m.c.producer_id, m.c.producer_seq, m.c.deliver_at,
                    func.length(m.c.body).label("size"), d.c.name.label("destination"),
                    d.c.kind.label("kind"), m.c.destination_id)
             .join(d, (d.c.grp == m.c.grp) & (d.c.id == m.c.destination_id))
@@ -134,7 +138,8 @@ class StoreReader:
         r = rows[0]
         out = _message_json(r, bytes(r.body))
         out.update(destination=r.destination, kind=r.kind, destination_id=r.destination_id,
-                   producer_id=r.producer_id, producer_seq=r.producer_seq)
+                   producer_id=r.producer_id, producer_seq=r.producer_seq,
+                   deliver_at=r.deliver_at or None)  # set: scheduled, not deliverable yet
         out["raw_body"] = bytes(r.body)
         return out
 
@@ -143,7 +148,8 @@ class StoreReader:
         """Ids of a queue's messages past ``after_id``; by default only those not in flight."""
         m = schema.messages
         q = (select(m.c.id).where(m.c.grp == self.group, m.c.destination_id == destination_id,
-                                  m.c.id > after_id).order_by(m.c.id).limit(limit))
+                                  m.c.id > after_id, deliverable())
+             .order_by(m.c.id).limit(limit))
         if waiting_only:
             q = q.where(m.c.inflight_epoch.is_(None))
         return [r.id for r in self._rows(q)]
@@ -156,11 +162,63 @@ class StoreReader:
         rows = self._rows(
             select(m.c.id, m.c.destination_id, m.c.message_id, m.c.priority, m.c.expires_at,
                    m.c.inflight_epoch, m.c.headers, m.c.body)
-            .where(m.c.grp == self.group, m.c.id.in_(ids)).order_by(m.c.id))
+            .where(m.c.grp == self.group, m.c.id.in_(ids), deliverable()).order_by(m.c.id))
         return [{"id": r.id, "destination_id": r.destination_id, "message_id": r.message_id,
                  "priority": r.priority, "expires_at": r.expires_at,
                  "inflight": r.inflight_epoch is not None,
                  "headers": json.loads(r.headers), "body": bytes(r.body)} for r in rows]
+
+
+    # -- scheduled messages ------------------------------------------------------------------
+    def scheduled(self, destination_id: int | None,
+                  limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Scheduled messages, earliest due first (of one destination if given), with a
+        body preview and their plan; and how many there are. Through the partial index
+        on due times: only scheduled rows are read."""
+        m, d = schema.messages, schema.destinations
+        where = [m.c.grp == self.group, m.c.deliver_at > literal_column("0")]
+        if destination_id is not None:
+            where.append(m.c.destination_id == destination_id)
+        rows = self._rows(
+            select(m.c.id, m.c.message_id, m.c.priority, m.c.enqueued_at, m.c.deliver_at,
+                   m.c.schedule, m.c.headers, d.c.name.label("destination"),
+                   func.length(m.c.body).label("size"),
+                   func.substr(m.c.body, 1, BODY_PREVIEW_BYTES).label("preview"))
+            .outerjoin(d, (d.c.grp == m.c.grp) & (d.c.id == m.c.destination_id))
+            .where(*where).order_by(m.c.deliver_at, m.c.id).limit(limit))
+        total = self._rows(select(func.count()).select_from(m).where(*where))[0][0]
+        return [_scheduled_json(r) for r in rows], int(total)
+
+    def scheduled_counts(self, max_age: float = DEPTH_CACHE_SECONDS) -> dict[str, int]:
+        """Scheduled messages per destination name: one query, cached ``max_age`` s."""
+        if time.monotonic() - self._scheduled_at < max_age:
+            return self._scheduled
+        m, d = schema.messages, schema.destinations
+        rows = self._rows(
+            select(d.c.name, func.count().label("n"))
+            .select_from(m.join(d, (d.c.grp == m.c.grp) & (d.c.id == m.c.destination_id)))
+            .where(m.c.grp == self.group, m.c.deliver_at > literal_column("0"))
+            .group_by(d.c.name))
+        self._scheduled = {r.name: int(r.n) for r in rows}
+        self._scheduled_at = time.monotonic()
+        return self._scheduled
+
+
+def _scheduled_json(r: Any) -> dict[str, Any]:
+    preview = bytes(r.preview)
+    try:
+        text: str | None = preview.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return {
+        "id": r.id, "message_id": r.message_id, "destination": r.destination,
+        "deliver_at": r.deliver_at, "enqueued_at": r.enqueued_at, "priority": r.priority,
+        # delay, period, repeat, cron, fired (copies so far), ttl (ms each copy lives)
+        "schedule": json.loads(r.schedule) if r.schedule else None,
+        "headers": json.loads(r.headers), "size": r.size, "body": text,
+        "body_base64": None if text is not None else _b64(preview),
+        "truncated": len(preview) < r.size,
+    }
 
 
 def _message_json(r: Any, body: bytes) -> dict[str, Any]:
