@@ -1,4 +1,5 @@
-"""``amqlite queue|connection|status``: the management API from the command line.
+"""``amqlite queue|scheduled|connection|status``: the management API from the command
+line.
 
 ActiveMQ's ``activemq query|browse|purge|dstat`` and ``rabbitmqctl list_queues`` for
 amqlite, on the same HTTP API as the console (no second way into the broker). A node
@@ -327,6 +328,72 @@ def queue_delete(destination: str, message_id: int | None, url: str | None,
                                     if data["subscriptions"] else "") + " removed")
 
 
+# --------------------------------------------------------------------------- scheduled
+
+@click.group("scheduled")
+def scheduled() -> None:
+    """List and cancel scheduled messages (AMQ_SCHEDULED_* SENDs not yet delivered)."""
+
+
+@scheduled.command("list")
+@click.argument("destination", required=False)
+@click.option("--limit", default=50, type=click.IntRange(1, 500),
+              help="Messages to show, earliest due first.")
+@target_options
+def scheduled_list(destination: str | None, limit: int, url: str | None,
+                   group: str | None, registry: str | None, user: str | None,
+                   as_json: bool) -> None:
+    """Scheduled messages (of DESTINATION only, when given), earliest due first."""
+    t = _target(url, group, registry, user)
+    query = {"limit": str(limit)}
+    if destination:
+        query["destination"] = urllib.parse.unquote(_dest_path(destination))
+    data = _run(lambda: t.call("GET", "/api/v1/scheduled?" + urllib.parse.urlencode(query)))
+
+    def text() -> str:
+        rows = [(m["id"], m["destination"], _when(m["deliver_at"]), _plan(m["schedule"]),
+                 m["schedule"]["fired"] if m["schedule"] else 0, m["size"], _preview(m))
+                for m in data["scheduled"]]
+        out = table(("id", "destination", "due", "schedule", "delivered", "bytes", "body"),
+                    rows)
+        if data["total"] > len(rows):
+            out += f"\n({len(rows)} of {data['total']}: --limit for more)"
+        return out
+
+    _emit(as_json, data, text)
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def _plan(plan: dict[str, Any] | None) -> str:
+    """``delay 30000 ms, every 10000 ms, 9 repeats, cron '0 * * * *'`` (what was asked)."""
+    if not plan:
+        return "-"
+    parts = [f"delay {plan['delay']} ms"] if plan["delay"] else []
+    if plan["period"]:
+        parts.append(f"every {plan['period']} ms")
+    if plan["repeat"]:
+        parts.append(f"{plan['repeat']} repeats")
+    if plan["cron"]:
+        parts.append(f"cron '{plan['cron']}'")
+    return ", ".join(parts) or "-"
+
+
+@scheduled.command("cancel")
+@click.argument("message_id", type=int)
+@target_options
+def scheduled_cancel(message_id: int, url: str | None, group: str | None,
+                     registry: str | None, user: str | None, as_json: bool) -> None:
+    """Cancel the scheduled message MESSAGE_ID (its id from `scheduled list`): no more
+    copies of it are delivered."""
+    t = _target(url, group, registry, user)
+    data = _run(lambda: t.call("DELETE", f"/api/v1/scheduled/{message_id}"))
+    _emit(as_json, data, lambda: f"cancelled scheduled message {data['id']} "
+                                 f"({data['message_id']}) of {data['destination']}")
+
+
 # --------------------------------------------------------------------------- connections
 
 @click.group("connection")
@@ -423,5 +490,6 @@ def status(url: str | None, group: str | None, registry: str | None, user: str |
 
 def register(cli_group: click.Group) -> None:
     cli_group.add_command(queue)
+    cli_group.add_command(scheduled)
     cli_group.add_command(connection)
     cli_group.add_command(status)

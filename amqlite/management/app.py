@@ -22,6 +22,8 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     DELETE /api/v1/connections/{address}
     GET    /api/v1/subscriptions              durable subscriptions, online or not
     DELETE /api/v1/subscriptions/{client_id}/{name}
+    GET    /api/v1/scheduled?destination=D&limit=N   scheduled messages, earliest due first
+    DELETE /api/v1/scheduled/{id}             cancel one (Operations.cancel_scheduled)
 
 What an action does is the broker's operator API (``amqlite.broker.operations``);
 here: parsing, logins and permissions, the HTTP status of its errors, and the log of
@@ -106,7 +108,7 @@ def _destination_scoped(request: web.Request) -> bool:
     with [[authorization]] entries, admin on that destination decides, not [groups]."""
     info = request.match_info
     return ("kind" in info or "client_id" in info
-            or request.path.startswith(f"{API}/message/"))
+            or request.path.startswith((f"{API}/message/", f"{API}/scheduled/")))
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -123,6 +125,8 @@ class NodeView:
         self.settings = node.settings
         self.reader = StoreReader(node.settings.store, node.settings.group)
         self.depths: dict[str, DestinationDepth] = {}
+        #: Scheduled messages per destination (``StoreReader.scheduled_counts``).
+        self.scheduled: dict[str, int] = {}
         self._group: list[Member] = []
         self._group_at = 0.0
 
@@ -146,6 +150,7 @@ class NodeView:
             return
         try:
             self.depths = await asyncio.to_thread(self.reader.depths)
+            self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts)
         except StoreError as e:
             log.warning("management: reading depths failed: %s", e)
 
@@ -174,7 +179,8 @@ class NodeView:
             return []
         names = set(depths) | set(broker.queues) | set(broker.topics) \
             | set(broker.durables_by_topic)
-        return [self._row(broker, name, depths.get(name)) for name in sorted(names)]
+        return [self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
+                for name in sorted(names)]
 
     def destination_row(self, name: str,
                         depths: dict[str, DestinationDepth]) -> dict[str, Any] | None:
@@ -185,10 +191,11 @@ class NodeView:
                                   or name in broker.topics
                                   or name in broker.durables_by_topic):
             return None
-        return self._row(broker, name, depths.get(name))
+        return self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
 
     @staticmethod
-    def _row(broker: Broker, name: str, d: DestinationDepth | None) -> dict[str, Any]:
+    def _row(broker: Broker, name: str, d: DestinationDepth | None,
+             scheduled: int = 0) -> dict[str, Any]:
         kind = d.kind if d is not None else destination_kind(name)
         if kind == "queue":
             q = broker.queues.get(name)
@@ -207,6 +214,7 @@ class NodeView:
             "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
             "dequeued": broker.dequeued.get(name, 0),
             "dead_lettered": broker.dead_lettered.get(name, 0),
+            "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
         }
 
 
@@ -311,6 +319,8 @@ class ManagementServer:
         r.add_delete(API + "/connections/{address}", self.close_connection)
         r.add_get(f"{API}/subscriptions", self.subscriptions)
         r.add_delete(API + "/subscriptions/{client_id}/{name:.+}", self.remove_subscription)
+        r.add_get(f"{API}/scheduled", self.scheduled)
+        r.add_delete(API + "/scheduled/{id}", self.cancel_scheduled)
         return app
 
     @web.middleware
@@ -619,3 +629,36 @@ class ManagementServer:
         result = await self._operations().remove_durable(
             client_id, name, lambda topic: self._require(request, topic))
         return self._logged(request, f"remove durable subscription {client_id}/{name}", result)
+
+    # -- scheduled messages --------------------------------------------------------------------
+    async def scheduled(self, request: web.Request) -> web.Response:
+        """Earliest due first; with [[authorization]] entries, of the destinations the
+        login may read (like browsing)."""
+        q = request.query
+        destination = q.get("destination") or None
+        try:
+            limit = int(q.get("limit", str(DEFAULT_PAGE)))
+        except ValueError:
+            raise ActionError(400, "limit must be an integer") from None
+        if not 1 <= limit <= MAX_PAGE:
+            raise ActionError(400, f"limit must be 1..{MAX_PAGE}")
+        if destination is not None:
+            self._require(request, destination, Permission.READ)
+        result = await self._operations().scheduled(destination, limit)
+        if self.access.per_destination:
+            result["scheduled"] = [r for r in result["scheduled"] if self._may(
+                request, r["destination"] or "", Permission.READ)]
+        return web.json_response(result)
+
+    def _may(self, request: web.Request, destination: str, permission: Permission) -> bool:
+        try:
+            self._require(request, destination, permission)
+        except Forbidden:
+            return False
+        return True
+
+    async def cancel_scheduled(self, request: web.Request) -> web.Response:
+        mid = self._message_id(request)
+        result = await self._operations().cancel_scheduled(
+            mid, lambda destination: self._require(request, destination))
+        return self._logged(request, f"cancel scheduled message {mid}", result)

@@ -76,6 +76,12 @@ class BrokerCollector(Collector):
         yield waiting
         yield inflight
         yield consumers
+        scheduled = GaugeMetricFamily("amqlite_scheduled_messages",
+                                      "Scheduled messages stored for the destination, due "
+                                      "later (AMQ_SCHEDULED_*)", labels=["destination"])
+        for name, n in sorted(self.view.scheduled.items()):
+            scheduled.add_metric([name], float(n))
+        yield scheduled
         for metric, doc, totals in (
             ("amqlite_messages_enqueued", "Messages sent to the destination", broker.enqueued),
             ("amqlite_messages_dequeued", "Messages acknowledged (or auto-acked) from it",

@@ -192,6 +192,27 @@ async function subscriptions(main) {
         } }, "Remove"))))));
 }
 
+async function scheduled(main) {
+  const data = await api("GET", "/scheduled?limit=500");
+  const plan = p => !p ? "-" : [p.delay ? `delay ${p.delay} ms` : "", p.period ? `every ${p.period} ms` : "",
+    p.repeat ? `${p.repeat} repeats` : "", p.cron ? `cron ${p.cron}` : ""].filter(x => x).join(", ");
+  main.replaceChildren(el("h2", {}, "Scheduled messages"),
+    el("p", { class: "muted", id: "scheduled-total" },
+       `${data.total} scheduled` + (data.total > data.scheduled.length ? `; the first ${data.scheduled.length} by due time` : "")),
+    data.scheduled.length ? table("scheduled", ["id", "destination", "due", "schedule",
+                                                { label: "delivered", num: 1 }, "body", ""],
+      data.scheduled.map(m => el("tr", { "data-id": String(m.id) },
+        el("td", {}, String(m.id)), el("td", {}, m.destination ?? "-"),
+        el("td", {}, when(m.deliver_at)), el("td", {}, plan(m.schedule)),
+        num(m.schedule ? m.schedule.fired : 0),
+        el("td", { class: "body" }, m.body ?? "<binary>"),
+        el("td", {}, el("button", { class: "danger cancel", onclick: () => {
+          if (confirm(`Cancel scheduled message ${m.id}?`))
+            act(`cancel ${m.id}`, "DELETE", `/scheduled/${m.id}`, undefined, () => scheduled(main));
+        } }, "Cancel")))))
+      : el("p", { id: "empty" }, "No scheduled messages."));
+}
+
 // -- routing ------------------------------------------------------------------------------
 
 async function route() {
@@ -207,6 +228,7 @@ async function route() {
     if (hash === "/") await overview(main);
     else if (hash === "/connections") await connections(main);
     else if (hash === "/subscriptions") await subscriptions(main);
+    else if (hash === "/scheduled") await scheduled(main);
     else if (hash.startsWith("/message/")) await message(main, hash.slice(9));
     else if (/^\/(queue|topic)\/./.test(hash)) await destination(main, hash);
     else main.replaceChildren(el("p", {}, "Unknown page."));
