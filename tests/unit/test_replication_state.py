@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import pytest
@@ -214,3 +215,20 @@ def test_cluster_list_notes_name_what_the_master_read() -> None:
         "othersqlite:////x.db": None}
     assert replication_notes(views, replication) == [
         "[replication] orders (master b1): synchronous standby s1 connected"]
+
+
+def test_allow_async_replication_is_a_setting_that_applies_to_postgresql_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from amqlite.settings import read_settings
+
+    for name in [n for n in os.environ if n.startswith("AMQLITE_")]:
+        monkeypatch.delenv(name)
+    settings, warnings = read_settings({"allow_async_replication": "true"}, environ={})
+    assert settings.allow_async_replication is True
+    assert warnings == ["allow_async_replication (--allow-async-replication) does not apply "
+                        "and is ignored: only a PostgreSQL store's replication is checked, the "
+                        "store is sqlite://"]
+    pg = "postgresql://amq@db/amq"
+    assert read_settings({"allow_async_replication": "true", "store": pg},
+                         environ={})[1] == []
+    assert Settings().allow_async_replication is False
