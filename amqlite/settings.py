@@ -129,13 +129,13 @@ class SettingsError(ValueError):
 
 
 def _destination_ok(value: str) -> bool:
-    from amqlite.validation import BrokerError, check_destination
+    from amqlite.validation import BrokerError, check_destination, is_temporary
 
     try:
         check_destination(value)
     except BrokerError:
         return False
-    return True
+    return not is_temporary(value)  # a connection's, never stored
 
 
 DESTINATION = described("a destination /queue/NAME or /topic/NAME", _destination_ok)

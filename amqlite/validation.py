@@ -41,6 +41,11 @@ __all__ = [
     "MAX_PREFETCH",
     "MAX_PRIORITY_VALUE",
     "MAX_SUBSCRIPTION_ID_LENGTH",
+    "REMOTE_TEMP_KINDS",
+    "REMOTE_TEMP_QUEUE",
+    "REMOTE_TEMP_TOPIC",
+    "TEMP_QUEUE",
+    "TEMP_TOPIC",
     "BrokerError",
     "carries",
     "check_connect",
@@ -50,6 +55,7 @@ __all__ = [
     "destination_kind",
     "header_floor",
     "headers_for",
+    "is_temporary",
     "parse_ack_key",
     "parse_send",
 ]
@@ -65,6 +71,14 @@ MAX_PRIORITY_VALUE = 2**31 - 1
 #: The subscription key of a STOMP 1.2 ack id (``key:message-id``); keys count up
 #: from 1 per connection, so anything past a BIGINT names nothing.
 MAX_ACK_KEY = BIGINT_MAX
+
+#: Temporary destinations (``amqlite.broker.temporary``), ActiveMQ's STOMP prefixes: a
+#: connection names its own ``/temp-queue/NAME``, and the broker gives each one a
+#: broker-wide name under ``/remote-temp-queue/`` that others SEND to (its reply-to).
+TEMP_QUEUE, TEMP_TOPIC = "/temp-queue/", "/temp-topic/"
+REMOTE_TEMP_QUEUE, REMOTE_TEMP_TOPIC = "/remote-temp-queue/", "/remote-temp-topic/"
+#: The broker-wide temporary prefixes and their kind: the names the broker itself uses.
+REMOTE_TEMP_KINDS = {REMOTE_TEMP_QUEUE: "queue", REMOTE_TEMP_TOPIC: "topic"}
 
 _PERSISTENT = {"true": True, "false": False}
 #: Characters of a header name that STOMP 1.0 cannot carry in a MESSAGE (it cannot
@@ -98,13 +112,27 @@ def check_destination(destination: str) -> str:
 
 def destination_kind(destination: str) -> str:
     """``"queue"`` or ``"topic"`` by the name's prefix alone (for a name already
-    checked); BrokerError for neither."""
+    checked); BrokerError for neither. A temporary destination's broker-wide name
+    (``/remote-temp-queue/...``) has the kind it behaves as; a connection's own
+    ``/temp-queue/NAME`` is resolved to one before anything asks (``amqlite.broker.
+    temporary``), so it is no kind here."""
     if len(destination) > 7:
         if destination.startswith("/queue/"):
             return "queue"
         if destination.startswith("/topic/"):
             return "topic"
-    raise BrokerError(f"destination {_shown(destination)}: use /queue/NAME or /topic/NAME")
+        for prefix, kind in REMOTE_TEMP_KINDS.items():
+            if destination.startswith(prefix) and len(destination) > len(prefix):
+                return kind
+    raise BrokerError(f"destination {_shown(destination)}: use /queue/NAME, /topic/NAME, "
+                      "/temp-queue/NAME or /temp-topic/NAME")
+
+
+def is_temporary(destination: str) -> bool:
+    """Does the name start with a temporary destination's prefix (a connection's own
+    or a broker-wide one)? Such a destination is never stored: the operator API and
+    settings that name a stored destination refuse it."""
+    return destination.startswith((TEMP_QUEUE, TEMP_TOPIC, REMOTE_TEMP_QUEUE, REMOTE_TEMP_TOPIC))
 
 
 def _check_name(what: str, value: str, limit: int) -> None:

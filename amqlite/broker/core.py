@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
-from amqlite.broker import destinations, selective, send, wildcard_queues
+from amqlite.broker import destinations, selective, send, temporary, wildcard_queues
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message
@@ -28,7 +28,7 @@ from amqlite.broker.source import DurableSource, Source, TopicSubscriptionSource
 from amqlite.broker.subscription import close_subscription
 from amqlite.broker.wildcard_queues import QueuePattern
 from amqlite.codec import Frame
-from amqlite.validation import BrokerError
+from amqlite.validation import BrokerError, is_temporary
 from amqlite.wildcard import WildcardIndex
 from store.write_buffer import WriteBuffer
 
@@ -79,6 +79,8 @@ class Broker:
         self.durable_patterns: WildcardIndex[DurableSource] = WildcardIndex()
         self.queue_patterns: WildcardIndex[QueuePattern] = WildcardIndex()
         self.sessions: dict[Client, Session] = {}
+        #: Temporary destinations, by name and by owning connection (``temporary``).
+        self.temporary = temporary.Temporaries()
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
                       "dead_lettered": 0, "dropped": 0}
@@ -160,6 +162,7 @@ class Broker:
             wildcard_queues.close(self, qp)
         for sub in list(session.subscriptions.values()):
             close_subscription(self, session, sub)
+        temporary.connection_closed(self, conn)  # after: what was in flight is back
         self.memory.forget(conn)
 
     def abort_all(self, session: Session) -> None:
@@ -208,6 +211,8 @@ class Broker:
         """The queue ``name``, made in memory if new (its row comes with its first write)."""
         q = self.queues.get(name)
         if q is None:
+            if is_temporary(name):  # gone with its connection: what comes is dropped
+                return temporary.gone_queue(self, name)
             q = Source(self, name, self.destination_rows.get(name), stored=True)
             q.store_has_more = False  # new: nothing stored yet
             self.queues[name] = q

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission
 from amqlite.broker import acks, receipts, send, subscribe
+from amqlite.broker import temporary as temporaries
 from amqlite.broker.message import checked_send
 from amqlite.broker.session import MAX_OPEN_TRANSACTIONS, Session, Transaction
 from amqlite.codec import Frame
@@ -34,14 +35,18 @@ def transaction(session: Session, tx: str) -> Transaction:
 
 def on_send(broker: Broker, session: Session, frame: Frame) -> None:
     h = frame.headers
-    if broker.authz is not None:
+    # Temporary names become broker-wide ones (the reply-to too); no ACL applies to them.
+    temporary = temporaries.on_send(broker, session.conn, h)
+    if broker.authz is not None and not temporary:
         broker.authorize(session.conn, h.get("destination", ""), Permission.WRITE)
     tx = h.get("transaction")
-    if tx is None:
-        send.send(broker, session, [checked_send(frame)], h.get("receipt"))
-        return
-    open_tx = transaction(session, tx)
+    open_tx = None if tx is None else transaction(session, tx)
     message = checked_send(frame)  # an invalid SEND is refused now
+    if temporary:
+        temporaries.in_memory(message)
+    if tx is None or open_tx is None:
+        send.send(broker, session, [message], h.get("receipt"))
+        return
     open_tx.add(frame, tx)
     open_tx.sends.append(message)
     receipts.answer_now(session.conn, h.get("receipt"))
@@ -65,13 +70,16 @@ def on_ack(broker: Broker, session: Session, frame: Frame) -> None:
 def on_subscribe(broker: Broker, session: Session, frame: Frame) -> None:
     destination = frame.headers.get("destination", "")
     # A wildcard is checked per concrete destination as messages come (routing); a
-    # pattern is no destination to create.
-    if broker.authz is not None and not is_wildcard(destination):
+    # pattern is no destination to create. A temporary one is its owner's alone.
+    if temporaries.on_subscribe(broker, session.conn, frame.headers):
+        pass
+    elif broker.authz is not None and not is_wildcard(destination):
         broker.authorize(session.conn, destination, Permission.READ)
     subscribe.subscribe(broker, session, frame)
 
 
 def on_unsubscribe(broker: Broker, session: Session, frame: Frame) -> None:
+    temporaries.on_unsubscribe(broker, session.conn, frame.headers)
     subscribe.unsubscribe(broker, session, frame)
 
 
@@ -92,6 +100,7 @@ def on_commit(broker: Broker, session: Session, frame: Frame) -> None:
     # Everything is checked before anything is applied; on failure the
     # transaction stays open and is aborted when the ERROR closes the connection.
     acks.check_commit(session, tx)
+    temporaries.check_sends(broker, tx.sends)
     del session.transactions[name]
     send.commit(broker, session, tx, frame.headers.get("receipt"))
 

@@ -32,7 +32,7 @@ from amqlite.broker import send as send_path
 from amqlite.broker.message import Message, checked_send, now_ms
 from amqlite.broker.session import Client, Session
 from amqlite.codec import Frame
-from amqlite.validation import BrokerError, check_destination
+from amqlite.validation import BrokerError, check_destination, is_temporary
 from store.api import DeletedDestination, NewMessage, StoreError
 
 if TYPE_CHECKING:
@@ -211,8 +211,12 @@ class Operations:
 
     @staticmethod
     def _kind(name: str) -> str:
-        """The destination's kind ("queue" or "topic"); BAD_REQUEST when malformed."""
+        """The destination's kind ("queue" or "topic"); BAD_REQUEST when malformed, or
+        temporary (it belongs to its connection and is never stored)."""
         try:
+            if is_temporary(name):
+                raise BrokerError(f"{name[:60]!r} is a temporary destination: it belongs "
+                                  "to its connection")
             return check_destination(name)
         except BrokerError as e:
             raise OperationError(ErrorKind.BAD_REQUEST, str(e)) from None
@@ -429,7 +433,8 @@ class Operations:
             if target is None:
                 dest = headers.pop(ORIGINAL_DESTINATION, None)
                 try:
-                    if dest is None or check_destination(dest) != "queue" or dest == source:
+                    if (dest is None or is_temporary(dest) or check_destination(dest) != "queue"
+                            or dest == source):
                         raise BrokerError("not a queue")
                 except BrokerError:
                     tally.skipped += 1
@@ -537,6 +542,7 @@ class Operations:
         ``persistent`` decides, not a ``persistent`` header: absent, as most clients
         send it, or ``false`` as a client says it."""
         self._check_serving()
+        self._kind(destination)  # a temporary one is a connection's, never an operator's
         fields = {k: v for k, v in (headers or {}).items() if k != "persistent"}
         fields["destination"] = destination
         if not persistent:
