@@ -114,6 +114,10 @@ DUPLICATE_CONTENT_WINDOW_MS = 60_000
 #: left out when comparing the headers of two sends.
 IDENTITY_HEADERS = ("amqlite.producerId", "amqlite.producerSeq")
 
+#: Sequence numbers per bucket of the gap check: a producer of 100 M sends is 1,000
+#: tasks of about 2 MB of numbers each, not one.
+GAP_BUCKET_SEQS = 100_000
+
 #: Sample rows per finding type in the summary and the table.
 SAMPLE_ROWS = 5
 #: Local runs: shuffle partitions per core (the 200 default is for clusters).
@@ -696,10 +700,14 @@ class StoreReader:
             r = r.option(key, value)
         return r
 
-    def small(self, select: str, types: dict[str, str]) -> DataFrame:
-        """A small table or a one-row aggregate: one statement, one partition."""
-        df = self._reader().option("dbtable", f"({select}) amq_q").load()
-        return _typed(df, types)
+    def small(self, select: str, types: dict[str, str], declared: bool = False) -> DataFrame:
+        """A small table or a one-row aggregate: one statement, one partition.
+        ``declared``: read the columns as ``types`` say (Spark's customSchema), for
+        expressions whose type xerial's driver cannot tell before a row arrives."""
+        r = self._reader().option("dbtable", f"({select}) amq_q")
+        if declared:
+            r = r.option("customSchema", _schema(types))
+        return _typed(r.load(), types)
 
     def partitioned(self, name: str, select: str, types: dict[str, str], key: str) -> DataFrame:
         """A read of ``select`` (a SELECT from table ``name`` without WHERE) split by
@@ -821,18 +829,21 @@ MESSAGE_TYPES = {
 
 
 def _message_select(reader: StoreReader) -> tuple[str, dict[str, str]]:
-    """Only what the checks need. Bodies are reduced to a hash at the source
-    where the database can hash (PostgreSQL; SQLite ships them), and body and
-    headers are read only for rows that have a producer (the content check is
-    per producer)."""
+    """Only what the checks need. Bodies and headers are reduced to hashes at the
+    source where the database can hash (PostgreSQL; SQLite ships them), and read
+    only for rows that have a producer (the content check is per producer)."""
     cols = ", ".join(MESSAGE_TYPES)
     columns = STORE_COLUMNS["amq_messages"]
     if reader.source.backend == "postgresql":
+        # jsonb's text is canonical (keys in one order, each once): the headers'
+        # hash without the identity headers, as _hash_content computes it in Spark.
+        user = " - ".join(["headers::jsonb", *(sql_literal(h) for h in IDENTITY_HEADERS)])
         content = (
             "CASE WHEN producer_id IS NULL THEN NULL ELSE sha256(body) END AS body_sha, "
-            "CASE WHEN producer_id IS NULL THEN NULL ELSE headers END AS headers"
+            "CASE WHEN producer_id IS NULL THEN NULL ELSE"
+            f" sha256(convert_to(({user})::text, 'UTF8')) END AS headers_sha"
         )
-        types = {**MESSAGE_TYPES, "body_sha": "binary", "headers": columns["headers"]}
+        types = {**MESSAGE_TYPES, "body_sha": "binary", "headers_sha": "binary"}
     else:  # a local file; and SQLite types a CASE expression as a number
         content = "body, headers"
         types = {**MESSAGE_TYPES, "body": columns["body"], "headers": columns["headers"]}
@@ -843,6 +854,8 @@ def _hash_content(df: DataFrame) -> DataFrame:
     """Headers are compared without the producer's identity headers (every send
     carries a new sequence number) and regardless of their order."""
     has_producer = F.col("producer_id").isNotNull()
+    if "headers_sha" in df.columns:  # hashed by the store
+        return df
     if "body" in df.columns:
         df = df.withColumn(
             "body_sha", F.when(has_producer, F.unhex(F.sha2(F.col("body"), 256)))
@@ -995,15 +1008,6 @@ def check_duplicate_content(m: DataFrame) -> DataFrame:
     )
 
 
-def check_orphan_destination(m: DataFrame, dests: DataFrame) -> DataFrame:
-    gone = m.join(
-        dests.select("grp", F.col("id").alias("destination_id")),
-        ["grp", "destination_id"],
-        "left_anti",
-    ).select("grp", "destination_id", F.col("id").alias("msg_id"), "enqueued_at")
-    return _finding("orphan_destination", gone, ["grp", "destination_id", "msg_id", "enqueued_at"])
-
-
 def check_orphan_subscription(p: DataFrame, subs: DataFrame, m: DataFrame) -> DataFrame:
     gone = p.join(
         subs.select("grp", F.col("id").alias("sub_id")), ["grp", "sub_id"], "left_anti"
@@ -1088,80 +1092,105 @@ def check_stale_inflight(
     )
 
 
-def check_expired_unreaped(m: DataFrame, now_ms: int) -> DataFrame:
-    """The reaper takes expired rows whether in flight or not (store/sql.py
-    ``reap_expired``), so in-flight rows are no excuse."""
-    cutoff = now_ms - EXPIRY_GRACE_MS
-    expired = m.where((F.col("expires_at") > 0) & (F.col("expires_at") < F.lit(cutoff))).select(
-        "grp",
-        "destination_id",
-        F.col("id").alias("msg_id"),
-        "expires_at",
-        (F.lit(now_ms) - F.col("expires_at")).alias("overdue_ms"),
-    )
-    return _finding(
-        "expired_unreaped",
-        expired,
-        ["grp", "destination_id", "msg_id", "expires_at", "overdue_ms"],
-    )
+#: The one result of the checks pushed into the store (``_store_checks``); ``at`` is
+#: the row's enqueued_at, expires_at or created_at, as the finding needs.
+STORE_CHECK_TYPES = {
+    "finding": "string",
+    "grp": "string",
+    "destination_id": "bigint",
+    "msg_id": "bigint",
+    "at": "bigint",
+    "dedup_key": "string",
+    "producer_id": "string",
+    "producer_seq": "bigint",
+}
 
 
-def _overdue_dedup(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
-    """Entries older than their group's window (and the grace), with ``pruned``: a
-    prune recorded after them should have taken them. A window of 0 keeps no age
-    limit, so nothing is overdue there."""
-    g = groups.select("grp", "dedup_window_ms", "dedup_pruned_before", "dedup_pruned_at")
-    return (
-        dd.join(F.broadcast(g), "grp")
-        .where(
-            (F.col("dedup_window_ms") > 0)
-            & (F.col("created_at") < F.lit(now_ms - DEDUP_GRACE_MS) - F.col("dedup_window_ms"))
+def _groups_cte(groups: Sequence[tuple[str, int, int]]) -> str:
+    """``g(grp, window_ms, pruned)``: each group's dedup window and the cut-off of its
+    last recorded prune (0 when none: nothing is older)."""
+    rows = ", ".join(
+        f"({sql_literal(g)}, CAST({w} AS BIGINT), CAST({p} AS BIGINT))" for g, w, p in groups
+    )
+    return f"g (grp, window_ms, pruned) AS (VALUES {rows})"
+
+
+def _store_checks(
+    reader: StoreReader, groups: Sequence[tuple[str, int, int]], now_ms: int
+) -> tuple[DataFrame, dict[str, tuple[int, int]]]:
+    """The checks an index answers, run in the store in the snapshot, returning only
+    the rows at fault: messages of destinations that are gone (the destinations
+    in use found by a loose walk of ix_amq_messages_dest, one probe each), expired
+    rows the reaper left (ix_amq_messages_expiry), dedup entries the last recorded
+    prune left (ix_amq_dedup_age). Also, per group, the overdue entries that no
+    recorded prune reached: housekeeping pending, (count, oldest created_at)."""
+    snap = reader.snapshot
+    assert snap is not None
+    names = ", ".join(sql_literal(g) for g, _, _ in groups)
+    in_use = (
+        f"WITH RECURSIVE {_groups_cte(groups)}, d (grp, id) AS ("
+        " SELECT grp, (SELECT MIN(m.destination_id) FROM amq_messages m WHERE m.grp = g.grp)"
+        " FROM g UNION ALL SELECT d.grp, (SELECT MIN(m.destination_id) FROM amq_messages m"
+        " WHERE m.grp = d.grp AND m.destination_id > d.id) FROM d WHERE d.id IS NOT NULL)"
+        " SELECT grp, id FROM d WHERE id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM"
+        " amq_destinations x WHERE x.grp = d.grp AND x.id = d.id)"
+    )
+    gone = snap.query(in_use)
+    overdue = f"d.created_at < {now_ms - DEDUP_GRACE_MS} - g.window_ms AND g.window_ms > 0"
+    pending = {
+        str(grp): (int(n), int(oldest))
+        for grp, n, oldest in snap.query(
+            f"WITH {_groups_cte(groups)} SELECT d.grp, COUNT(*), MIN(d.created_at)"
+            f" FROM amq_dedup d JOIN g ON d.grp = g.grp WHERE {overdue}"
+            " AND d.created_at >= g.pruned GROUP BY d.grp"
         )
-        .withColumn(
-            "pruned", F.coalesce(F.col("created_at") < F.col("dedup_pruned_before"), F.lit(False))
-        )
-    )
+    }
+    none = "CAST(NULL AS BIGINT)"
+    text = "CAST(NULL AS TEXT)"
+    parts = [
+        f"SELECT 'expired_unreaped' AS finding, grp, destination_id, id AS msg_id,"
+        f" expires_at AS at, {text} AS dedup_key, {text} AS producer_id,"
+        f" {none} AS producer_seq FROM amq_messages WHERE grp IN ({names})"
+        f" AND expires_at > 0 AND expires_at < {now_ms - EXPIRY_GRACE_MS}",
+        f"SELECT 'dedup_expired', d.grp, {none}, d.msg_id, d.created_at, d.dedup_key,"
+        f" d.producer_id, d.producer_seq FROM amq_dedup d JOIN g ON d.grp = g.grp"
+        f" WHERE {overdue} AND d.created_at < g.pruned",
+    ]
+    parts += [
+        f"SELECT 'orphan_destination', grp, destination_id, id, enqueued_at, {text}, {text},"
+        f" {none} FROM amq_messages WHERE grp = {sql_literal(str(grp))}"
+        f" AND destination_id = {int(dest)}"
+        for grp, dest in gone
+    ]
+    sql = f"WITH {_groups_cte(groups)} " + " UNION ALL ".join(parts)
+    return reader.materialize(reader.small(sql, STORE_CHECK_TYPES, declared=True)), pending
 
 
-def check_dedup_expired(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
-    """Overdue entries that the group's last recorded prune left behind: when it ran,
-    every entry created before its cut-off should have gone. Overdue entries newer
-    than that cut-off wait for housekeeping that has not run yet (a stopped broker):
-    not a finding (``dedup_pending``)."""
-    old = (
-        _overdue_dedup(dd, groups, now_ms)
-        .where(F.col("pruned"))
-        .select(
-            "grp",
-            F.lit(None).cast("bigint").alias("destination_id"),
-            "dedup_key",
-            "producer_id",
-            "producer_seq",
-            "msg_id",
-            "created_at",
-            (F.lit(now_ms) - F.col("created_at")).alias("age_ms"),
-        )
-    )
-    return _finding(
-        "dedup_expired",
-        old,
-        ["grp", "dedup_key", "producer_id", "producer_seq", "msg_id", "created_at", "age_ms"],
-    )
+def store_findings(sf: DataFrame, now_ms: int) -> list[DataFrame]:
+    """The pushed-down checks' rows as findings, each named as it always was."""
 
+    def rows(name: str) -> DataFrame:
+        return sf.where(F.col("finding") == name)
 
-def dedup_pending(dd: DataFrame, groups: DataFrame, now_ms: int) -> DataFrame:
-    """Per group, overdue entries no recorded prune has reached yet: housekeeping
-    pending, reported but not a finding."""
-    return (
-        _overdue_dedup(dd, groups, now_ms)
-        .where(~F.col("pruned"))
-        .groupBy("grp")
-        .agg(
-            F.count(F.lit(1)).alias("entries"),
-            F.min("created_at").alias("oldest_created_at"),
-            F.first("dedup_pruned_at").alias("last_prune_at"),
-        )
-    )
+    now = F.lit(now_ms)
+    gone = rows("orphan_destination").withColumnRenamed("at", "enqueued_at")
+    # The reaper takes expired rows whether in flight or not (store/sql.py
+    # ``reap_expired``), so in-flight rows are no excuse.
+    expired = rows("expired_unreaped").select(
+        "grp", "destination_id", "msg_id", F.col("at").alias("expires_at"),
+        (now - F.col("at")).alias("overdue_ms"),
+    )  # fmt: skip
+    old = rows("dedup_expired").select(
+        "grp", "destination_id", "dedup_key", "producer_id", "producer_seq", "msg_id",
+        F.col("at").alias("created_at"), (now - F.col("at")).alias("age_ms"),
+    )  # fmt: skip
+    expiry = ["grp", "destination_id", "msg_id", "expires_at", "overdue_ms"]
+    age = ["grp", "dedup_key", "producer_id", "producer_seq", "msg_id", "created_at", "age_ms"]
+    return [
+        _finding("orphan_destination", gone, ["grp", "destination_id", "msg_id", "enqueued_at"]),
+        _finding("expired_unreaped", expired, expiry),
+        _finding("dedup_expired", old, age),
+    ]
 
 
 def check_sequence_gap(m: DataFrame, dd: DataFrame) -> DataFrame:
@@ -1169,11 +1198,12 @@ def check_sequence_gap(m: DataFrame, dd: DataFrame) -> DataFrame:
     identity is in the dedup window. Below a producer's oldest dedup entry a
     consumed message leaves no trace at all, so only numbers from that entry up
     are compared; a producer with no dedup entry cannot be checked. The count
-    is the number of missing sequence numbers.
+    is the number of missing sequence numbers; a number present twice (message
+    and dedup entry) is a step of 0, not a gap.
 
-    One shuffle by producer: the floor and the predecessor are windows over the
-    same partition; a number present twice (message and dedup entry) is a
-    step of 0, not a gap."""
+    A producer's numbers are cut into buckets of ``GAP_BUCKET_SEQS``, so that a
+    hot producer is many tasks: holes inside a bucket by a window over it, holes
+    between buckets by a window over the buckets' (lowest, highest) pairs."""
 
     def seqs(df: DataFrame, in_dedup: bool) -> DataFrame:
         return df.where(
@@ -1182,13 +1212,26 @@ def check_sequence_gap(m: DataFrame, dd: DataFrame) -> DataFrame:
             "grp", "producer_id", F.col("producer_seq").alias("seq"), F.lit(in_dedup).alias("dd")
         )
 
-    producer = Window.partitionBy("grp", "producer_id")
+    producer = ["grp", "producer_id"]
+    numbers = seqs(m, False).unionByName(seqs(dd, True))
+    floors = numbers.where(F.col("dd")).groupBy(*producer).agg(F.min("seq").alias("floor"))
+    judged = (
+        numbers.join(floors, producer)
+        .where(F.col("seq") >= F.col("floor"))
+        .withColumn("bucket", F.floor(F.col("seq") / F.lit(GAP_BUCKET_SEQS)))
+    )
+    inside = judged.withColumn(
+        "prev", F.lag("seq").over(Window.partitionBy(*producer, "bucket").orderBy("seq"))
+    ).select(*producer, "prev", "seq")
+    edges = judged.groupBy(*producer, "bucket").agg(
+        F.min("seq").alias("seq"), F.max("seq").alias("hi")
+    )
+    across = edges.withColumn(
+        "prev", F.lag("hi").over(Window.partitionBy(*producer).orderBy("bucket"))
+    ).select(*producer, "prev", "seq")
     gaps = (
-        seqs(m, False)
-        .unionByName(seqs(dd, True))
-        .withColumn("floor", F.min(F.when(F.col("dd"), F.col("seq"))).over(producer))
-        .withColumn("prev", F.lag("seq").over(producer.orderBy("seq")))
-        .where((F.col("prev") >= F.col("floor")) & (F.col("seq") - F.col("prev") > 1))
+        inside.unionByName(across)
+        .where(F.col("seq") - F.col("prev") > 1)
         .select(
             "grp",
             F.lit(None).cast("bigint").alias("destination_id"),
@@ -1223,6 +1266,9 @@ class StoreData:
     destinations: DataFrame
     subscriptions: DataFrame
     unowed: DataFrame  # topic messages without pending rows
+    store_checks: DataFrame  # the rows at fault of the checks run in the store
+    #: Per group, overdue dedup entries no recorded prune reached (not a finding).
+    housekeeping: dict[str, dict[str, Any]]
 
 
 @dataclass
@@ -1321,7 +1367,9 @@ def _last_prunes(snapshot: Snapshot) -> dict[str, tuple[int, int | None]]:
     return prunes
 
 
-def _read_groups(reader: StoreReader, now_ms: int) -> tuple[list[str], DataFrame]:
+def _read_groups(
+    reader: StoreReader, now_ms: int
+) -> tuple[list[str], DataFrame, dict[str, tuple[int, int | None]]]:
     """Groups, registry and the last prunes are a few rows each: read in the
     snapshot by the driver, joined there."""
     snap = reader.snapshot
@@ -1363,7 +1411,8 @@ def _read_groups(reader: StoreReader, now_ms: int) -> tuple[list[str], DataFrame
     )
     names = sorted(r[0] for r in rows)
     reader.groups = names
-    return names, df
+    windows = {str(r[0]): (int(r[3]), r[5]) for r in rows}
+    return names, df, windows
 
 
 def _read_table(reader: StoreReader, table: str, types: dict[str, str], key: str) -> DataFrame:
@@ -1376,7 +1425,7 @@ def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
     """Every read, all in the reader's one snapshot: a live broker's writes are
     either wholly in it or not at all, so their order does not matter."""
     now = now_ms if now_ms is not None else _now_ms(reader)
-    group_names, groups = _read_groups(reader, now)
+    group_names, groups, windows = _read_groups(reader, now)
     where = reader.where_groups()
     dests = reader.materialize(
         reader.small(_select(DESTINATION_TYPES, "amq_destinations", where), DESTINATION_TYPES),
@@ -1394,7 +1443,27 @@ def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
     # entry made one stride hold every other row).
     dd = _read_table(reader, "amq_dedup", DEDUP_TYPES, "dedup_key")
     unowed = topic_messages_without_pending(m, dests, p)
-    return StoreData(now, group_names, groups, m, p, dd, dests, subs, unowed)
+    housekeeping: dict[str, dict[str, Any]] = {}
+    store_checks = reader.spark.createDataFrame([], _schema(STORE_CHECK_TYPES))
+    if group_names:
+        cte = [(g, w, before or 0) for g, (w, before) in sorted(windows.items())]
+        store_checks, pending = _store_checks(reader, cte, now)
+        prunes = _last_prunes(reader.snapshot) if reader.snapshot is not None else {}
+        housekeeping = {
+            g: {
+                "dedup_entries_past_window": n,
+                "oldest_created_at": oldest,
+                "last_prune_at": prunes[g][1] if g in prunes else None,
+            }
+            for g, (n, oldest) in pending.items()
+        }
+    return StoreData(
+        now, group_names, groups, m, p, dd, dests, subs, unowed, store_checks, housekeeping
+    )
+
+
+def _schema(types: dict[str, str]) -> str:
+    return ", ".join(f"{c} {t}" for c, t in types.items())
 
 
 def all_findings(d: StoreData) -> DataFrame:
@@ -1402,16 +1471,14 @@ def all_findings(d: StoreData) -> DataFrame:
     checks = [
         check_duplicate_identity(d.messages, d.dedup),
         check_duplicate_content(d.messages),
-        check_orphan_destination(d.messages, d.destinations),
         check_orphan_subscription(d.pending, d.subscriptions, d.messages),
         _finding(
             "orphan_topic_message", d.unowed, ["grp", "destination_id", "msg_id", "enqueued_at"]
         ),
         check_ack_without_message(d.pending, d.messages, d.subscriptions),
         check_stale_inflight(d.messages, d.pending, d.subscriptions, d.groups, d.now_ms),
-        check_expired_unreaped(d.messages, d.now_ms),
-        check_dedup_expired(d.dedup, d.groups, d.now_ms),
         check_sequence_gap(d.messages, d.dedup),
+        *store_findings(d.store_checks, d.now_ms),
     ]
     findings = checks[0]
     for df in checks[1:]:
@@ -1459,14 +1526,6 @@ def _summarize(reader: StoreReader, d: StoreData, findings: DataFrame) -> dict[s
         ):
             samples.setdefault(r["finding"], []).append(json.loads(r["detail"]))
     total = sum(counts.values())
-    pending = {
-        r["grp"]: {
-            "dedup_entries_past_window": int(r["entries"]),
-            "oldest_created_at": r["oldest_created_at"],
-            "last_prune_at": r["last_prune_at"],
-        }
-        for r in dedup_pending(d.dedup, d.groups, d.now_ms).collect()
-    }
     return {
         "tool": "amqlite-audit",
         "store": reader.described,
@@ -1479,7 +1538,7 @@ def _summarize(reader: StoreReader, d: StoreData, findings: DataFrame) -> dict[s
         "reads": {k: {"rows": v.rows, "partitions": v.partitions} for k, v in reader.reads.items()},
         "rows_read": sum(v.rows for v in reader.reads.values()),
         "snapshot": reader.snapshot.pins if reader.snapshot is not None else None,
-        "housekeeping_pending": {g: pending[g] for g in sorted(pending)},
+        "housekeeping_pending": {g: d.housekeeping[g] for g in sorted(d.housekeeping)},
         "limits": {
             "expiry_grace_ms": EXPIRY_GRACE_MS,
             "dedup_grace_ms": DEDUP_GRACE_MS,
