@@ -27,7 +27,7 @@ from amqlite import activation, pidfile
 from amqlite.activation import ActivationAborted, ActivationGuard
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
-from amqlite.broker import Broker
+from amqlite.broker import Broker, inactive
 from amqlite.listen import bound_sockets
 from amqlite.management import ManagementServer
 from amqlite.registry import (
@@ -457,6 +457,9 @@ class Node:
         ]
         if s.update_cluster_clients:
             background.append(asyncio.ensure_future(self._cluster_updates(server)))
+        if s.gc_inactive_destinations:
+            background.append(asyncio.ensure_future(
+                inactive.collect(broker, s.gc_inactive_destinations)))
         stop = asyncio.ensure_future(self.stopping.wait())
         lost = asyncio.ensure_future(self.lost.wait())
         try:

@@ -261,6 +261,10 @@ class Settings:
     housekeeping_interval: float = field(default=DEFAULT_HOUSEKEEPING_INTERVAL, metadata=doc(
         "Seconds between a master's housekeeping rounds (reap expired, prune dedup).",
         domain=SECONDS))
+    gc_inactive_destinations: float = field(default=0.0, metadata=doc(
+        "Seconds a queue may go without consumers, messages or SENDs before it is "
+        "deleted; 0: never.", "off, as ActiveMQ's gcInactiveDestinations "
+        "(inactiveTimoutBeforeGC)", domain=SECONDS_OR_ZERO, derived="0 (off)"))
     users_file: str = field(default="", metadata=doc(
         "TOML users file of hashed passwords; when set, CONNECT must authenticate.",
         metavar="FILE", derived="none: no authentication"))

@@ -408,6 +408,12 @@ class Store(abc.ABC):
         what they were owed (ActiveMQ removes a topic's durable subscriptions with it).
         Raises ``Fenced`` (nothing removed) like ``commit_batch``."""
 
+    def holds_messages(self, destination_id: int) -> bool:
+        """Does the destination have any message row, in flight or scheduled? The idle
+        queue GC (``amqlite.broker.inactive``) asks before it deletes one. Not abstract:
+        a store that cannot tell says True, so nothing is deleted."""
+        return True
+
     # Scheduled delivery. Not abstract so that test doubles of the store need not.
     def next_scheduled(self) -> int | None:
         """The earliest ``deliver_at`` of a scheduled message (ms), or None: one index

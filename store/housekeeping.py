@@ -1,5 +1,6 @@
 """Housekeeping of a master, each in one fenced transaction: expired messages
-reaped, a destination deleted for good, the dedup window pruned."""
+reaped, a destination deleted for good, the dedup window pruned; and the one read the
+idle-queue GC makes before a delete (``holds_messages``)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def dedup_pruned_key(group: str) -> str:
 
 
 class Housekeeping(FencedStore):
-    """``SqlStore``'s ``reap_expired``, ``delete_destination`` and ``prune_dedup``."""
+    """``SqlStore``'s ``reap_expired``, ``holds_messages``, ``delete_destination`` and
+    ``prune_dedup``."""
 
     def reap_expired(self, epoch: int, now_ms: int, limit: int) -> list[Ref]:
         """Expired messages go whether in flight or not; a later ACK of one is a no-op."""
@@ -58,6 +60,12 @@ class Housekeeping(FencedStore):
                         refs.append((None, mid))
             self._write_counters(conn, ch, 0)
         return refs
+
+    def holds_messages(self, destination_id: int) -> bool:
+        """One probe of the destination index: any row, in flight or scheduled."""
+        with self._tx("holds_messages", write=False) as conn:
+            params = {"g": self.group, "d": destination_id}
+            return conn.execute(self._st.any_message, params).first() is not None
 
     def delete_destination(self, epoch: int, destination_id: int) -> DeletedDestination:
         """One statement per table (the destination index finds the messages); the

@@ -227,6 +227,12 @@ class Statements:
             .order_by(m.c.id)
             .limit(bindparam("n"))
         )
+        #: Any row of a destination at all, in flight or scheduled (``holds_messages``).
+        self.any_message = (
+            select(m.c.id)
+            .where(m.c.grp == grp, m.c.destination_id == bindparam("d"))
+            .limit(1)
+        )
         self.sub_page = (
             select(*msg_cols, p.c.delivery_count, *tail_cols)
             .select_from(p.join(m, and_(m.c.grp == p.c.grp, m.c.id == p.c.msg_id)))

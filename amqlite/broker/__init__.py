@@ -17,6 +17,8 @@ One concern a module:
 * ``schedule`` -- ActiveMQ's ``AMQ_SCHEDULED_*`` headers, pure: due times and plans;
 * ``scheduler`` -- scheduled delivery: stored with a due time, one timer, copies made
   deliverable in fenced batches when due;
+* ``temporary`` -- a connection's temporary destinations and their reply-to names;
+* ``inactive`` -- deleting queues idle for ``gc_inactive_destinations``;
 * ``core`` -- ``Broker``: the state, connections, authorization;
 * ``operations`` -- the operator API (``Operations``: purge, move, retry, delete,
   remove a durable subscription, close a connection, send, list and cancel scheduled

@@ -298,6 +298,19 @@ class Operations:
               and not broker.durables_by_topic.get(name)):
             raise OperationError(ErrorKind.NOT_FOUND, f"no destination {name}")
         # purge awaited its commits: check again what may have changed meanwhile.
+        return await self._remove(name, purged)
+
+    async def delete_idle(self, name: str) -> DestinationDeleted:
+        """Remove a queue the inactive-destination GC (``amqlite.broker.inactive``) found
+        empty in memory and in the store, as ``delete_destination`` removes one, minus
+        the purge: there is nothing to purge."""
+        if self._kind(name) != "queue":
+            raise OperationError(ErrorKind.BAD_REQUEST, f"{name} is not a queue")
+        return await self._remove(name, 0)
+
+    async def _remove(self, name: str, purged: int) -> DestinationDeleted:
+        """``delete_destination`` once purged: out of memory, then the store's delete."""
+        broker = self.broker
         self._check_serving()
         self._refuse_consumers(name, purged)
         gone = destinations.forget_destination(broker, name)
