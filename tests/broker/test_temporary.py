@@ -189,3 +189,19 @@ def test_operators_and_settings_cannot_name_one(store: SqlStore, settings: Setti
         with pytest.raises(SettingsError, match="dead_letter_queue"):
             load_settings({"dead_letter_queue": bad, "data_dir": settings.data_dir},
                           environ={})
+
+
+def test_a_stomp_1_0_unsubscribe_by_destination_finds_its_subscription(
+        store: SqlStore, settings: Settings) -> None:
+    async def scenario() -> None:
+        async with Master(store, settings, "a") as broker:
+            owner = connect(broker, version="1.0")
+            broker.handle(owner, Frame("SUBSCRIBE", {"destination": "/temp-queue/r"}))
+            [sub] = broker.sessions[owner].subscriptions.values()
+            broker.handle(owner, Frame("UNSUBSCRIBE", {"destination": "/temp-queue/r",
+                                                       "receipt": "u"}))
+            assert not broker.sessions[owner].subscriptions and sub.closed
+            await until(lambda: bool(owner.of("RECEIPT")))
+            assert not owner.errors
+
+    run(scenario)
