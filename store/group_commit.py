@@ -123,24 +123,24 @@ class GroupCommitter:
         them, a refusal splits it (see the module docstring), and the units the
         store refused on their own are in the result's ``rejected``."""
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
-        if self._failure is not None:
-            fut.set_exception(self._failure)
-        elif self._closed:
-            fut.set_exception(StoreError("the group committer is closed"))
-        else:
-            self._queue.put((fut, batch, units))
+        self._enqueue(fut, (fut, batch, units))
         return fut
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run ``fn(*args)`` on the store thread after the writes submitted so far."""
         fut: asyncio.Future[T] = self._loop.create_future()
+        self._enqueue(fut, (fut, fn, args, None))
+        return fut
+
+    def _enqueue(self, fut: asyncio.Future[Any], item: tuple[Any, ...]) -> None:
+        """Queue ``item`` for the store thread, or fail ``fut`` at once when the
+        committer has failed or is closed."""
         if self._failure is not None:
             fut.set_exception(self._failure)
         elif self._closed:
             fut.set_exception(StoreError("the group committer is closed"))
         else:
-            self._queue.put((fut, fn, args, None))
-        return fut
+            self._queue.put(item)
 
     async def drain(self) -> None:
         """Wait until everything submitted so far is committed (or failed)."""

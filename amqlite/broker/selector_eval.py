@@ -469,13 +469,13 @@ def _compile_between(node: Between) -> Fn:
     if node.negated:  # x < low OR x > high
         def outside(h: Headers, m: SelectorContext) -> Value:
             v = operand(h, m)
-            return _or3((compare("<", v, low(h, m)), compare(">", v, high(h, m))))
+            return _logic3((compare("<", v, low(h, m)), compare(">", v, high(h, m))), True)
 
         return outside
 
     def inside(h: Headers, m: SelectorContext) -> Value:  # x >= low AND x <= high
         v = operand(h, m)
-        return _and3((compare(">=", v, low(h, m)), compare("<=", v, high(h, m))))
+        return _logic3((compare(">=", v, low(h, m)), compare("<=", v, high(h, m))), False)
 
     return inside
 
@@ -506,22 +506,15 @@ def _compile_like(node: Like) -> Fn:
     return like
 
 
-def _and3(values: tuple[Value, ...] | list[Value]) -> bool | None:
+def _logic3(values: tuple[Value, ...] | list[Value], decides: bool) -> bool | None:
+    """SQL's three-valued AND (``decides`` FALSE) or OR (``decides`` TRUE): the deciding
+    value wins, else any UNKNOWN makes it UNKNOWN, else the other value."""
     unknown = False
     for v in values:
-        if v is False:
-            return False
+        if v is decides:
+            return decides
         unknown = unknown or v is None
-    return None if unknown else True
-
-
-def _or3(values: tuple[Value, ...] | list[Value]) -> bool | None:
-    unknown = False
-    for v in values:
-        if v is True:
-            return True
-        unknown = unknown or v is None
-    return None if unknown else False
+    return None if unknown else not decides
 
 
 def _compile_logic(node: And | Or) -> Fn:

@@ -205,35 +205,33 @@ class StoreReader:
 
 
 def _scheduled_json(r: Any) -> dict[str, Any]:
-    preview = bytes(r.preview)
-    try:
-        text: str | None = preview.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
     return {
         "id": r.id, "message_id": r.message_id, "destination": r.destination,
         "deliver_at": r.deliver_at, "enqueued_at": r.enqueued_at, "priority": r.priority,
         # delay, period, repeat, cron, fired (copies so far), ttl (ms each copy lives)
         "schedule": json.loads(r.schedule) if r.schedule else None,
-        "headers": json.loads(r.headers), "size": r.size, "body": text,
-        "body_base64": None if text is not None else _b64(preview),
-        "truncated": len(preview) < r.size,
+        "headers": json.loads(r.headers), **_body_json(bytes(r.preview), r.size),
     }
 
 
 def _message_json(r: Any, body: bytes) -> dict[str, Any]:
-    try:
-        text: str | None = body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
     return {
         "id": r.id, "message_id": r.message_id, "priority": r.priority,
         "expires_at": r.expires_at or None, "enqueued_at": r.enqueued_at,
         "delivery_count": r.delivery_count, "in_flight": r.inflight_epoch is not None,
-        "headers": json.loads(r.headers), "size": r.size,
-        "body": text, "body_base64": None if text is not None else _b64(body),
-        "truncated": len(body) < r.size,
+        "headers": json.loads(r.headers), **_body_json(body, r.size),
     }
+
+
+def _body_json(body: bytes, size: int) -> dict[str, Any]:
+    """A body (or its first bytes) as text when it is UTF-8, else base64."""
+    try:
+        text: str | None = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return {"size": size, "body": text,
+            "body_base64": None if text is not None else _b64(body),
+            "truncated": len(body) < size}
 
 
 def _b64(data: bytes) -> str:
