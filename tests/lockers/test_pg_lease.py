@@ -74,6 +74,10 @@ async def _waits_for_the_lock(server: PostgresServer, url: str, node: str) -> bo
 
 
 async def _leased(server: PostgresServer, url: str, holder: str) -> bool:
+    # The holder creates the lease table itself: until it has, nobody holds a lease
+    # (asking the table first would be an error, not a "no").
+    if await _psql(server, url, f"SELECT to_regclass('{LEASE_TABLE}') IS NULL") == "t":
+        return False
     out = await _psql(server, url, f"SELECT count(*) FROM {LEASE_TABLE} WHERE holder = '{holder}'"
                                    " AND lease_until > clock_timestamp()")
     return out == "1"
