@@ -15,7 +15,9 @@ The package, one concern a module (each imports only those above it):
 ``connection``   one TCP connection speaking STOMP through the sans-I/O protocol
 ``discovery``    ``discovery:`` URLs: the registry lookup and the resolver hook
 ``requests``     bookkeeping of requests waiting for the broker, and their replay
-``reconnect``    the reconnect policy: back-off, attempt limits, the order of URIs
+``reconnect``    the reconnect policy: back-off, attempt limits, the order of URIs,
+                 each attempt's deadline
+``attempts``     connect attempts running side by side, across passes
 ``failover``     the supervisor (reconnect passes, standby, priority, cluster updates)
                  and the client's state (``ClientState``)
 ``asyncclient``  ``AsyncClient``, the coroutine API

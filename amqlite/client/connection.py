@@ -59,12 +59,16 @@ class Connection:
         return f"<Connection {self.uri} {'closed' if self.closed else 'open'}>"
 
     async def open(
-        self, *, login: str | None, passcode: str | None, headers: Mapping[str, str]
+        self, *, login: str | None, passcode: str | None, headers: Mapping[str, str],
+        timeout_s: float | None = None,
     ) -> Frame:
-        """TCP connect + CONNECT/CONNECTED within the URI's connectionTimeout."""
+        """TCP connect + CONNECT/CONNECTED within ``timeout_s`` (by default the URI's
+        connectionTimeout); past it, TimeoutError naming the broker and the deadline."""
         options = self.uri.options
+        deadline = options.connection_timeout_ms / 1000 if timeout_s is None else timeout_s
+        bound = asyncio.timeout(deadline)
         try:
-            async with asyncio.timeout(options.connection_timeout_ms / 1000):
+            async with bound:
                 tls = (self.ssl_context or default_ssl_context()) if self.uri.tls else None
                 reader, writer = await asyncio.open_connection(
                     self.uri.host, self.uri.port, ssl=tls,
@@ -78,8 +82,11 @@ class Connection:
                     )
                 )
                 frame = await self._handshake(reader)
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, TimeoutError) and bound.expired():
+                raise TimeoutError(
+                    f"no CONNECTED from {self.uri} within {deadline:g}s") from None
             raise
         self.connected_frame = frame
         self._last_rx = self._last_tx = self.loop.time()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from amqlite.client.attempts import ATTEMPT_HEAD_START_S, ConnectRace, Failure
 from amqlite.client.connection import Connection, describe
 from amqlite.client.discovery import Resolver, resolve_uris
 from amqlite.client.errors import (
@@ -30,11 +31,14 @@ from amqlite.client.errors import (
 )
 from amqlite.client.messages import CLUSTER_URIS_HEADER, REBALANCE_HEADER, Interruption
 from amqlite.client.reconnect import (
+    ATTEMPT_DEADLINE_S,
     PassOutcome,
     ReconnectPolicy,
+    attempt_timeout_s,
     backoff_waits,
     connect_order,
     is_priority,
+    preference,
 )
 from amqlite.client.uri import (
     BrokerURL,
@@ -46,6 +50,7 @@ from amqlite.codec import Frame, ProtocolError
 from amqlite.tls import ClientTls
 
 __all__ = [
+    "ATTEMPT_DEADLINE_S",
     "ATTEMPT_HEAD_START_S",
     "ClientState",
     "FailoverSupervisor",
@@ -57,12 +62,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: How long one connect attempt of a pass has before the next URI is tried alongside it
-#: (happy-eyeballs style, RFC 8305, but longer than its 250 ms: a STOMP handshake includes
-#: the broker's login check). A broker that hangs on connect then delays failover by this
-#: instead of by ``connectionTimeout`` (ActiveMQ's 30 s).
-ATTEMPT_HEAD_START_S = 1.0
 
 
 # --- the client's state --------------------------------------------------------------------
@@ -143,6 +142,8 @@ class FailoverSupervisor:
         self._supervisor: asyncio.Task[None] | None = None
         self._first: asyncio.Future[None] | None = None
         self._closing = asyncio.Event()
+        #: Connect attempts in progress (they outlive a pass: ``amqlite.client.attempts``).
+        self._attempts = ConnectRace(self._open, self._closing)
         self._wake = asyncio.Event()
         self._rebalance = False
         self._failed_uri: TcpURI | None = None
@@ -273,16 +274,21 @@ class FailoverSupervisor:
             self._fail(ConnectionFailedError(f"failover loop crashed: {exc!r}"))
 
     async def _establish(self) -> Connection:
-        """Reconnect passes until a broker accepts (ActiveMQ ``doReconnect``)."""
+        """Reconnect passes until a broker accepts (ActiveMQ ``doReconnect``); the attempts
+        of a pass run side by side and may win during the pause after it."""
         self._rebalance = False
         self._wake.clear()
+        rank: dict[TcpURI, int] = {}
         while True:
             if self.closed:
                 raise ClientClosedError("client is closed")
             ready = self._take_standby()
             if ready is not None:
+                self._attempts.cancel()
                 return ready
-            await self._pause(self._policy.wait_before_pass())
+            won = await self._pause_racing(self._policy.wait_before_pass(), rank)
+            if won is not None:
+                return won
             self._reload_update_file()
             last_error: BaseException | None
             try:
@@ -294,9 +300,10 @@ class FailoverSupervisor:
             else:
                 last_error = None
             if uris:
-                conn, error = await self._race(uris)
-                if conn is not None:
-                    return conn
+                rank = preference(uris, self.options, self._configured)
+                won, error = await self._pass(uris, rank)
+                if won is not None:
+                    return won
                 last_error = error
             if not uris and last_error is None:
                 found = f": discovery {self.url.discovery!r} found no broker" \
@@ -306,67 +313,97 @@ class FailoverSupervisor:
             outcome = self._policy.pass_failed()
             listed = ", ".join(map(str, uris))
             if outcome.give_up:
+                won = await self._last_chance(rank)
+                if won is not None:
+                    return won
                 raise ConnectionFailedError(
                     f"failed to connect to [{listed}] after {outcome.failures} attempt(s): "
-                    f"{describe(last_error)}"
+                    f"{describe(self.last_error)}"
                 )
             if outcome.warn:
                 log.warning(
                     "failed to connect to [%s] after %d attempt(s), continuing to retry: %s",
                     listed, outcome.failures, describe(last_error),
                 )
-            await self._pause(outcome.delay_ms)
+            won = await self._pause_racing(outcome.delay_ms, rank)
+            if won is not None:
+                return won
 
-    async def _race(self, uris: Sequence[TcpURI]) -> tuple[Connection | None, BaseException | None]:
-        """One pass: try ``uris`` in order, each given ``ATTEMPT_HEAD_START_S`` before the
-        next one starts alongside it (a failure starts the next at once); the first
-        handshake to finish wins and the others are closed. So a broker that hangs on
-        connect (a partition, a listener that accepts nothing) costs the head start, not
-        the whole ``connectionTimeout``. Returns (connection, None) or (None, last error);
-        raises ConnectionFailedError for what retrying cannot fix (a refused login, a
-        CONNECT that cannot be built)."""
-        loop = asyncio.get_running_loop()
-        queue = list(uris)
-        attempts: dict[asyncio.Task[Connection], TcpURI] = {}
-        last_error: BaseException | None = None
-        try:
-            while queue or attempts:
+    async def _pass(self, uris: Sequence[TcpURI], rank: dict[TcpURI, int]
+                    ) -> tuple[Connection | None, BaseException | None]:
+        """One pass (``amqlite.client.attempts``): an attempt to every URI of ``uris``,
+        each ``ATTEMPT_HEAD_START_S`` after the last or at once when one fails (one still
+        running from the last pass goes on), each within its own deadline
+        (``attempt_timeout_s``). Returns (connection, None), or (None, error) at the first
+        failure once all have started; the attempts still running go on into the pause.
+        So a broker that hangs on connect (frozen, partitioned) never holds back a retry
+        of the others. Raises ConnectionFailedError for what retrying cannot fix (a
+        refused login, a CONNECT that cannot be built)."""
+        outcome = await self._attempts.run_pass(uris, rank)
+        if isinstance(outcome, Connection):
+            return self._won(outcome), None
+        if outcome is None:
+            if self.closed:
+                raise ClientClosedError("client is closed")
+            return None, None
+        self._check_final(outcome)
+        return None, outcome[-1].error
+
+    async def _pause_racing(self, delay_ms: float, rank: dict[TcpURI, int]
+                            ) -> Connection | None:
+        """Wait ``delay_ms`` (the back-off) unless an attempt still running wins first."""
+        if delay_ms <= 0:
+            return None
+        until = asyncio.get_running_loop().time() + delay_ms / 1000
+        while True:
+            outcome = await self._attempts.next(rank, until)
+            if isinstance(outcome, Connection):
+                return self._won(outcome)
+            if outcome is None:
                 if self.closed:
                     raise ClientClosedError("client is closed")
-                if queue:
-                    uri = queue.pop(0)
-                    attempts[loop.create_task(self._open(uri))] = uri
-                done, _ = await asyncio.wait(
-                    attempts, timeout=ATTEMPT_HEAD_START_S if queue else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in done:
-                    uri = attempts.pop(task)
-                    exc = task.exception()
-                    if exc is None:
-                        return task.result(), None
-                    if isinstance(exc, ProtocolError) and exc.fault == "local":
-                        raise ConnectionFailedError(f"cannot build CONNECT: {exc}") from exc
-                    if isinstance(exc, ConnectRefusedError) and exc.security:
-                        raise ConnectionFailedError(
-                            f"{exc} (a refused login is final: not retried)"
-                        ) from exc
-                    if not isinstance(exc, (OSError, TimeoutError, ConnectRefusedError,
-                                            ProtocolError)):
-                        raise exc
-                    last_error = exc
-                    log.debug("connect to %s failed: %s", uri, describe(exc))
-            return None, last_error
-        finally:
-            # No await here: a disconnect() running meanwhile would have its cancellation
-            # of this task swallowed, and the winner activated on a closed client.
-            for task in attempts:
-                task.cancel()
-                task.add_done_callback(_close_loser)
+                return None
+            self._check_final(outcome)
+            self.last_error = outcome[-1].error
+
+    async def _last_chance(self, rank: dict[TcpURI, int]) -> Connection | None:
+        """Before giving up: the attempts still running may yet connect (each within its
+        deadline)."""
+        while True:
+            outcome = await self._attempts.next(rank)
+            if isinstance(outcome, Connection):
+                return self._won(outcome)
+            if outcome is None:
+                return None
+            self._check_final(outcome)
+            self.last_error = outcome[-1].error
+
+    def _won(self, conn: Connection) -> Connection:
+        if self.closed:
+            conn.close()
+            raise ClientClosedError("client is closed")
+        return conn
+
+    @staticmethod
+    def _check_final(failures: list[Failure]) -> None:
+        """Raise ConnectionFailedError for a failure that retrying cannot fix."""
+        for failure in failures:
+            exc = failure.error
+            if isinstance(exc, ProtocolError) and exc.fault == "local":
+                raise ConnectionFailedError(f"cannot build CONNECT: {exc}") from exc
+            if isinstance(exc, ConnectRefusedError) and exc.security:
+                raise ConnectionFailedError(
+                    f"{exc} (a refused login is final: not retried)"
+                ) from exc
+            if not isinstance(exc, (OSError, TimeoutError, ConnectRefusedError,
+                                    ProtocolError)):
+                raise exc
 
     async def _open(self, uri: TcpURI) -> Connection:
+        """One connect attempt, within its deadline (``attempt_timeout_s``)."""
         conn = Connection(uri, self._ssl_context)
-        await conn.open(login=self.login, passcode=self.passcode, headers=self.connect_headers)
+        await conn.open(login=self.login, passcode=self.passcode, headers=self.connect_headers,
+                        timeout_s=attempt_timeout_s(uri, self.url.kind))
         return conn
 
     async def _pause(self, delay_ms: float) -> None:
@@ -575,6 +612,7 @@ class FailoverSupervisor:
             self._first.exception()  # retrieved here; connect() re-raises it
         self.state = state
         self._closing.set()
+        self._attempts.cancel()
         for attr in ("_conn", "_standby", "_switch_to"):
             conn = getattr(self, attr)
             setattr(self, attr, None)
@@ -583,12 +621,6 @@ class FailoverSupervisor:
         if self._standby_task is not None:
             self._standby_task.cancel()
         self._fail_pending(exc)
-
-
-def _close_loser(task: asyncio.Task[Connection]) -> None:
-    """A connect attempt that lost the race: close what it opened, if anything."""
-    if not task.cancelled() and task.exception() is None:
-        task.result().close(graceful=True)
 
 
 def _update_path(url: str | None) -> str | None:

@@ -20,6 +20,13 @@ One deliberate difference: ActiveMQ's ``resetReconnectDelay`` also resets a dela
 to exactly 10 ms (it compares with ``DEFAULT_INITIAL_RECONNECT_DELAY``), so an
 ``initialReconnectDelay`` of 5 oscillates 5, 10, 5, 10; here the delay only resets on
 success.
+
+Another: ActiveMQ tries the URIs of a pass one after the other and waits on each up to
+``connectionTimeout`` (30 s), so a broker that hangs on connect (SIGSTOPped, or across a
+partition) holds the whole failover that long. Here the attempts of a pass run side by
+side (``amqlite.client.attempts``), each with its own deadline (``attempt_timeout_s``), and
+a pass ends at its first outcome; ``preference`` says which connection wins when several
+are made together.
 """
 
 from __future__ import annotations
@@ -31,12 +38,25 @@ from dataclasses import dataclass
 from amqlite.client.uri import INFINITE, FailoverOptions, TcpURI
 
 __all__ = [
+    "ATTEMPT_DEADLINE_S",
     "PassOutcome",
     "ReconnectPolicy",
+    "attempt_timeout_s",
     "backoff_waits",
     "connect_order",
     "is_priority",
+    "preference",
 ]
+
+#: Deadline of one connect attempt of a failover pass (s): TCP connect plus STOMP
+#: CONNECT/CONNECTED. ActiveMQ has only the socket's ``connectionTimeout`` (30 s by default)
+#: and still applies that to ``tcp://`` URLs here; inside ``failover:``/``discovery:`` an
+#: attempt gets the shorter of the two. 2 s is shorter than the quickest takeover a
+#: shared-store group makes by itself (the PostgreSQL lock lease, ``lock_lease``, is 3 s by
+#: default), so an attempt to a broker that froze has ended before its successor serves;
+#: and it is 40 times what a live broker needs to answer CONNECT with a login check
+#: (scrypt, 20-50 ms), so a burst of reconnecting clients still gets through.
+ATTEMPT_DEADLINE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +177,20 @@ def is_priority(uri: TcpURI, options: FailoverOptions, configured: Sequence[TcpU
     if options.priority_uris:
         return uri in options.priority_uris
     return bool(configured) and configured[0] == uri
+
+
+def attempt_timeout_s(uri: TcpURI, kind: str) -> float:
+    """How long one connect attempt to ``uri`` may take (s): its ``connectionTimeout`` for a
+    ``tcp://`` URL (one broker, no failover), else at most ``ATTEMPT_DEADLINE_S``."""
+    connect = uri.options.connection_timeout_ms / 1000
+    return connect if kind == "tcp" else min(connect, ATTEMPT_DEADLINE_S)
+
+
+def preference(
+    uris: Sequence[TcpURI], options: FailoverOptions, configured: Sequence[TcpURI]
+) -> dict[TcpURI, int]:
+    """Rank of each URI of a pass (0 is best) for when several attempts succeed together:
+    priority URIs (``priorityBackup``) first, then the pass's order (``connect_order``)."""
+    ordered = sorted(range(len(uris)),
+                     key=lambda i: (not is_priority(uris[i], options, configured), i))
+    return {uris[i]: rank for rank, i in enumerate(ordered)}
