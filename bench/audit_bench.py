@@ -8,6 +8,12 @@ executemany in one transaction. The store is what a healthy broker leaves:
 100 producers with gap-free sequences, 10 % topic messages owed to two
 durable subscriptions each, 1 % in flight under the live epoch, a dedup entry
 per message inside the window, so the audit must exit 0. Prints one JSON line.
+
+On PostgreSQL the same run also measures the SQL lower bound: every check of the
+audit written as SQL (``SQL_CHECKS``) and run in one REPEATABLE READ READ ONLY
+transaction on the same store; ``audit_vs_sql`` is the audit's time over it, and
+``driver_peak_rss_mb`` the peak resident memory of the audit's JVM (driver and,
+on local[*], executors).
 """
 
 from __future__ import annotations
@@ -193,6 +199,101 @@ def seed_sqlite(path: str, count: int, now: int) -> None:
         conn.commit()
 
 
+#: The audit's checks as SQL, each counting its findings (the lower bound: what the
+#: database alone needs to answer the same questions in one snapshot).
+SQL_CHECKS: dict[str, str] = {
+    "duplicate_identity": """
+        SELECT (SELECT COALESCE(SUM(n - 1), 0) FROM (
+            SELECT COUNT(*) AS n FROM amq_messages
+            WHERE COALESCE(dedup_key, producer_id || ':' || producer_seq) IS NOT NULL
+            GROUP BY grp, COALESCE(dedup_key, producer_id || ':' || producer_seq)
+            HAVING COUNT(*) > 1) x)
+         + (SELECT COUNT(*) FROM amq_messages m JOIN amq_dedup d
+            ON d.grp = m.grp AND d.dedup_key = m.dedup_key
+            WHERE d.msg_id IS NOT NULL AND d.msg_id <> m.id AND NOT EXISTS (
+                SELECT 1 FROM amq_messages o WHERE o.grp = m.grp AND o.id = d.msg_id))""",
+    "duplicate_content": """
+        SELECT COUNT(*) FROM (
+            SELECT enqueued_at - LAG(enqueued_at) OVER w AS apart, dedup_key,
+                   LAG(dedup_key) OVER w AS prev_key
+            FROM amq_messages WHERE producer_id IS NOT NULL
+            WINDOW w AS (PARTITION BY grp, producer_id, sha256(body),
+                sha256(convert_to((headers::jsonb - 'amqlite.producerId'
+                                   - 'amqlite.producerSeq')::text, 'UTF8'))
+                ORDER BY enqueued_at, id)) x
+        WHERE apart <= %(content_window)s
+          AND NOT (dedup_key IS NOT NULL AND dedup_key IS NOT DISTINCT FROM prev_key)""",
+    "orphan_destination": """
+        SELECT COUNT(*) FROM amq_messages m WHERE NOT EXISTS (
+            SELECT 1 FROM amq_destinations d WHERE d.grp = m.grp AND d.id = m.destination_id)""",
+    "orphan_subscription": """
+        SELECT COUNT(*) FROM amq_sub_pending p WHERE NOT EXISTS (
+            SELECT 1 FROM amq_subscriptions s WHERE s.grp = p.grp AND s.id = p.sub_id)""",
+    "orphan_topic_message": """
+        SELECT COUNT(*) FROM amq_messages m JOIN amq_destinations d
+            ON d.grp = m.grp AND d.id = m.destination_id AND d.kind = 'topic'
+        WHERE NOT EXISTS (
+            SELECT 1 FROM amq_sub_pending p WHERE p.grp = m.grp AND p.msg_id = m.id)""",
+    "ack_without_message": """
+        SELECT COUNT(*) FROM amq_sub_pending p WHERE NOT EXISTS (
+            SELECT 1 FROM amq_messages m WHERE m.grp = p.grp AND m.id = p.msg_id)""",
+    "stale_inflight": """
+        SELECT (SELECT COUNT(*) FROM amq_messages m JOIN amq_groups g ON g.grp = m.grp
+                WHERE m.inflight_epoch < g.epoch AND g.epoch_started_at <= %(settled)s)
+             + (SELECT COUNT(*) FROM amq_sub_pending p JOIN amq_groups g ON g.grp = p.grp
+                WHERE p.inflight_epoch < g.epoch AND g.epoch_started_at <= %(settled)s)""",
+    "expired_unreaped": """
+        SELECT COUNT(*) FROM amq_messages WHERE expires_at > 0 AND expires_at < %(expired)s""",
+    "dedup_expired": """
+        SELECT COUNT(*) FROM amq_dedup d JOIN amq_groups g ON g.grp = d.grp
+        WHERE g.dedup_window_ms > 0 AND d.created_at < %(dedup)s - g.dedup_window_ms""",
+    "sequence_gap": """
+        SELECT COALESCE(SUM(seq - prev - 1), 0) FROM (
+            SELECT seq, LAG(seq) OVER (PARTITION BY grp, producer_id ORDER BY seq) AS prev,
+                   MIN(CASE WHEN dd THEN seq END) OVER (PARTITION BY grp, producer_id) AS floor
+            FROM (SELECT grp, producer_id, producer_seq AS seq, false AS dd FROM amq_messages
+                  WHERE producer_id IS NOT NULL AND producer_seq IS NOT NULL
+                  UNION ALL
+                  SELECT grp, producer_id, producer_seq, true FROM amq_dedup
+                  WHERE producer_id IS NOT NULL AND producer_seq IS NOT NULL) u) x
+        WHERE prev >= floor AND seq - prev > 1""",
+}
+
+
+def sql_lower_bound(url: str, now: int) -> tuple[float, dict[str, int]]:
+    """Every check as SQL in one REPEATABLE READ snapshot: (seconds, counts)."""
+    import psycopg
+
+    params = {
+        "content_window": audit_job.DUPLICATE_CONTENT_WINDOW_MS,
+        "settled": now - audit_job.STALE_INFLIGHT_GRACE_MS,
+        "expired": now - audit_job.EXPIRY_GRACE_MS,
+        "dedup": now - audit_job.DEDUP_GRACE_MS,
+    }
+    counts: dict[str, int] = {}
+    with psycopg.connect(url) as conn:
+        t0 = time.monotonic()
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        for name, sql in SQL_CHECKS.items():
+            row = conn.execute(sql, params).fetchone()
+            counts[name] = int(row[0]) if row else 0
+        elapsed = time.monotonic() - t0
+        conn.rollback()
+    return elapsed, counts
+
+
+def _jvm_peak_rss_mb(spark: object) -> float | None:
+    """Peak resident memory (VmHWM) of the JVM pyspark started, or None."""
+    proc = getattr(getattr(getattr(spark, "sparkContext", None), "_gateway", None), "proc", None)
+    if proc is None:
+        return None
+    with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=DEFAULT_COUNT, help="messages to seed")
@@ -232,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stdout(io.StringIO()):
             code = audit_job.main(argv_job)
         audit_s = time.monotonic() - t0
+        peak_mb = _jvm_peak_rss_mb(spark)
         spark.stop()
+        sql_s, sql_counts = (None, None)
+        if not store.startswith("sqlite"):
+            sql_s, sql_counts = sql_lower_bound(store, now)
         summary = json.loads(Path(out, "summary.json").read_text()) if code in (0, 1) else {}
         rows = summary.get("rows_read", 0)
         print(
@@ -247,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
                     "seed_s": round(seed_s, 2),
                     "session_start_s": round(session_s, 2),
                     "audit_s": round(audit_s, 2),
+                    "sql_lower_bound_s": round(sql_s, 2) if sql_s is not None else None,
+                    "audit_vs_sql": round(audit_s / sql_s, 2) if sql_s else None,
+                    "sql_findings": sql_counts,
+                    "driver_peak_rss_mb": peak_mb,
                     "messages_per_s": round(args.count / audit_s),
                     "rows_per_s": round(rows / audit_s),
                     "exit_code": code,

@@ -519,9 +519,9 @@ class PgSnapshot(Snapshot):
     SNAPSHOT``) before its SELECT. Spark runs ``sessionInitStatement`` in autocommit
     mode and only then turns autocommit off for its cursor: the explicit BEGIN keeps
     the transaction open for the read (the driver sends no BEGIN of its own while one
-    is open); tests/spark/test_audit_snapshot.py shows rows written after the export
-    are not seen. The exporting transaction is kept open, and pins the store's
-    xmin (vacuum), until the audit ends."""
+    is open); tests/spark/test_audit_live.py shows rows written after the export
+    are not seen. The exporting transaction holds back the server's xmin (vacuum)
+    until everything is read."""
 
     def __init__(self, spark: SparkSession, source: StoreSource) -> None:
         jvm = spark.sparkContext._jvm
@@ -540,7 +540,7 @@ class PgSnapshot(Snapshot):
         self._stop = threading.Event()
         try:
             conn.setAutoCommit(False)  # the driver sends BEGIN with the next statement
-            self._run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            self.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             rows = self.query("SELECT pg_export_snapshot(), pg_is_in_recovery()")
         except Exception:
             self.close()
@@ -550,22 +550,10 @@ class PgSnapshot(Snapshot):
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
             f"SET TRANSACTION SNAPSHOT {sql_literal(snapshot_id)}"
         )
-        where = "this standby (and its primary with hot_standby_feedback)" if standby else (
-            "the primary"
-        )
-        super().__init__(source, init, f"snapshot {snapshot_id}: holds back xmin on {where}")
-        self._keepalive = threading.Thread(
-            target=self._keep_alive, name="audit-snapshot", daemon=True
-        )
-        self._keepalive.start()
-
-    def _run(self, sql: str) -> None:
-        with self._lock:
-            st = self._conn.createStatement()
-            try:
-                st.execute(sql)
-            finally:
-                st.close()
+        feedback = " (and the primary with hot_standby_feedback)"
+        where = f"standby{feedback}" if standby else "primary"
+        super().__init__(source, init, f"snapshot {snapshot_id}: holds back xmin on the {where}")
+        threading.Thread(target=self._keep_alive, name="audit-snapshot", daemon=True).start()
 
     def _keep_alive(self) -> None:
         """A statement now and then so that idle_in_transaction_session_timeout (the
@@ -574,17 +562,18 @@ class PgSnapshot(Snapshot):
         still to come fail instead of reading another view."""
         while not self._stop.wait(SNAPSHOT_KEEPALIVE_S):
             with contextlib.suppress(Exception):
-                self._run("SELECT 1")
+                self.query("SELECT 1")
 
     def query(self, sql: str) -> list[tuple[Any, ...]]:
         with self._lock:
             st = self._conn.createStatement()
             try:
-                rs = st.executeQuery(sql)
-                width = rs.getMetaData().getColumnCount()
                 rows = []
-                while rs.next():
-                    rows.append(tuple(rs.getObject(i) for i in range(1, width + 1)))
+                if st.execute(sql):  # a result set
+                    rs = st.getResultSet()
+                    width = rs.getMetaData().getColumnCount()
+                    while rs.next():
+                        rows.append(tuple(rs.getObject(i) for i in range(1, width + 1)))
                 return rows
             finally:
                 st.close()
@@ -995,15 +984,8 @@ def check_duplicate_content(m: DataFrame) -> DataFrame:
         "duplicate_content",
         dup,
         [
-            "grp",
-            "destination_id",
-            "msg_id",
-            "producer_id",
-            "dedup_key",
-            "previous_msg_id",
-            "previous_dedup_key",
-            "apart_ms",
-            "body_sha256",
+            "grp", "destination_id", "msg_id", "producer_id", "dedup_key", "previous_msg_id",
+            "previous_dedup_key", "apart_ms", "body_sha256",
         ],
     )
 
@@ -1080,14 +1062,8 @@ def check_stale_inflight(
         "stale_inflight",
         stale,
         [
-            "grp",
-            "destination_id",
-            "msg_id",
-            "sub_id",
-            "inflight_epoch",
-            "current_epoch",
-            "epoch_started_at",
-            "live_master",
+            "grp", "destination_id", "msg_id", "sub_id", "inflight_epoch", "current_epoch",
+            "epoch_started_at", "live_master",
         ],
     )
 
