@@ -13,7 +13,13 @@ One concern a module:
 * ``acks`` -- ACK/NACK, redelivery, dead letters, ACKs in transactions;
 * ``subscribe`` -- SUBSCRIBE/UNSUBSCRIBE;
 * ``destinations`` -- destination rows, durable subscriptions, deleting one;
-* ``routing`` -- where a visible message goes;
+* ``routing`` -- where a visible message goes (topic wildcards and selectors too);
+* ``selector`` + ``selector_eval`` -- ActiveMQ's JMS selectors, sans-I/O: parse, evaluate,
+  the terms a store can filter on;
+* ``selective`` -- selectors on a queue: the store scan of a selective consumer;
+* ``choice`` -- which consumer of a queue gets a message: selectors, message groups,
+  exclusive and priority consumers;
+* ``wildcard_queues`` -- one SUBSCRIBE to ``/queue/A.*`` over every matching queue;
 * ``schedule`` -- ActiveMQ's ``AMQ_SCHEDULED_*`` headers, pure: due times and plans;
 * ``scheduler`` -- scheduled delivery: stored with a due time, one timer, copies made
   deliverable in fenced batches when due;
@@ -24,8 +30,8 @@ One concern a module:
   remove a durable subscription, close a connection, send, list and cancel scheduled
   messages): the only way the management API changes anything.
 
-Room for what comes next: selectors (``selector``) and wildcard matching
-(``wildcard``) are modules of their own here too.
+Destination wildcards (``amqlite.wildcard``) sit one floor down: authorization shares
+them.
 """
 
 from amqlite.broker.core import Broker
