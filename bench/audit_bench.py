@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", default=None, help="empty PostgreSQL database or sqlite:///path")
     ap.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     ap.add_argument("--rows-per-partition", type=int, default=audit_job.ROWS_PER_PARTITION)
+    ap.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a Spark setting (repeatable), e.g. spark.sql.shuffle.partitions=4 on a cluster",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     server = None
@@ -323,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.monotonic()
         spark = audit_job.build_session(
-            args.master, [audit_job.DEFAULT_PG_JAR, audit_job.DEFAULT_SQLITE_JAR]
+            args.master,
+            [audit_job.DEFAULT_PG_JAR, audit_job.DEFAULT_SQLITE_JAR],
+            dict(c.split("=", 1) for c in args.conf),
         )
         session_s = time.monotonic() - t0
         out = os.path.join(tmp, "out")

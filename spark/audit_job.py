@@ -16,6 +16,11 @@ Reads scale with the rows of the audited groups: every partition names its group
 (an index on (grp, ...) is walked only within it), big groups are cut at
 quantiles of the key (``StoreReader.key_predicates``), never at min/max strides.
 
+Checks an index answers (orphans, expiry, dedup expiry) run as SQL in the store,
+in the same snapshot, and return only the rows at fault; Spark keeps the ones
+that need a shuffle: duplicates by identity and content, sequence gaps (split per
+producer into buckets of numbers) and stale in-flight rows (no index has them).
+
 Dedup entries past their window are judged against the group's last recorded
 prune (``amq_meta``, ``DEDUP_PRUNED_PREFIX``): housekeeping that has not run yet
 (a stopped broker) is reported as pending, not as a finding.
@@ -990,43 +995,6 @@ def check_duplicate_content(m: DataFrame) -> DataFrame:
     )
 
 
-def check_orphan_subscription(p: DataFrame, subs: DataFrame, m: DataFrame) -> DataFrame:
-    gone = p.join(
-        subs.select("grp", F.col("id").alias("sub_id")), ["grp", "sub_id"], "left_anti"
-    ).join(
-        m.select("grp", F.col("id").alias("msg_id"), "destination_id"),
-        ["grp", "msg_id"],
-        "left",
-    )
-    return _finding("orphan_subscription", gone, ["grp", "destination_id", "sub_id", "msg_id"])
-
-
-def check_ack_without_message(p: DataFrame, m: DataFrame, subs: DataFrame) -> DataFrame:
-    gone = (
-        p.join(m.select("grp", F.col("id").alias("msg_id")), ["grp", "msg_id"], "left_anti")
-        .join(
-            subs.select("grp", F.col("id").alias("sub_id"), "destination_id"),
-            ["grp", "sub_id"],
-            "left",
-        )
-    )
-    return _finding("ack_without_message", gone, ["grp", "destination_id", "sub_id", "msg_id"])
-
-
-def topic_messages_without_pending(m: DataFrame, dests: DataFrame, p: DataFrame) -> DataFrame:
-    """A scheduled topic message (``deliver_at > 0``) is owed to nobody until a copy of it
-    is due: the copy is the row its durable subscriptions are owed."""
-    topics = dests.where(F.col("kind") == "topic").select(
-        "grp", F.col("id").alias("destination_id")
-    )
-    return (
-        m.where(F.coalesce(F.col("deliver_at"), F.lit(0)) <= 0)
-        .join(topics, ["grp", "destination_id"], "left_semi")
-        .join(p.select("grp", F.col("msg_id").alias("id")), ["grp", "id"], "left_anti")
-        .select("grp", "destination_id", F.col("id").alias("msg_id"), "enqueued_at")
-    )
-
-
 def check_stale_inflight(
     m: DataFrame, p: DataFrame, subs: DataFrame, groups: DataFrame, now_ms: int
 ) -> DataFrame:
@@ -1079,6 +1047,7 @@ STORE_CHECK_TYPES = {
     "dedup_key": "string",
     "producer_id": "string",
     "producer_seq": "bigint",
+    "sub_id": "bigint",
 }
 
 
@@ -1098,8 +1067,9 @@ def _store_checks(
     the rows at fault: messages of destinations that are gone (the destinations
     in use found by a loose walk of ix_amq_messages_dest, one probe each), expired
     rows the reaper left (ix_amq_messages_expiry), dedup entries the last recorded
-    prune left (ix_amq_dedup_age). Also, per group, the overdue entries that no
-    recorded prune reached: housekeeping pending, (count, oldest created_at)."""
+    prune left (ix_amq_dedup_age), and the orphans around pending rows (key and
+    index probes). Also, per group, the overdue entries that no recorded prune
+    reached: housekeeping pending, (count, oldest created_at)."""
     snap = reader.snapshot
     assert snap is not None
     names = ", ".join(sql_literal(g) for g, _, _ in groups)
@@ -1123,17 +1093,35 @@ def _store_checks(
     }
     none = "CAST(NULL AS BIGINT)"
     text = "CAST(NULL AS TEXT)"
+    no_dedup = f"{text}, {text}, {none}"
     parts = [
         f"SELECT 'expired_unreaped' AS finding, grp, destination_id, id AS msg_id,"
         f" expires_at AS at, {text} AS dedup_key, {text} AS producer_id,"
-        f" {none} AS producer_seq FROM amq_messages WHERE grp IN ({names})"
+        f" {none} AS producer_seq, {none} AS sub_id FROM amq_messages WHERE grp IN ({names})"
         f" AND expires_at > 0 AND expires_at < {now_ms - EXPIRY_GRACE_MS}",
         f"SELECT 'dedup_expired', d.grp, {none}, d.msg_id, d.created_at, d.dedup_key,"
-        f" d.producer_id, d.producer_seq FROM amq_dedup d JOIN g ON d.grp = g.grp"
+        f" d.producer_id, d.producer_seq, {none} FROM amq_dedup d JOIN g ON d.grp = g.grp"
         f" WHERE {overdue} AND d.created_at < g.pruned",
+        # Pending rows: of a subscription that is gone (by the primary key), pointing at
+        # no message (a probe of the messages' key each); topic messages owed to nobody
+        # (a probe of ix_amq_sub_pending_msg each). A scheduled topic message
+        # (deliver_at > 0) is owed to nobody until a copy of it is due.
+        f"SELECT 'orphan_subscription', p.grp, m.destination_id, p.msg_id, {none}, {no_dedup},"
+        f" p.sub_id FROM amq_sub_pending p LEFT JOIN amq_messages m ON m.grp = p.grp"
+        f" AND m.id = p.msg_id WHERE p.grp IN ({names}) AND NOT EXISTS (SELECT 1 FROM"
+        " amq_subscriptions s WHERE s.grp = p.grp AND s.id = p.sub_id)",
+        f"SELECT 'ack_without_message', p.grp, s.destination_id, p.msg_id, {none}, {no_dedup},"
+        f" p.sub_id FROM amq_sub_pending p LEFT JOIN amq_subscriptions s ON s.grp = p.grp"
+        f" AND s.id = p.sub_id WHERE p.grp IN ({names}) AND NOT EXISTS (SELECT 1 FROM"
+        " amq_messages m WHERE m.grp = p.grp AND m.id = p.msg_id)",
+        f"SELECT 'orphan_topic_message', m.grp, m.destination_id, m.id, m.enqueued_at,"
+        f" {no_dedup}, {none} FROM amq_messages m JOIN amq_destinations t ON t.grp = m.grp"
+        f" AND t.id = m.destination_id WHERE t.grp IN ({names}) AND t.kind = 'topic'"
+        " AND COALESCE(m.deliver_at, 0) <= 0 AND NOT EXISTS (SELECT 1 FROM amq_sub_pending p"
+        " WHERE p.grp = m.grp AND p.msg_id = m.id)",
     ]
     parts += [
-        f"SELECT 'orphan_destination', grp, destination_id, id, enqueued_at, {text}, {text},"
+        f"SELECT 'orphan_destination', grp, destination_id, id, enqueued_at, {no_dedup},"
         f" {none} FROM amq_messages WHERE grp = {sql_literal(str(grp))}"
         f" AND destination_id = {int(dest)}"
         for grp, dest in gone
@@ -1162,8 +1150,14 @@ def store_findings(sf: DataFrame, now_ms: int) -> list[DataFrame]:
     )  # fmt: skip
     expiry = ["grp", "destination_id", "msg_id", "expires_at", "overdue_ms"]
     age = ["grp", "dedup_key", "producer_id", "producer_seq", "msg_id", "created_at", "age_ms"]
+    owed = ["grp", "destination_id", "sub_id", "msg_id"]
+    message = ["grp", "destination_id", "msg_id", "enqueued_at"]
+    unowed = rows("orphan_topic_message").withColumnRenamed("at", "enqueued_at")
     return [
-        _finding("orphan_destination", gone, ["grp", "destination_id", "msg_id", "enqueued_at"]),
+        _finding("orphan_destination", gone, message),
+        _finding("orphan_subscription", rows("orphan_subscription"), owed),
+        _finding("orphan_topic_message", unowed, message),
+        _finding("ack_without_message", rows("ack_without_message"), owed),
         _finding("expired_unreaped", expired, expiry),
         _finding("dedup_expired", old, age),
     ]
@@ -1241,7 +1235,6 @@ class StoreData:
     dedup: DataFrame
     destinations: DataFrame
     subscriptions: DataFrame
-    unowed: DataFrame  # topic messages without pending rows
     store_checks: DataFrame  # the rows at fault of the checks run in the store
     #: Per group, overdue dedup entries no recorded prune reached (not a finding).
     housekeeping: dict[str, dict[str, Any]]
@@ -1418,7 +1411,6 @@ def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
     # The primary key (grp, dedup_key) spreads evenly; created_at does not (one old
     # entry made one stride hold every other row).
     dd = _read_table(reader, "amq_dedup", DEDUP_TYPES, "dedup_key")
-    unowed = topic_messages_without_pending(m, dests, p)
     housekeeping: dict[str, dict[str, Any]] = {}
     store_checks = reader.spark.createDataFrame([], _schema(STORE_CHECK_TYPES))
     if group_names:
@@ -1434,7 +1426,7 @@ def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
             for g, (n, oldest) in pending.items()
         }
     return StoreData(
-        now, group_names, groups, m, p, dd, dests, subs, unowed, store_checks, housekeeping
+        now, group_names, groups, m, p, dd, dests, subs, store_checks, housekeeping
     )
 
 
@@ -1447,11 +1439,6 @@ def all_findings(d: StoreData) -> DataFrame:
     checks = [
         check_duplicate_identity(d.messages, d.dedup),
         check_duplicate_content(d.messages),
-        check_orphan_subscription(d.pending, d.subscriptions, d.messages),
-        _finding(
-            "orphan_topic_message", d.unowed, ["grp", "destination_id", "msg_id", "enqueued_at"]
-        ),
-        check_ack_without_message(d.pending, d.messages, d.subscriptions),
         check_stale_inflight(d.messages, d.pending, d.subscriptions, d.groups, d.now_ms),
         check_sequence_gap(d.messages, d.dedup),
         *store_findings(d.store_checks, d.now_ms),
