@@ -260,6 +260,20 @@ SQL_CHECKS: dict[str, str] = {
 }
 
 
+def plant(url: str, now: int) -> int:
+    """tests/spark/seed.py's damaged groups beside the bench's: how many findings
+    (missing numbers for gaps) they hold."""
+    from tests.spark.seed import DAMAGE, engine_url, seed_damaged
+
+    engine = create_engine(engine_url(url))
+    try:
+        with engine.begin() as conn:
+            seed_damaged(conn, now)
+    finally:
+        engine.dispose()
+    return sum(d.count for _, d in DAMAGE.values())
+
+
 def sql_lower_bound(url: str, now: int) -> tuple[float, dict[str, int]]:
     """Every check as SQL in one REPEATABLE READ snapshot: (seconds, counts)."""
     import psycopg
@@ -304,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         "--conf", action="append", default=[], metavar="KEY=VALUE",
         help="a Spark setting (repeatable), e.g. spark.sql.shuffle.partitions=4 on a cluster",
     )  # fmt: skip
+    ap.add_argument(
+        "--plant", action="store_true",
+        help="also seed tests/spark/seed.py's groups: one per finding type, each with its "
+        "damage, and healthy borderline ones; the audit must find exactly that",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     server = None
@@ -323,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             seed_sqlite(store.split("///", 1)[1], args.count, now)
         else:
             seed_postgres(store, args.count, now)
+        planted = plant(store, now) if args.plant else 0
         seed_s = time.monotonic() - t0
 
         t0 = time.monotonic()
@@ -365,13 +385,15 @@ def main(argv: list[str] | None = None) -> int:
                     "messages_per_s": round(args.count / audit_s),
                     "rows_per_s": round(rows / audit_s),
                     "exit_code": code,
+                    "planted": planted,
                     "findings": summary.get("total"),
+                    "findings_by_type": {k: v for k, v in summary.get("counts", {}).items() if v},
                     "master": args.master,
                     "cpus": os.cpu_count(),
                 }
             )
         )
-        return 0 if code == 0 else 1
+        return 0 if code == (1 if args.plant else 0) else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if server is not None:
