@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import threading
 import time
@@ -26,6 +27,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from amqlite.client import AsyncClient
+from spark import audit_job
 from spark.audit_job import (
     EXIT_CLEAN,
     EXIT_FINDINGS,
@@ -259,3 +261,23 @@ def test_audit_of_a_hot_standby(spark: SparkSession, tmp_path: Path) -> None:
     expected = {finding: {finding: d.count} for finding, (_, d) in DAMAGE.items()}
     assert _counts_by_group(run.summary) == expected
     assert "holds back xmin on the standby" in run.summary["snapshot"]
+
+
+def test_sampled_quantiles_split_big_groups_the_same(
+    spark: SparkSession, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above QUANTILE_EXACT_MAX_ROWS a group's cuts come from TABLESAMPLE (here for
+    every group): the reads are split all the same and the findings do not change."""
+    now = int(time.time() * 1000)
+    create_store(pg_url, now, damaged=True)
+    monkeypatch.setattr(audit_job, "QUANTILE_EXACT_MAX_ROWS", 0)
+    run = run_audit(
+        ["--store", pg_url, "--group", "sequence_gap", "--rows-per-partition", "5", "--json",
+         "--now", str(now)]
+    )  # fmt: skip
+    assert run.code == EXIT_FINDINGS, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["counts"] == {f: (4 if f == "sequence_gap" else 0) for f in FINDINGS}
+    assert summary["reads"]["amq_messages"]["rows"] == 22
+    assert summary["reads"]["amq_messages"]["partitions"] > 1
+    assert summary["reads"]["amq_dedup"]["partitions"] > 1
