@@ -36,11 +36,6 @@ if TYPE_CHECKING:
 GROUP_CLOSE_SEQ = "-1"
 
 
-def picky(source: Source) -> bool:
-    """Does this queue need ``dispatch`` rather than plain round robin?"""
-    return bool(source.selective or source.ranked or source.groups_seen)
-
-
 def dispatch(source: Source) -> None:
     """``Source.dispatch`` for a picky queue."""
     now = now_ms()
@@ -79,7 +74,7 @@ def pick(source: Source, message: Message) -> tuple[Subscription | None, bool]:
             if message.headers.get(AMQ_GROUP_SEQ) == GROUP_CLOSE_SEQ:
                 del source.groups[group]
             return owner, False
-    sub = _next_in_turn(source, message)
+    sub = next_in_turn(source, message)
     if sub is None or group is None:
         return sub, False
     if message.headers.get(AMQ_GROUP_SEQ) != GROUP_CLOSE_SEQ:
@@ -87,7 +82,7 @@ def pick(source: Source, message: Message) -> tuple[Subscription | None, bool]:
     return sub, True
 
 
-def _next_in_turn(source: Source, message: Message) -> Subscription | None:
+def next_in_turn(source: Source, message: Message) -> Subscription | None:
     """Round robin among the consumers that may take ``message``: the exclusive one
     alone if there is one, else the highest priority with credit that matches."""
     consumers = source.consumers  # kept in priority order (Source.add_consumer)

@@ -215,11 +215,14 @@ class Source:
         if AMQ_GROUP_ID in message.headers and self.SELECTS_AT_DISPATCH:
             self.groups_seen = True
         if (self.broker.paused or self.heap or self.store_has_more or self.paging
-                or self.pending_inserts or choice.picky(self)
+                or self.pending_inserts or self.groups_seen
                 or message.expired(message.enqueued_at)):
-            return None  # a picky queue: its dispatch picks the consumer (``choice``)
+            return None  # grouped: its dispatch pins the group's consumer (``choice``)
         turn = self.turn
-        sub = self._next_consumer()
+        if self.selective or self.ranked:  # the consumer ``choice`` would pick
+            sub = choice.next_in_turn(self, message)
+        else:
+            sub = self._next_consumer()
         if sub is None or sub.ack_mode == ACK_AUTO:
             self.turn = turn
             return None
