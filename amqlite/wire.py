@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_STOMP_PORT",
     "DELIVERY_COUNT_HEADER",
     "OMITTED_HEADERS_HEADER",
+    "ORIGINAL_DESTINATION",
     "PRODUCER_ID_HEADER",
     "PRODUCER_SEQ_HEADER",
     "REBALANCE_HEADER",
@@ -60,6 +61,10 @@ DELIVERY_COUNT_HEADER = "amqlite.deliveryCount"
 #: (a LF or ':' for 1.0, a CR for 1.0 and 1.1): those are left out and named here,
 #: percent-encoded and comma-separated (README.md, "STOMP surface").
 OMITTED_HEADERS_HEADER = "amqlite.omittedHeaders"
+#: MESSAGE of a dead letter (and an operator's retry reads it): where it was first sent.
+#: Only the broker sets it: a SEND's own is removed, so a retry cannot be steered.
+ORIGINAL_DESTINATION = "original-destination"
+
 # -- ActiveMQ's headers amqlite speaks too (not amqlite.*: named AMQ_*) -----------------
 #: Message groups (SEND; JMS names): a group is pinned to one consumer; a sequence of
 #: -1 closes it; the first message of a group a consumer gets says so.

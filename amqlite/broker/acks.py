@@ -16,7 +16,7 @@ from amqlite.broker.message import message_size, now_ms
 from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.codec import Frame
 from amqlite.validation import BrokerError, parse_ack_key
-from amqlite.wire import STOMP_1_1, STOMP_1_2
+from amqlite.wire import ORIGINAL_DESTINATION, STOMP_1_1, STOMP_1_2
 from store.api import Batch, NewMessage
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def redeliver_or_dead_letter(broker: Broker, source: Source, d: Delivery, batch:
     copy.destination = dlq
     copy.delivery_count = 0
     copy.producer_id = copy.producer_seq = None  # identity stays with the original
-    copy.headers = {**m.headers, "original-destination": m.destination}
+    copy.headers = {**m.headers, ORIGINAL_DESTINATION: m.destination}
     copy.size = message_size(copy.headers, copy.body)
     if not m.persistent:
         routing.route_now(broker, copy)

@@ -18,7 +18,12 @@ from amqlite.validation import (
     parse_send,
 )
 from amqlite.wildcard import is_wildcard
-from amqlite.wire import DELIVERY_COUNT_HEADER
+from amqlite.wire import (
+    AMQ_GROUP_FIRST,
+    DELIVERY_COUNT_HEADER,
+    OMITTED_HEADERS_HEADER,
+    ORIGINAL_DESTINATION,
+)
 from store.api import StoredMessage
 
 #: Bytes a Python ``Message`` costs beyond its body and header characters,
@@ -26,11 +31,13 @@ from store.api import StoredMessage
 #: dict: 497 B; each header: 72 B for 12 characters, so ~60 B beyond them).
 MESSAGE_OVERHEAD = 512
 HEADER_OVERHEAD = 64
-#: Headers the broker owns or that only make sense on the SEND frame.
+#: Headers the broker owns or that only make sense on the SEND frame: removed from a
+#: SEND, so that what a consumer (or an operator's retry) reads of them is the broker's.
 NON_USER_HEADERS = frozenset(
     {
         "destination", "receipt", "transaction", "content-length", "message-id",
         "subscription", "ack", "redelivered", DELIVERY_COUNT_HEADER,
+        ORIGINAL_DESTINATION, OMITTED_HEADERS_HEADER, AMQ_GROUP_FIRST,
     }
 )
 DEFAULT_PRIORITY = 4  # JMS default priority

@@ -33,6 +33,7 @@ from amqlite.broker.message import Message, checked_send, now_ms
 from amqlite.broker.session import Client, Session
 from amqlite.codec import Frame
 from amqlite.validation import BrokerError, check_destination, is_temporary
+from amqlite.wire import ORIGINAL_DESTINATION
 from store.api import DeletedDestination, NewMessage, StoreError
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ PURGE_CHUNK = 5000
 #: Messages copied per batch by a move or retry: they carry their bodies (up to
 #: max_frame_size each), so fewer than a purge.
 MOVE_CHUNK = 500
-#: Header naming where a dead letter came from (amqlite.broker.acks.redeliver_or_dead_letter).
-ORIGINAL_DESTINATION = "original-destination"
 #: The receipt an operator's SEND asks for: its only way to learn the outcome.
 OPERATOR_RECEIPT = "operator-send"
 #: Scheduled messages listed at most by default (a console table's page).
