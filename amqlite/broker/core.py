@@ -220,6 +220,35 @@ class Broker:
                 wildcard_queues.queue_created(self, name)
         return q
 
+    def queue_left(self, q: Source) -> None:
+        """A consumer left ``q``: a queue with no store row and nothing in it, on its way
+        into it or waiting for room in it leaves memory (issue 23: SUBSCRIBE/UNSUBSCRIBE
+        on ever new names must not grow the broker). ``queue`` makes it again on its next
+        use, as new. Its totals go with it, as with a deleted queue (a metrics counter
+        that starts again at 0, which Prometheus reads as a reset), and with
+        ``[[authorization]]`` using it again is creating it again. A queue with a row
+        stays, whatever the store holds: the row is ``gc_inactive_destinations``' to
+        delete (``inactive``), and the listing, the operator API and paging go by it."""
+        name = q.name
+        if (q.consumers or q.heap or q.pending_inserts or q.paging or q.store_has_more
+                or q.blocked_producers or q.store_id is not None
+                or name in self.destination_rows or self.queues.get(name) is not q
+                or is_temporary(name)):
+            return
+        del self.queues[name]
+        for totals in (self.enqueued, self.dequeued, self.dead_lettered):
+            totals.pop(name, None)
+        self.known_destinations.discard(name)
+
+    def topic_left(self, name: str) -> None:
+        """The last non-durable subscriber of topic ``name`` left: the topic leaves memory
+        unless a durable subscription or a row keeps it (see ``queue_left``)."""
+        if self.topics.get(name) == []:
+            del self.topics[name]
+        if (name not in self.topics and name not in self.destination_rows
+                and not self.durables_by_topic.get(name)):
+            self.known_destinations.discard(name)
+
     def number(self, m: Message) -> Message:
         """Give a checked message (``checked_send``) its store id and message-id."""
         m.id = mid = next(self.ids)

@@ -134,6 +134,8 @@ def remove_durable(broker: Broker, durable: DurableSource) -> None:
     peers = broker.durables_by_topic.get(durable.topic, [])
     if durable in peers:
         peers.remove(durable)
+        if not peers:
+            del broker.durables_by_topic[durable.topic]
     if durable.pattern is not None:
         broker.durable_patterns.remove(durable.pattern, durable)
     if durable.store_id is not None:

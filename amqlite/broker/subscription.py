@@ -207,6 +207,8 @@ def close_subscription(broker: Broker, session: Session, sub: Subscription) -> N
         peers = broker.topics.get(sub.destination, [])
         if source in peers:
             peers.remove(source)
+            if not peers:
+                broker.topic_left(sub.destination)
         if source.pattern is not None:
             broker.topic_patterns.remove(source.pattern, source)
         source.discard()
@@ -227,3 +229,5 @@ def close_subscription(broker: Broker, session: Session, sub: Subscription) -> N
         sub.held.clear()
         sub.inflight_bytes = 0
         source.dispatch()
+    if type(source) is Source and not source.consumers:
+        broker.queue_left(source)  # nothing left in it: out of memory (issue 23)
