@@ -133,9 +133,12 @@ def test_no_local_topic_subscriber_skips_its_own_connection(
     assert me.listener.holds_for(lambda: me.listener.count() == 1, QUIET)
 
 
-def test_group_order_and_exactly_once_through_a_sigkill(broker_factory: BrokerFactory,
-                                                        clients: ClientPool) -> None:
-    master, slave = start_pair(broker_factory, ("grp-a", "grp-b"))
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_group_order_and_exactly_once_through_a_sigkill(
+        broker_factory: BrokerFactory, clients: ClientPool, request: pytest.FixtureRequest,
+        store: str) -> None:
+    master, slave = start_pair(broker_factory, ("grp-a", "grp-b"),
+                               store_args=store_args(store, request))
     queue = f"/queue/{unique('grpha')}"
     consumers = []  # both there first: the groups spread over them
     for _ in range(2):

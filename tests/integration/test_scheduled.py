@@ -32,7 +32,6 @@ from tests.helpers.broker_proc import (
     assert_error_then_closed,
     start_pair,
     unique,
-    wait_one_serving,
 )
 from tests.helpers.cluster import amqlite as run_amqlite
 from tests.helpers.mgmt import Api, start_with_http, wait_until
@@ -246,15 +245,8 @@ def test_the_new_master_delivers_each_occurrence_once_at_or_after_its_time(
     made deliverable by the master before it dies, the rest by its successor) and a
     repeating one; SIGKILL the master at once. The new master delivers every occurrence
     exactly once, none before its time."""
-    if store == "sqlite":
-        master, slave = start_pair(broker_factory, ("sched-a", "sched-b"))
-    else:
-        args = store_args("postgresql", request)
-        env = {"AMQLITE_LOCK_POLL_INTERVAL": "0.1"}
-        first = broker_factory.new(name="sched-pa", env=env, extra_args=args).start()
-        second = broker_factory.new(name="sched-pb", env=env, extra_args=args).start()
-        master, _ = wait_one_serving([first, second])
-        slave = second if master is first else first
+    master, slave = start_pair(broker_factory, ("sched-a", "sched-b"),
+                               store_args=store_args(store, request))
     queue = f"/queue/{unique('ha')}"
     producer = clients(master.port)
     delays = {f"m{i}": 100 + 100 * i for i in range(20)}  # 0.1 .. 2.0 s

@@ -157,11 +157,14 @@ def test_a_selector_that_does_not_parse_is_an_error_naming_the_position(
     clients(broker.port).send(f"/queue/{unique('after')}", "still serving")
 
 
-def test_selective_traffic_survives_the_masters_sigkill(broker_factory: BrokerFactory,
-                                                       clients: ClientPool) -> None:
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_selective_traffic_survives_the_masters_sigkill(
+        broker_factory: BrokerFactory, clients: ClientPool, request: pytest.FixtureRequest,
+        store: str) -> None:
     """Two nodes on one store; selective consumers busy; SIGKILL the master: after the
     takeover every receipted message reaches the consumer its selector picks, once."""
-    master, slave = start_pair(broker_factory, ("sel-a", "sel-b"))
+    master, slave = start_pair(broker_factory, ("sel-a", "sel-b"),
+                               store_args=store_args(store, request))
     queue = f"/queue/{unique('selha')}"
     producer = clients(master.port)
     sent = {"even": [], "odd": []}

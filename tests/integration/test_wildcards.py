@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from amqlite.auth import hash_password
+from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import (
     WAIT,
     BrokerFactory,
@@ -235,11 +236,14 @@ def test_queue_wildcard_joins_only_queues_the_login_may_read(
     assert [m.body for m in reader.listener.wait_messages(1)] == ["private"]
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_durable_wildcard_subscription_survives_the_masters_sigkill(
-        broker_factory: BrokerFactory, clients: ClientPool) -> None:
+        broker_factory: BrokerFactory, clients: ClientPool, request: pytest.FixtureRequest,
+        store: str) -> None:
     """Its pattern is in the store: the new master stores for it what matches, and what
     was receipted before the crash arrives once."""
-    master, slave = start_pair(broker_factory, ("wild-a", "wild-b"))
+    master, slave = start_pair(broker_factory, ("wild-a", "wild-b"),
+                               store_args=store_args(store, request))
     root, client_id, name = unique("ev"), unique("cid"), unique("dur")
     durable = {"activemq.subscriptionName": name}
     sub = clients(master.port, headers={"client-id": client_id})
