@@ -16,7 +16,8 @@ import hashlib
 import hmac
 import logging
 import os
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -151,6 +152,17 @@ MAX_PENDING_CHECKS = 128
 #: Checks waiting per peer address: one address flooding CONNECTs cannot crowd out others,
 #: while a client pool of one application host reconnecting after a failover still fits.
 MAX_PENDING_PER_PEER = 32
+#: Checks waiting per login: a flood of guesses for one login cannot fill its address's
+#: share (or the whole queue) and push out the logins of everyone else behind that address.
+MAX_PENDING_PER_LOGIN = 4
+#: How long a verified passcode skips the queue: a client that logged in within this time
+#: logs in again at once, whatever flood of wrong passcodes for its login is going on.
+GOOD_CREDENTIAL_TTL = 300.0
+#: How long a passcode that failed is refused without hashing it again: a flood repeating
+#: one wrong passcode costs one check, not one per socket.
+BAD_CREDENTIAL_TTL = 60.0
+#: Entries in each of the two caches (logins verified; wrong login/passcode pairs).
+CREDENTIAL_CACHE_SIZE = 4096
 
 
 class CheckOutcome(enum.Enum):
@@ -159,6 +171,74 @@ class CheckOutcome(enum.Enum):
     ACCEPTED = "accepted"
     DENIED = "denied"
     BUSY = "busy"  # dropped from a full queue before it ran
+
+
+class CredentialCache:
+    """Outcomes of recent password checks, so a known answer does not wait for scrypt.
+
+    Never holds a passcode: each entry is an HMAC-SHA256, under a key made at random when
+    the process starts, of the login, the stored hash it was checked against and the
+    passcode. A users file that changes a login's hash (or removes the login) therefore
+    makes its entries miss. Good answers are kept one per login (the passcode that last
+    verified) for ``good_ttl``; wrong ones per login/passcode pair for ``bad_ttl``. Both
+    maps are bounded, least recently used first out.
+    """
+
+    def __init__(self, *, good_ttl: float = GOOD_CREDENTIAL_TTL,
+                 bad_ttl: float = BAD_CREDENTIAL_TTL, size: int = CREDENTIAL_CACHE_SIZE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.good_ttl = good_ttl
+        self.bad_ttl = bad_ttl
+        self.size = size
+        self.clock = clock
+        self._key = os.urandom(32)
+        self.good: OrderedDict[str, tuple[bytes, float]] = OrderedDict()  # login -> mac
+        self.bad: OrderedDict[bytes, float] = OrderedDict()  # mac -> expiry
+
+    def _mac(self, login: str, passcode: str, stored: str | None) -> bytes:
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in (login, stored or "", passcode):
+            data = part.encode("utf-8", "surrogatepass")
+            mac.update(len(data).to_bytes(8, "big") + data)  # unambiguous concatenation
+        return mac.digest()
+
+    def recall(self, login: str, passcode: str, stored: str | None) -> bool | None:
+        """True/False when this answer is known and fresh, None when it must be hashed."""
+        now = self.clock()
+        mac = self._mac(login, passcode, stored)
+        good = self.good.get(login)
+        if good is not None:
+            if good[1] <= now:
+                del self.good[login]
+            elif hmac.compare_digest(good[0], mac):
+                self.good.move_to_end(login)
+                return True
+        expiry = self.bad.get(mac)
+        if expiry is not None:
+            if expiry <= now:
+                del self.bad[mac]
+            else:
+                return False
+        return None
+
+    def remember(self, login: str, passcode: str, stored: str | None, ok: bool) -> None:
+        mac = self._mac(login, passcode, stored)
+        now = self.clock()
+        if ok:
+            self.good[login] = (mac, now + self.good_ttl)
+            self.good.move_to_end(login)
+            self.bad.pop(mac, None)
+            table: OrderedDict[str, tuple[bytes, float]] | OrderedDict[bytes, float] = self.good
+        else:
+            self.bad[mac] = now + self.bad_ttl
+            self.bad.move_to_end(mac)
+            table = self.bad
+        while len(table) > self.size:
+            table.popitem(last=False)
+
+    def clear(self) -> None:
+        self.good.clear()
+        self.bad.clear()
 
 
 @dataclass(eq=False)
@@ -170,6 +250,8 @@ class PendingCheck:
     passcode: str | None = field(repr=False)
     done: Callable[[CheckOutcome], None]
     cancelled: bool = False
+    #: The stored hash when the check was submitted (what a cached answer is tied to).
+    stored: str | None = field(default=None, repr=False)
 
 
 class CheckQueue:
@@ -184,43 +266,73 @@ class CheckQueue:
       newest first within an address: a flooder's backlog delays only itself, and a fresh
       login behind a flood from its own address is the next one that address gets;
     - a check whose socket closed is removed at once and never runs (``cancel``);
-    - waiting is bounded per address and in total; past a bound the oldest waiting check
-      (of that address, or of the address with most waiting) is answered BUSY, so the
-      newcomer is always queued.
+    - waiting is bounded per login, per address and in total; past a bound the oldest
+      waiting check (of that login, of that address, or of the address with most waiting)
+      is answered BUSY, so the newcomer is always queued;
+    - with a ``cache`` (CredentialCache), an answer known from a recent check is given
+      without queueing (a login that verified recently gets in whatever the flood), and a
+      waiting check whose answer became known meanwhile does not run either.
     """
 
     def __init__(self, auth: Authenticator, *, threads: int = CHECK_THREADS,
                  max_pending: int = MAX_PENDING_CHECKS,
-                 max_per_peer: int = MAX_PENDING_PER_PEER) -> None:
+                 max_per_peer: int = MAX_PENDING_PER_PEER,
+                 max_per_login: int = MAX_PENDING_PER_LOGIN,
+                 cache: CredentialCache | None = None) -> None:
         self.auth = auth
         self.threads = threads
         self.max_pending = max_pending
         self.max_per_peer = max_per_peer
+        self.max_per_login = max_per_login
+        self.cache = cache
         self.waiting: dict[str, deque[PendingCheck]] = {}  # insertion order = round-robin
+        self.by_login: dict[str, deque[PendingCheck]] = {}  # the same checks, per login
         self.pending = 0
         self.running: set[PendingCheck] = set()
         #: Since the last take_counts(): checks hashed, dropped unrun because their socket
-        #: closed, and answered BUSY from a full queue (what an operator sees of a flood).
-        self.counts = {"run": 0, "dropped": 0, "busy": 0}
+        #: closed, answered BUSY from a full queue (what an operator sees of a flood), and
+        #: answered from the cache without hashing.
+        self.counts = {"run": 0, "dropped": 0, "busy": 0, "cached": 0}
         self._executor: ThreadPoolExecutor | None = None
         self.closed = False
 
     def submit(self, peer: str, login: str | None, passcode: str | None,
                done: Callable[[CheckOutcome], None]) -> PendingCheck:
-        """Queue a check; ``done`` is called on the event loop thread, unless cancelled."""
-        check = PendingCheck(peer, login, passcode, done)
-        queue = self.waiting.setdefault(peer, deque())
-        if len(queue) >= self.max_per_peer:
-            self._drop(queue.popleft())
-        elif self.pending >= self.max_pending:
-            fullest = max(self.waiting, key=lambda p: len(self.waiting[p]))
-            self._drop(self.waiting[fullest].popleft())
-            if fullest != peer:  # this peer's queue gets the new check just below
-                self._prune(fullest)
-        queue.append(check)
+        """Queue a check; ``done`` is called on the event loop thread, unless cancelled
+        (never before this returns)."""
+        users = self.auth.users
+        stored = users.get(login or "") if users is not None else None
+        check = PendingCheck(peer, login, passcode, done, stored=stored)
+        known = self._recall(check)
+        if known is not None:
+            asyncio.get_running_loop().call_soon(self._answer, check, known)
+            return check
+        same_login = self.by_login.get(login or "")
+        if same_login is not None and len(same_login) >= self.max_per_login:
+            self._drop(same_login[0])
+        else:
+            queue = self.waiting.get(peer)
+            if queue is not None and len(queue) >= self.max_per_peer:
+                self._drop(queue[0])
+            elif self.pending >= self.max_pending:
+                fullest = max(self.waiting, key=lambda p: len(self.waiting[p]))
+                self._drop(self.waiting[fullest][0])
+        self.waiting.setdefault(peer, deque()).append(check)
+        self.by_login.setdefault(login or "", deque()).append(check)
         self.pending += 1
         self._start_next()
         return check
+
+    def _recall(self, check: PendingCheck) -> bool | None:
+        if self.cache is None or self.auth.users is None:
+            return None
+        return self.cache.recall(check.login or "", check.passcode or "", check.stored)
+
+    def _answer(self, check: PendingCheck, ok: bool) -> None:
+        """A cached answer, given a loop iteration after submit (unless cancelled since)."""
+        if not check.cancelled and not self.closed:
+            self.counts["cached"] += 1
+            self._notify(check, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
 
     def cancel(self, check: PendingCheck) -> None:
         """The socket went: the check must not run (if it already runs, its result is dropped)."""
@@ -229,10 +341,8 @@ class CheckQueue:
         check.cancelled = True
         queue = self.waiting.get(check.peer)
         if queue is not None and check in queue:
-            queue.remove(check)  # at most max_per_peer entries
-            self.pending -= 1
+            self._unqueue(check)
             self.counts["dropped"] += 1
-            self._prune(check.peer)
 
     def close(self) -> None:
         self.closed = True
@@ -242,7 +352,10 @@ class CheckQueue:
         for check in self.running:
             check.cancelled = True
         self.waiting.clear()
+        self.by_login.clear()
         self.pending = 0
+        if self.cache is not None:
+            self.cache.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -251,8 +364,17 @@ class CheckQueue:
         counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
         return counts
 
-    def _drop(self, check: PendingCheck) -> None:
+    def _unqueue(self, check: PendingCheck) -> None:
+        """Take a waiting check out of its address's and its login's queue."""
+        for table, key in ((self.waiting, check.peer), (self.by_login, check.login or "")):
+            queue = table[key]
+            queue.remove(check)  # bounded: at most max_per_peer / max_per_login entries
+            if not queue:
+                del table[key]
         self.pending -= 1
+
+    def _drop(self, check: PendingCheck) -> None:
+        self._unqueue(check)
         self.counts["busy"] += 1
         self._notify(check, CheckOutcome.BUSY)
 
@@ -265,21 +387,19 @@ class CheckQueue:
         except Exception:
             log.exception("handling the outcome of a login check for %s failed", check.peer)
 
-    def _prune(self, peer: str) -> None:
-        """Forget ``peer``'s queue once empty: only the queue just taken from can be."""
-        queue = self.waiting.get(peer)
-        if queue is not None and not queue:
-            del self.waiting[peer]
-
     def _start_next(self) -> None:
         loop = asyncio.get_running_loop()
         while not self.closed and len(self.running) < self.threads and self.waiting:
             peer, queue = next(iter(self.waiting.items()))
-            check = queue.pop()  # newest first
-            del self.waiting[peer]
-            if queue:
-                self.waiting[peer] = queue  # to the back of the round
-            self.pending -= 1
+            check = queue[-1]  # newest first
+            self._unqueue(check)
+            if peer in self.waiting:  # to the back of the round
+                self.waiting[peer] = self.waiting.pop(peer)
+            known = self._recall(check)  # answered while it waited (the same guess ran)
+            if known is not None:
+                self.counts["cached"] += 1
+                self._notify(check, CheckOutcome.ACCEPTED if known else CheckOutcome.DENIED)
+                continue
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.threads,
                                                     thread_name_prefix="amqlite-auth")
@@ -291,7 +411,10 @@ class CheckQueue:
 
     def _finished(self, check: PendingCheck, future: asyncio.Future[bool]) -> None:
         self.running.discard(check)
-        ok = (not future.cancelled() and future.exception() is None and future.result())
+        hashed = not future.cancelled() and future.exception() is None
+        ok = hashed and future.result()
+        if hashed and self.cache is not None and not self.closed:
+            self.cache.remember(check.login or "", check.passcode or "", check.stored, ok)
         if not check.cancelled:
             self._notify(check, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
         if not self.closed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import socket
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, cast
 
 from amqlite import __version__
-from amqlite.auth import CheckOutcome, CheckQueue, PendingCheck
+from amqlite.auth import CheckOutcome, CheckQueue, CredentialCache, PendingCheck
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.listen import STOMP_BACKLOG, listening_sockets
@@ -59,7 +60,7 @@ class StompServer:
         self.connections: set[ClientConnection] = set()
         #: Sockets without CONNECTED yet, oldest first (a dict keeps insertion order).
         self.unauthenticated: dict[ClientConnection, None] = {}
-        self.checks = CheckQueue(auth)
+        self.checks = CheckQueue(auth, cache=CredentialCache())
         #: Settings.resolved() fills 0 in; a Settings built by hand may still hold it.
         self.max_unauthenticated = (settings.max_unauthenticated
                                    or default_max_unauthenticated(settings.max_connections))
@@ -84,15 +85,16 @@ class StompServer:
             listeners.append((s.ssl_bind, s.ssl_address, s.ssl_context()))
         loop = asyncio.get_running_loop()
         for name, (host, port), context in listeners:
-            # The TLS handshake counts against connect_timeout like the STOMP one.
-            handshake_timeout = s.connect_timeout if context else None
+            # TLS listeners accept plain TCP and start TLS in ClientConnection, so a
+            # socket still in its handshake is counted (max_connections,
+            # max_unauthenticated) and timed (connect_timeout) like any before CONNECT.
             socks: list[socket.socket] = []
             try:
                 socks = await asyncio.to_thread(listening_sockets, host, port, STOMP_BACKLOG)
                 while socks:  # handed over one by one: a failure closes the rest here
                     self.servers.append(await loop.create_server(
-                        lambda: ClientConnection(self), sock=socks[0], backlog=STOMP_BACKLOG,
-                        ssl=context, ssl_handshake_timeout=handshake_timeout))
+                        functools.partial(ClientConnection, self, context), sock=socks[0],
+                        backlog=STOMP_BACKLOG))
                     socks.pop(0)
             except OSError as exc:
                 exc.listener = name  # type: ignore[attr-defined]
@@ -141,7 +143,8 @@ class StompServer:
         counts = self.checks.take_counts()
         if counts["dropped"] or counts["busy"]:  # a flood: say what the login queue did
             log.warning("login checks: %(run)d run, %(dropped)d dropped unrun (socket closed), "
-                        "%(busy)d refused (server busy)", counts)
+                        "%(busy)d refused (server busy), %(cached)d answered from the cache",
+                        counts)
         self._schedule_sweep()
 
     def close_slow(self, conns: Iterable[ClientConnection], now: float) -> None:
@@ -193,8 +196,13 @@ class StompServer:
 class ClientConnection(asyncio.Protocol):
     """One client socket."""
 
-    def __init__(self, server: StompServer) -> None:
+    def __init__(self, server: StompServer, tls: ssl.SSLContext | None = None) -> None:
         self.server = server
+        #: The TLS listener's context; ``handshaking`` while its handshake runs (the
+        #: transport is then the raw TCP one: nothing STOMP may be written to it).
+        self.tls = tls
+        self.handshaking = False
+        self._tls_task: asyncio.Task[None] | None = None
         self.broker = server.broker
         self.loop = asyncio.get_event_loop()
         self.proto = StompProtocol("server", server.limits, hold_handshake=True)
@@ -248,15 +256,41 @@ class ClientConnection(asyncio.Protocol):
             log.warning("refusing %s: max_connections=%d reached", self.peer,
                         self.server.settings.max_connections)
             self.closed = True
-            transport.write(self.proto.error(ProtocolError(
-                "too many connections",
-                f"this broker allows {self.server.settings.max_connections}")))
+            if self.tls is None:  # before TLS is up there is no way to say why
+                transport.write(self.proto.error(ProtocolError(
+                    "too many connections",
+                    f"this broker allows {self.server.settings.max_connections}")))
             transport.close()
             return
         self.server.connections.add(self)
         self.server.admit_unauthenticated(self)
         self.timers.append(self.loop.call_later(self.server.settings.connect_timeout,
                                                 self._connect_timeout))
+        if self.tls is not None:
+            self.handshaking = True
+            transport.pause_reading()  # start_tls takes the socket over from here
+            self._tls_task = self.loop.create_task(self._start_tls(transport, self.tls))
+
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake of a counted socket; bounded by connect_timeout (the timer
+        set in connection_made, and the handshake's own timeout)."""
+        try:
+            tls = await self.loop.start_tls(
+                raw, self, context, server_side=True,
+                ssl_handshake_timeout=self.server.settings.connect_timeout)
+        except Exception as exc:  # refused, reset, timed out or closed by us: no client
+            log.debug("TLS handshake with %s failed: %r", self.peer, exc)
+            raw.abort()
+            self.connection_lost(exc)
+            return
+        self.handshaking = False
+        if tls is None or self.closed:  # closed by us while the handshake completed
+            if tls is not None:
+                tls.abort()
+            self.connection_lost(None)
+            return
+        self.transport = tls
+        tls.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -356,6 +390,9 @@ class ClientConnection(asyncio.Protocol):
 
     def close_with_error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
         if self.closed or self.transport is None:
+            return
+        if self.handshaking:  # no TLS yet: the socket just goes
+            self.close()
             return
         # The client's request was refused: its fault, reported in its ERROR frame.
         exc = ProtocolError(message, detail, receipt_id=receipt)
