@@ -13,7 +13,9 @@ The queues are looked at every quarter of the timeout (ActiveMQ looks every
 ``schedulePeriodForDestinationPurge``), so a queue goes between 1 and 1.25 timeouts
 after it was last used. A consumer that comes and goes between two looks, with no message,
 goes unseen: deleting an empty, unused queue loses nothing. Temporary destinations go
-with their connection, and topics are not deleted here.
+with their connection, and topics are not deleted here. A queue with no store row
+leaves memory with its last consumer when nothing is in it (``Broker.queue_left``,
+issue 23), without this setting: what is looked at here has a row or something in it.
 """
 
 from __future__ import annotations
