@@ -273,6 +273,19 @@ class Settings:
         derived="127.0.0.1:8161 + (STOMP port - 61613), or the next free port"))
     http_allow_remote: bool = field(default=False, metadata=doc(
         "Let the management API listen beyond loopback without a users file."))
+    http_allowed_hosts: str = field(default="", metadata=doc(
+        "Host names the management API answers to besides its bind address (and "
+        "localhost on loopback), comma-separated; other Host headers get 421 (DNS "
+        "rebinding defence).", metavar="NAMES",
+        derived="none: the bind address, loopback names, the node's own name"))
+    metrics_login: str = field(default="", metadata=doc(
+        "A login of the users file that may read /metrics without being an "
+        "administrator (a Prometheus scrape login).", metavar="LOGIN",
+        derived="none: administrators only"))
+    metrics_token_file: str = field(default="", metadata=doc(
+        "File holding a bearer token that may read /metrics (Authorization: Bearer; "
+        "Prometheus' bearer_token_file).", metavar="FILE",
+        derived="none: administrators only"))
     log_level: str = field(default="INFO", metadata=doc(
         "Log level.", domain=LEVEL, metavar="|".join(LOG_LEVELS)))
     start_timeout: float = field(default=DEFAULT_START_TIMEOUT, metadata=doc(

@@ -97,6 +97,7 @@ class Target:
         data = None
         if method != "GET":
             headers[CSRF_HEADER] = "amqlite-cli"
+            headers["Origin"] = base  # the API refuses state changes from other origins
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"

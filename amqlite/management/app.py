@@ -29,15 +29,22 @@ What an action does is the broker's operator API (``amqlite.broker.operations``)
 here: parsing, logins and permissions, the HTTP status of its errors, and the log of
 who asked.
 
-Errors are JSON ``{"error": "..."}`` with the status: 400 malformed, 401 login, 403 not
-an administrator or a failed CSRF check, 404 unknown, 409 conflict, 429 too many failed
+Errors are JSON ``{"error": "..."}`` with the status: 400 malformed (``inputs``), 401
+login, 403 not an administrator or a failed CSRF/origin check, 404 unknown, 409 conflict,
+413 body too large, 421 a Host this node does not serve (``origin``), 429 too many failed
 logins (with Retry-After), 503 not the master or the login check queue full.
+
+What a login sees (issue 23): with [[authorization]] entries, only the destinations it
+may read; connections, other logins' durable subscriptions and ``/metrics`` need an
+administrator (``/metrics`` also ``metrics_login`` or the ``metrics_token_file`` bearer
+token).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import socket
@@ -54,8 +61,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from amqlite.authz import Permission
 from amqlite.broker.operations import Connection, OperationError, Operations
 from amqlite.listen import HTTP_BACKLOG, listening_sockets
+from amqlite.management import inputs
 from amqlite.management.actions import ActionError
+from amqlite.management.inputs import MAX_BODY_BYTES
 from amqlite.management.metrics import Metrics
+from amqlite.management.origin import HostGuard, MisdirectedRequest
 from amqlite.management.reads import DestinationDepth, StoreReader
 from amqlite.management.security import (
     REALM,
@@ -73,7 +83,7 @@ from amqlite.registry import (
 )
 from amqlite.settings import HTTP_OFF, parse_bind
 from amqlite.validation import destination_kind
-from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
+from amqlite.wire import DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
 
 if TYPE_CHECKING:
@@ -92,8 +102,6 @@ AUTO_PORT_TRIES = 50
 #: the broker's own store page (broker.PAGE_SIZE).
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
-#: Largest JSON body an action accepts: a list of ids to move (~10 bytes each).
-MAX_BODY_BYTES = 1024 * 1024
 #: How long the registry's view of the group is reused (s); it changes within ~1 s.
 GROUP_CACHE_SECONDS = 1.0
 #: Paths a slave answers; the rest needs the master.
@@ -230,7 +238,25 @@ class ManagementServer:
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._ssl: ssl.SSLContext | None = None
+        s = self.settings
+        bind = s.http_bind if s.http_bind and s.http_bind.lower() != HTTP_OFF else ""
+        self.hosts = HostGuard(parse_bind(bind)[0] if bind else "127.0.0.1",
+                               s.http_allowed_hosts.split(","))
+        self._scrape_token = self._read_token(s.metrics_token_file)
         self.app = self._make_app()
+
+    @staticmethod
+    def _read_token(path: str) -> bytes | None:
+        """The bearer token of ``metrics_token_file`` (None: none, or unreadable)."""
+        if not path:
+            return None
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            log.error("management: metrics_token_file %s unreadable (%s); /metrics needs "
+                      "an administrator", path, e)
+            return None
+        return token.encode() or None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> str | None:
@@ -259,6 +285,7 @@ class ManagementServer:
                 return None
         port = self._runner.addresses[0][1] if self._runner and self._runner.addresses else 0
         shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+        self.hosts.allow(shown)
         self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}"
         log.info("management API on %s (%s)", self.url,
                  "login required" if self.access.enabled else "no users file: no login")
@@ -329,18 +356,22 @@ class ManagementServer:
         ever: an unexpected failure is logged here and answered with a one-line 500."""
         path = request.path
         try:
+            self.hosts.check_host(request)  # DNS rebinding: before routing and login
             login = None
-            if path not in OPEN_PATHS:
+            request["scrape"] = path == "/metrics" and self._scraper(request)
+            if path not in OPEN_PATHS and not request["scrape"]:
                 login = await self.access.login(request.headers.get("Authorization"),
                                                 request.remote or "")
             request["login"] = login
             if request.method not in ("GET", "HEAD"):
                 if not (self.access.per_destination and _destination_scoped(request)):
                     self.access.require_admin(login)  # else the handler checks per destination
-                self._check_csrf(request)
+                self.hosts.check_origin(request)
             if path.startswith(API) and path not in SLAVE_PATHS and not self.view.serving:
                 return await self._not_master()
             return await handler(request)
+        except MisdirectedRequest as e:
+            return _error(421, str(e))
         except Unauthorized as e:
             return _error(401, str(e))
         except Throttled as e:
@@ -363,15 +394,12 @@ class ManagementServer:
             log.exception("management: %s %s failed", request.method, path)
             return _error(500, "internal error (logged on the broker)")
 
-    @staticmethod
-    def _check_csrf(request: web.Request) -> None:
-        if not request.headers.get(CSRF_HEADER):
-            raise Forbidden(f"state changes need the {CSRF_HEADER} header (CSRF defence)")
-        origin = request.headers.get("Origin")
-        if origin and origin != "null":
-            expected = f"{request.scheme}://{request.host}"
-            if origin != expected:
-                raise Forbidden(f"cross-origin request from {origin} refused")
+    def _scraper(self, request: web.Request) -> bool:
+        """True when the request carries ``metrics_token_file``'s bearer token."""
+        header = request.headers.get("Authorization", "")
+        if self._scrape_token is None or not header.startswith("Bearer "):
+            return False
+        return hmac.compare_digest(header[7:].strip().encode(), self._scrape_token)
 
     async def _failed(self, e: ActionError) -> web.Response:
         if e.status == 503:
@@ -385,17 +413,6 @@ class ManagementServer:
                  if master else "; no master is registered")
         return _error(503, (why or f"this node is {node.role}, not the serving master") + where,
                       role=node.role, master=master)
-
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return {}
-        try:
-            data = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ActionError(400, "the body is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise ActionError(400, "the body must be a JSON object")
-        return data
 
     @staticmethod
     def _destination(request: web.Request) -> str:
@@ -441,6 +458,11 @@ class ManagementServer:
                                  status=503)
 
     async def metrics_page(self, request: web.Request) -> web.Response:
+        login = request["login"]
+        if not (request["scrape"] or not self.access.enabled or login in self.access.admins
+                or (login and login == self.settings.metrics_login)):
+            raise Forbidden(f"/metrics needs an administrator, metrics_login or the "
+                            f"metrics token; {login} is none")
         await self.view.refresh_depths()
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -465,7 +487,10 @@ class ManagementServer:
 
     async def destinations(self, request: web.Request) -> web.Response:
         await self.view.refresh_depths()
-        return web.json_response({"destinations": self.view.destination_rows(self.view.depths)})
+        rows = self.view.destination_rows(self.view.depths)
+        if self.access.per_destination:  # only what this login may read
+            rows = [r for r in rows if self._may(request, r["name"], Permission.READ)]
+        return web.json_response({"destinations": rows})
 
     async def _destination_row(self, name: str) -> dict[str, Any]:
         await self.view.refresh_depths()
@@ -475,19 +500,15 @@ class ManagementServer:
         return row
 
     async def destination(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._destination_row(self._destination(request)))
+        name = self._destination(request)
+        self._require(request, name, Permission.READ)
+        return web.json_response(await self._destination_row(name))
 
     async def browse(self, request: web.Request) -> web.Response:
         name = self._destination(request)
         self._require(request, name, Permission.READ)
-        q = request.query
-        try:
-            after = int(q.get("after", "0"))
-            limit = int(q.get("limit", str(DEFAULT_PAGE)))
-        except ValueError:
-            raise ActionError(400, "after and limit must be integers") from None
-        if not 1 <= limit <= MAX_PAGE or after < 0:
-            raise ActionError(400, f"limit must be 1..{MAX_PAGE} and after >= 0")
+        after = inputs.query_uint(request, "after", 0, 0, inputs.MAX_ID)
+        limit = inputs.query_uint(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         await self._destination_row(name)  # 404 when unknown
         did = self.view.depths[name].id if name in self.view.depths else None
         if did is None or self.view.depths[name].kind != "queue":
@@ -501,14 +522,8 @@ class ManagementServer:
             "next_after": messages[-1]["id"] if more else None,
         })
 
-    def _message_id(self, request: web.Request) -> int:
-        try:
-            return int(request.match_info["id"])
-        except ValueError:
-            raise ActionError(400, "a message id is an integer (the 'id' of browse)") from None
-
     async def message(self, request: web.Request) -> web.Response:
-        row = await asyncio.to_thread(self.view.reader.message, self._message_id(request))
+        row = await asyncio.to_thread(self.view.reader.message, inputs.message_id(request))
         if row is None:
             raise ActionError(404, f"no message {request.match_info['id']}")
         self._require(request, row["destination"], Permission.READ)
@@ -516,6 +531,7 @@ class ManagementServer:
         return web.json_response(row)
 
     async def connections(self, request: web.Request) -> web.Response:
+        self.access.require_admin(request["login"])  # logins, addresses, client-ids
         server, broker = self.view.server, self.view.broker
         out = []
         # Sockets still logging in (connected_at None) first, then by connection time.
@@ -544,11 +560,15 @@ class ManagementServer:
         except StoreError as e:
             raise ActionError(503, str(e)) from None
         out = []
+        login = request["login"]
+        admin = not self.access.enabled or login in self.access.admins
         for r in rows:
             durable = broker.durables.get((r.client_id, r.name))
             # The master's view first: an ownerless subscription just claimed by its
             # first login may not be committed yet.
             owner = durable.owner if durable is not None else r.owner
+            if not admin and owner != login:  # others' need an administrator
+                continue
             out.append({"client_id": r.client_id, "name": r.name, "topic": r.topic,
                         "pending": r.pending, "owner": owner,
                         "online": bool(durable is not None and durable.consumers)})
@@ -584,39 +604,29 @@ class ManagementServer:
         return self._logged(request, f"delete {name}", result)
 
     async def delete_message(self, request: web.Request) -> web.Response:
-        mid = self._message_id(request)
+        mid = inputs.message_id(request)
         result = await self._operations().delete_message(
             mid, lambda destination: self._require(request, destination))
         return self._logged(request, f"delete message {mid}", result)
 
     async def move(self, request: web.Request) -> web.Response:
         name = self._destination(request)
-        body = await self._body(request)
+        body = await inputs.json_body(request)
         target = body.get("to")
         if not isinstance(target, str) or not target:
             raise ActionError(400, 'move needs "to": the target queue, e.g. "/queue/orders"')
         self._require(request, name)
         self._require(request, target)
-        ids = self._ids(body)
+        ids = inputs.ids(body)
         result = await self._operations().move(name, target, ids)
         return self._logged(request, f"move {name} -> {target}", result)
 
     async def retry(self, request: web.Request) -> web.Response:
         name = self._destination(request)
         self._require(request, name)
-        ids = self._ids(await self._body(request))
+        ids = inputs.ids(await inputs.json_body(request))
         result = await self._operations().retry(name, ids)
         return self._logged(request, f"retry {name}", result)
-
-    @staticmethod
-    def _ids(body: dict[str, Any]) -> list[int] | None:
-        ids = body.get("ids")
-        if ids is None:
-            return None
-        if not isinstance(ids, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise ActionError(400, '"ids" must be a list of message ids (integers)')
-        return ids
 
     async def close_connection(self, request: web.Request) -> web.Response:
         address = request.match_info["address"]
@@ -634,14 +644,8 @@ class ManagementServer:
     async def scheduled(self, request: web.Request) -> web.Response:
         """Earliest due first; with [[authorization]] entries, of the destinations the
         login may read (like browsing)."""
-        q = request.query
-        destination = q.get("destination") or None
-        try:
-            limit = int(q.get("limit", str(DEFAULT_PAGE)))
-        except ValueError:
-            raise ActionError(400, "limit must be an integer") from None
-        if not 1 <= limit <= MAX_PAGE:
-            raise ActionError(400, f"limit must be 1..{MAX_PAGE}")
+        destination = request.query.get("destination") or None
+        limit = inputs.query_uint(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         if destination is not None:
             self._require(request, destination, Permission.READ)
         result = await self._operations().scheduled(destination, limit)
@@ -658,7 +662,7 @@ class ManagementServer:
         return True
 
     async def cancel_scheduled(self, request: web.Request) -> web.Response:
-        mid = self._message_id(request)
+        mid = inputs.message_id(request)
         result = await self._operations().cancel_scheduled(
             mid, lambda destination: self._require(request, destination))
         return self._logged(request, f"cancel scheduled message {mid}", result)

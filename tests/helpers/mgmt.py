@@ -40,6 +40,8 @@ class Api:
             hdrs.setdefault("Authorization", self.auth)
         if method not in ("GET", "HEAD") and csrf:
             hdrs.setdefault("X-Requested-By", "tests")
+            if "Referer" not in hdrs:  # as a browser on the console sends it
+                hdrs.setdefault("Origin", self.base)
         data = raw
         if body is not None:
             data = json.dumps(body).encode()

@@ -45,7 +45,8 @@ def test_login_required_and_actions_need_an_administrator(broker_factory: Broker
     assert Api(base, "nobody", "alice-pw").get("/metrics")[0] == 401
     bob, alice = Api(base, "bob", "bob-pw"), Api(base, "alice", "alice-pw")
     assert bob.get("/api/v1/destinations")[0] == 200
-    assert bob.get("/metrics")[0] == 200
+    assert bob.get("/metrics")[0] == 403  # every destination's depth: administrators
+    assert alice.get("/metrics")[0] == 200
 
     dest = f"/queue/{unique('auth')}"
     clients(broker.port, username="alice", passcode="alice-pw").send(dest, "x")
