@@ -49,7 +49,6 @@ import json
 import logging
 import socket
 import ssl
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,7 +65,6 @@ from amqlite.management.actions import ActionError
 from amqlite.management.inputs import MAX_BODY_BYTES
 from amqlite.management.metrics import Metrics
 from amqlite.management.origin import HostGuard, MisdirectedRequest
-from amqlite.management.reads import DestinationDepth, StoreReader
 from amqlite.management.security import (
     REALM,
     Access,
@@ -74,20 +72,12 @@ from amqlite.management.security import (
     Throttled,
     Unauthorized,
 )
-from amqlite.registry import (
-    Member,
-    RegistryError,
-    current_master,
-    read_members,
-    registry_url,
-)
+from amqlite.management.view import NodeView
 from amqlite.settings import HTTP_OFF, parse_bind
-from amqlite.validation import destination_kind
 from amqlite.wire import DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
 
 if TYPE_CHECKING:
-    from amqlite.broker import Broker
     from amqlite.node import Node
 
 log = logging.getLogger("amqlite.management")
@@ -102,8 +92,6 @@ AUTO_PORT_TRIES = 50
 #: the broker's own store page (broker.PAGE_SIZE).
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
-#: How long the registry's view of the group is reused (s); it changes within ~1 s.
-GROUP_CACHE_SECONDS = 1.0
 #: Paths a slave answers; the rest needs the master.
 SLAVE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", f"{API}/node", f"{API}/group"})
 #: Paths anyone may read even with a users file: health checks carry no credentials.
@@ -122,108 +110,6 @@ def _destination_scoped(request: web.Request) -> bool:
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     headers = {"WWW-Authenticate": f'Basic realm="{REALM}"'} if status == 401 else None
     return web.json_response({"error": message, **extra}, status=status, headers=headers)
-
-
-class NodeView:
-    """What the API reads from the node, in one place (the node changes its broker and
-    server when it becomes master or demotes)."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.settings = node.settings
-        self.reader = StoreReader(node.settings.store, node.settings.group)
-        self.depths: dict[str, DestinationDepth] = {}
-        #: Scheduled messages per destination (``StoreReader.scheduled_counts``).
-        self.scheduled: dict[str, int] = {}
-        self._group: list[Member] = []
-        self._group_at = 0.0
-
-    @property
-    def broker(self) -> Broker | None:
-        return self.node.broker
-
-    @property
-    def server(self) -> Any:
-        return self.node.server
-
-    @property
-    def serving(self) -> bool:
-        node, broker = self.node, self.node.broker
-        return (node.role == "master" and broker is not None and not broker.paused
-                and not node.lost.is_set())
-
-    async def refresh_depths(self) -> None:
-        if self.broker is None:
-            self.depths = {}
-            return
-        try:
-            self.depths = await asyncio.to_thread(self.reader.depths)
-            self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts)
-        except StoreError as e:
-            log.warning("management: reading depths failed: %s", e)
-
-    async def group(self) -> list[Member]:
-        if time.monotonic() - self._group_at >= GROUP_CACHE_SECONDS:
-            s = self.settings
-            try:
-                self._group = await asyncio.to_thread(read_members, registry_url(s), s.group)
-            except RegistryError as e:
-                log.debug("management: registry unreadable: %s", e)
-            self._group_at = time.monotonic()
-        return self._group
-
-    async def master(self) -> dict[str, Any] | None:
-        """The group's master as the registry sees it (``registry.current_master``) other
-        than this node, or None."""
-        m = current_master(m for m in await self.group() if m.name != self.settings.name)
-        if m is None:
-            return None
-        return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch}
-
-    def destination_rows(self, depths: dict[str, DestinationDepth]) -> list[dict[str, Any]]:
-        """One row per destination: stored depth (cached) with live memory state."""
-        broker = self.broker
-        if broker is None:
-            return []
-        names = set(depths) | set(broker.queues) | set(broker.topics) \
-            | set(broker.durables_by_topic)
-        return [self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
-                for name in sorted(names)]
-
-    def destination_row(self, name: str,
-                        depths: dict[str, DestinationDepth]) -> dict[str, Any] | None:
-        """``destination_rows``' row of ``name`` alone (None when unknown), without
-        building every other destination's."""
-        broker = self.broker
-        if broker is None or not (name in depths or name in broker.queues
-                                  or name in broker.topics
-                                  or name in broker.durables_by_topic):
-            return None
-        return self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
-
-    @staticmethod
-    def _row(broker: Broker, name: str, d: DestinationDepth | None,
-             scheduled: int = 0) -> dict[str, Any]:
-        kind = d.kind if d is not None else destination_kind(name)
-        if kind == "queue":
-            q = broker.queues.get(name)
-            inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
-            stored = d.depth if d is not None else 0
-            waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
-            consumers = len(q.consumers) if q is not None else 0
-        else:
-            durables = broker.durables_by_topic.get(name, [])
-            inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
-            waiting = sum(len(dur) for dur in durables)
-            consumers = len(broker.topics.get(name, [])) + sum(
-                len(dur.consumers) for dur in durables)
-        return {
-            "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
-            "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
-            "dequeued": broker.dequeued.get(name, 0),
-            "dead_lettered": broker.dead_lettered.get(name, 0),
-            "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
-        }
 
 
 class ManagementServer:

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from amqlite.management.app import NodeView
+    from amqlite.management.view import NodeView
 
 #: Commit latency buckets (s): a SQLite group commit takes ~1-5 ms, a PostgreSQL one
 #: over a LAN 1-20 ms; a second or more means the store is in trouble.

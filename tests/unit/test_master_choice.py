@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from amqlite.client.discovery import order_services
-from amqlite.management.app import NodeView
+from amqlite.management.view import NodeView
 from amqlite.registry import STALE_AFTER_MS, Member, current_master, group_views
 from amqlite.settings import Settings
 from cli.mgmt_cmds import Target
