@@ -294,12 +294,12 @@ class Broker:
         self.scheduler.check_now()  # what fell due while paused (an activation's start too)
 
     def dispatch_all(self) -> None:
-        for q in self.queues.values():
+        for q in list(self.queues.values()):  # a consumer that goes may take its queue
             q.dispatch()
         for d in self.durables.values():
             d.dispatch()
-        for sources in self.topics.values():
-            for s in sources:
+        for sources in list(self.topics.values()):
+            for s in list(sources):
                 s.dispatch()
 
     def connection_writable(self, conn: Client) -> None:
