@@ -35,6 +35,13 @@ admin = ["admins"]
 auto_create = true
 
 [[authorization]]
+destination = "/topic/news.>"
+read = ["apps", "admins"]
+write = ["apps", "admins"]
+admin = ["admins"]
+auto_create = true
+
+[[authorization]]
 destination = "/queue/secret.>"
 read = ["admins"]
 write = ["admins"]
@@ -188,7 +195,19 @@ def test_a_login_sees_only_the_metadata_it_may(authz: BrokerProcess,
                               headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 401
     # durable subscriptions of others need an administrator
-    assert bob.get("/api/v1/subscriptions")[0] == 200
+    topic = f"/topic/news.{unique('t')}"
+    for login in ("root", "bob"):
+        c = clients(authz.port, username=login, passcode=PASSWORDS[login],
+                    headers={"client-id": f"{login}-{unique('c')}"})
+        c.subscribe(topic, headers={"activemq.subscriptionName": f"{login}-sub"})
+
+    def owners(api: Api) -> set[str]:
+        status, body = api.get("/api/v1/subscriptions")
+        assert status == 200, body
+        return {s["owner"] for s in body["subscriptions"] if s["topic"] == topic}
+
+    wait_until(lambda: owners(root) == {"root", "bob"}, what="both durables listed")
+    assert owners(bob) == {"bob"}
 
 
 def test_no_users_file_keeps_the_open_loopback_api(api: Api) -> None:
