@@ -138,7 +138,8 @@ def test_delete_is_refused_while_the_destination_has_consumers(
     result = api.ok("DELETE", f"/api/v1/destinations{queue}")
     assert result["messages"] == 2 and result["deleted"] == 1
     assert queue not in _names(api)
-    assert api.ok("DELETE", f"/api/v1/destinations{topic}")["deleted"] == 1
+    # A topic with no row, no message and no subscriber left is freed from memory when its
+    # last subscriber leaves (issue 23 item 8): there is nothing left to delete.
     assert not {queue, topic} & _names(api)
     assert api.delete(f"/api/v1/destinations{queue}")[0] == 404
     assert api.delete(f"/api/v1/destinations{topic}")[0] == 404
