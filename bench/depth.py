@@ -10,6 +10,12 @@ in its process, so its figure includes it.
 
     python bench/depth.py --spawn postgres --backlog 1000000
     python bench/depth.py --spawn activemq --backlog 1000000 --preload-timeout 900
+    python bench/depth.py --spawn postgres --backlog 100000 --needle
+
+``--needle`` (issue 21's selective consumer): once the backlog waits, one more message
+with ``kind: needle`` is sent and a consumer subscribes with the selector
+``kind = 'needle'``; the time from its SUBSCRIBE to that MESSAGE is reported
+(``needle_s``) and the drain is skipped.
 
 Prints one JSON line.
 """
@@ -27,9 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from amqlite.codec import Frame  # noqa: E402
 from amqlite.wire import ACK_CLIENT_INDIVIDUAL, ACK_MODES  # noqa: E402
 from bench.load import (  # noqa: E402
     PRELOAD_CONNECTIONS,
+    Conn,
     asyncio_run,
     consumer,
     preload,
@@ -61,6 +69,11 @@ async def run(opts: argparse.Namespace, port: int, pid: int | None) -> dict:
     preload_s = time.monotonic() - t0
     await asyncio.sleep(SETTLE_SECONDS)
     rss_waiting = tree_rss_bytes(pid) if pid else 0
+    if opts.needle:
+        sampler.cancel()
+        return {"preloaded": loaded, "preload_s": round(preload_s, 1),
+                "rss_mb_backlog_waiting": round(rss_waiting / 2**20, 1),
+                "needle_s": round(await needle(port), 3)}
 
     received = [0]
     done = asyncio.Event()
@@ -93,6 +106,29 @@ async def run(opts: argparse.Namespace, port: int, pid: int | None) -> dict:
     }
 
 
+async def needle(port: int) -> float:
+    """Seconds from a selective SUBSCRIBE to the one message it matches, which waits
+    behind the whole backlog."""
+    producer = await Conn.open(port)
+    producer.send(Frame("SEND", {"destination": QUEUE, "persistent": "true",
+                                 "kind": "needle", "receipt": "needle"}, b"needle"))
+    while (await asyncio.wait_for(producer.frames.get(), 60)).command != "RECEIPT":
+        pass
+    producer.close()
+    c = await Conn.open(port)
+    start = time.monotonic()
+    c.send(Frame("SUBSCRIBE", {"destination": QUEUE, "id": "needle", "ack": "auto",
+                               "selector": "kind = 'needle'"}))
+    while True:
+        f = await asyncio.wait_for(c.frames.get(), 120)
+        if f.command == "MESSAGE" and f.body == b"needle":
+            took = time.monotonic() - start
+            c.close()
+            return took
+        if f.command != "MESSAGE":
+            raise ConnectionError(f"selective SUBSCRIBE answered {f.command}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--port", type=int)
@@ -105,6 +141,8 @@ def main() -> int:
     ap.add_argument("--preload-timeout", type=float, default=900.0,
                     help="stop filling after this many seconds (a slow broker)")
     ap.add_argument("--drain-timeout", type=float, default=600.0)
+    ap.add_argument("--needle", action="store_true",
+                    help="time a selective consumer's one match behind the backlog")
     opts = ap.parse_args()
     if not opts.port and not opts.spawn:
         ap.error("give --port of a running broker or --spawn " + "|".join(SPAWN_KINDS))
