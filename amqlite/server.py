@@ -12,10 +12,12 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import socket
 import ssl
 import time
 import uuid
+from asyncio import sslproto
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, cast
 
@@ -85,16 +87,18 @@ class StompServer:
             listeners.append((s.ssl_bind, s.ssl_address, s.ssl_context()))
         loop = asyncio.get_running_loop()
         for name, (host, port), context in listeners:
-            # TLS listeners accept plain TCP and start TLS in ClientConnection, so a
-            # socket still in its handshake is counted (max_connections,
-            # max_unauthenticated) and timed (connect_timeout) like any before CONNECT.
+            # TLS listeners accept plain TCP and run TLS in a TlsGate, so a socket still
+            # in its handshake is counted (max_connections, max_unauthenticated) and
+            # timed (connect_timeout) like any before CONNECT.
             socks: list[socket.socket] = []
             try:
                 socks = await asyncio.to_thread(listening_sockets, host, port, STOMP_BACKLOG)
                 while socks:  # handed over one by one: a failure closes the rest here
+                    factory: Callable[[], asyncio.BaseProtocol] = (
+                        functools.partial(ClientConnection, self) if context is None
+                        else functools.partial(self._tls_protocol, context))
                     self.servers.append(await loop.create_server(
-                        functools.partial(ClientConnection, self, context), sock=socks[0],
-                        backlog=STOMP_BACKLOG))
+                        factory, sock=socks[0], backlog=STOMP_BACKLOG))
                     socks.pop(0)
             except OSError as exc:
                 exc.listener = name  # type: ignore[attr-defined]
@@ -105,6 +109,10 @@ class StompServer:
                 self.servers.clear()
                 raise
         self._schedule_sweep()
+
+    def _tls_protocol(self, context: ssl.SSLContext) -> asyncio.BaseProtocol:
+        return TlsGate(asyncio.get_running_loop(), ClientConnection(self, tls=True), context,
+                       ssl_handshake_timeout=self.settings.connect_timeout)
 
     def stop_accepting(self) -> None:
         for server in self.servers:
@@ -193,16 +201,43 @@ class StompServer:
                 await asyncio.wait_for(server.wait_closed(), 5)
 
 
+class TlsGate(sslproto.SSLProtocol):
+    """The TLS layer of one accepted socket, which tells its ClientConnection of the TCP
+    connection before the handshake (so it is counted and timed from then on) and of its
+    loss if the handshake never completed (the app protocol hears of nothing then).
+
+    asyncio's own SSLProtocol, also under uvloop: ``loop.start_tls`` on a uvloop server
+    transport delivered the ClientHello to the old protocol (uvloop 0.23)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: ClientConnection,
+                 context: ssl.SSLContext, *, ssl_handshake_timeout: float) -> None:
+        # Nobody waits for the handshake: its outcome reaches conn; the exception of a
+        # failed one is taken here so asyncio does not log it as never retrieved.
+        waiter = loop.create_future()
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+        super().__init__(loop, conn, context, waiter, server_side=True,
+                         ssl_handshake_timeout=math.ceil(ssl_handshake_timeout))
+        self.conn = conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.conn.tcp_accepted(cast(asyncio.Transport, transport))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self.conn.handshaking:  # never got TLS up: the app protocol is not told
+            self.conn.connection_lost(exc if isinstance(exc, Exception) else None)
+
+
 class ClientConnection(asyncio.Protocol):
     """One client socket."""
 
-    def __init__(self, server: StompServer, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, server: StompServer, tls: bool = False) -> None:
         self.server = server
-        #: The TLS listener's context; ``handshaking`` while its handshake runs (the
-        #: transport is then the raw TCP one: nothing STOMP may be written to it).
+        #: Behind a TlsGate; ``handshaking`` while its handshake runs (the transport is
+        #: then the raw TCP one: nothing STOMP may be written to it).
         self.tls = tls
         self.handshaking = False
-        self._tls_task: asyncio.Task[None] | None = None
         self.broker = server.broker
         self.loop = asyncio.get_event_loop()
         self.proto = StompProtocol("server", server.limits, hold_handshake=True)
@@ -245,9 +280,27 @@ class ClientConnection(asyncio.Protocol):
         return self.proto.handshake_done
 
     # -- asyncio.Protocol ------------------------------------------------------------
+    def tcp_accepted(self, raw: asyncio.Transport) -> None:
+        """TLS listener: the socket is accepted, its handshake begins."""
+        self.handshaking = True
+        self._admit(raw)
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's is not a subclass of asyncio.Transport)
         transport = cast(asyncio.Transport, transport)
+        if self.handshaking:  # TLS is up: counted and timed since tcp_accepted
+            self.handshaking = False
+            self.transport = transport
+            if self.closed:  # closed by us as the handshake completed
+                transport.abort()
+                return
+            transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+            return
+        self._admit(transport)
+
+    def _admit(self, transport: asyncio.Transport) -> None:
+        """Count a new socket (against max_connections, max_unauthenticated) and time
+        it (connect_timeout), or refuse it."""
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -256,7 +309,7 @@ class ClientConnection(asyncio.Protocol):
             log.warning("refusing %s: max_connections=%d reached", self.peer,
                         self.server.settings.max_connections)
             self.closed = True
-            if self.tls is None:  # before TLS is up there is no way to say why
+            if not self.handshaking:  # before TLS is up there is no way to say why
                 transport.write(self.proto.error(ProtocolError(
                     "too many connections",
                     f"this broker allows {self.server.settings.max_connections}")))
@@ -266,31 +319,6 @@ class ClientConnection(asyncio.Protocol):
         self.server.admit_unauthenticated(self)
         self.timers.append(self.loop.call_later(self.server.settings.connect_timeout,
                                                 self._connect_timeout))
-        if self.tls is not None:
-            self.handshaking = True
-            transport.pause_reading()  # start_tls takes the socket over from here
-            self._tls_task = self.loop.create_task(self._start_tls(transport, self.tls))
-
-    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
-        """The TLS handshake of a counted socket; bounded by connect_timeout (the timer
-        set in connection_made, and the handshake's own timeout)."""
-        try:
-            tls = await self.loop.start_tls(
-                raw, self, context, server_side=True,
-                ssl_handshake_timeout=self.server.settings.connect_timeout)
-        except Exception as exc:  # refused, reset, timed out or closed by us: no client
-            log.debug("TLS handshake with %s failed: %r", self.peer, exc)
-            raw.abort()
-            self.connection_lost(exc)
-            return
-        self.handshaking = False
-        if tls is None or self.closed:  # closed by us while the handshake completed
-            if tls is not None:
-                tls.abort()
-            self.connection_lost(None)
-            return
-        self.transport = tls
-        tls.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
