@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,6 +193,22 @@ def _free_ports(count: int, taken: set[int]) -> list[int]:
     return ports
 
 
+def _ports_in_use(containers: Iterable[Container]) -> dict[int, str]:
+    """Port -> name of the container that listens there (STOMP, TLS, HTTP when set)."""
+    used: dict[int, str] = {}
+    for c in containers:
+        with contextlib.suppress(SettingsError, ValueError):
+            s = c.settings()
+            ports = [s.bind_address[1]]
+            if s.ssl_address is not None:
+                ports.append(s.ssl_address[1])
+            if s.http_bind and ":" in s.http_bind:
+                ports.append(int(s.http_bind.rsplit(":", 1)[1]))
+            for port in ports:
+                used.setdefault(port, c.name)
+    return used
+
+
 def _default_locker(store: str) -> str:
     """A locker every container of the group shares: the PostgreSQL store's
     advisory lock, or a lock file beside the SQLite store."""
@@ -251,16 +267,17 @@ def create_containers(home: Path, names: list[str], *, group: str, store: str | 
         open_locker(locker, group)  # validates the URL; connects to nothing
     except (StoreError, LockerError) as e:
         raise ContainerError(str(e), usage=True) from None
+    used = _ports_in_use(existing.values())
     if bind_base is not None:
         if bind_base + len(names) - 1 > 65535:
             raise ContainerError("--bind-base: not enough ports above it", usage=True)
         ports = [bind_base + i for i in range(len(names))]
+        for n, port in zip(names, ports, strict=True):
+            if port in used:
+                raise ContainerError(f"port {port} for container {n!r} is already used by "
+                                     f"container {used[port]!r}", usage=True)
     else:
-        taken = set()
-        for c in existing.values():
-            with contextlib.suppress(SettingsError):
-                taken.add(c.settings().bind_address[1])
-        ports = _free_ports(len(names), taken)
+        ports = _free_ports(len(names), set(used))
     configs: list[tuple[Container, dict[str, Any]]] = []
     for name, port in zip(names, ports, strict=True):
         c = Container(name, home / name)

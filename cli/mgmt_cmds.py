@@ -32,10 +32,11 @@ from amqlite.registry import (
     Member,
     RegistryError,
     current_master,
+    display_url,
     read_members,
     registry_url,
 )
-from amqlite.settings import SettingsError, load_settings
+from amqlite.settings import Settings, SettingsError, load_settings
 from amqlite.wire import CSRF_HEADER, DEFAULT_HTTP_PORT
 
 #: What ``--url`` is without one: the first node's default listener.
@@ -47,6 +48,10 @@ EXIT_FAILED = 1
 
 class ApiError(Exception):
     pass
+
+
+class AuthError(ApiError):
+    """A 401: the API wants a login, or refused the one given."""
 
 
 def _fail(message: str) -> NoReturn:
@@ -64,29 +69,64 @@ class Target:
     #: For https:// URLs (--ssl-ca, --ssl-cert, --ssl-key); None: the system's CAs.
     ssl_context: ssl.SSLContext | None = None
 
-    def members(self) -> list[Member]:
+    def settings(self) -> Settings:
         try:
-            settings = load_settings({"group": self.group} if self.group else {})
+            return load_settings({"group": self.group} if self.group else {})
         except SettingsError as e:
             _fail(str(e))
-        url = self.registry or registry_url(settings)
-        try:
-            return read_members(url, settings.group)
-        except RegistryError as e:
-            _fail(str(e))
+
+    @property
+    def group_name(self) -> str:
+        """The group asked about: --group, else the one `amqlite start` would join."""
+        return self.group or self.settings().group
+
+    def members(self) -> list[Member]:
+        """The group's live registry entries, read as `cluster-list` reads them: --registry,
+        else the registry of the settings `amqlite start` would use here and those of every
+        container under AMQLITE_HOME (the same entry from two of them counts once)."""
+        settings = self.settings()
+        sources = [self.registry] if self.registry else registry_sources(settings)
+        found: dict[tuple[str, str | None, int | None], Member] = {}
+        errors: list[str] = []
+        seen: set[str] = set()
+        for url in sources:
+            where = display_url(url)
+            if where in seen:
+                continue
+            seen.add(where)
+            try:
+                for m in read_members(url, settings.group):
+                    found.setdefault((m.name, m.host, m.pid), m)
+            except RegistryError as e:
+                errors.append(str(e))
+        if errors and len(errors) == len(seen) and (self.registry or self.group):
+            _fail(errors[0])
+        return list(found.values())
 
     def master_url(self) -> str:
         if self.url:
             return self.url.rstrip("/")
-        if not self.group and not self.registry:
-            return DEFAULT_URL
+        group = self.group_name
         master = current_master(self.members())
         if master is None:
-            _fail(f"no master registered in group {self.group or 'default'}")
+            if self.group or self.registry:
+                _fail(f"no master registered in group {group}")
+            # Nothing registered where this shell's settings point: the default listener,
+            # if what answers there is a node of the group asked about.
+            self.check_identity(DEFAULT_URL, group)
+            return DEFAULT_URL
         if not master.http:
-            _fail(f"the master {master.name} of group {self.group or 'default'} has no "
-                  "management API")
+            _fail(f"the master {master.name} of group {group} has no management API")
         return master.http.rstrip("/")
+
+    def check_identity(self, base: str, group: str) -> None:
+        try:
+            node = self.call("GET", "/api/v1/node", base=base)
+        except ApiError as e:
+            _fail(str(e))
+        wrong = mismatch(node, group, None)
+        if wrong:
+            _fail(wrong)
 
     def call(self, method: str, path: str, body: Any = None, base: str | None = None) -> Any:
         base = base or self.master_url()
@@ -111,10 +151,36 @@ class Target:
                 message = json.loads(e.read()).get("error") or e.reason
             except (ValueError, AttributeError):
                 message = e.reason
+            if e.code == 401:
+                raise AuthError(f"{base}: {self.auth_problem()} ({message})") from None
             raise ApiError(f"{base}: {e.code} {message}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise ApiError(f"{base}: cannot connect: {reason}") from None
+
+    def auth_problem(self) -> str:
+        if self.user is None:
+            return "authentication required: give --user (AMQLITE_USER)"
+        return f"authentication failed for {self.user}"
+
+
+def registry_sources(settings: Settings) -> list[str]:
+    """What ``cluster-list`` reads without --registry: the registry of these settings,
+    then that of every container under AMQLITE_HOME."""
+    from cli.containers import container_home, container_registries
+
+    sources = [registry_url(settings)]
+    return sources + [u for u in container_registries(container_home()) if u not in sources]
+
+
+def mismatch(node: dict[str, Any], group: str | None, name: str | None) -> str | None:
+    """Why the node that answered is not the one asked about, or None."""
+    who = f"{node.get('http', '?')} is {node.get('name')} of group {node.get('group')}"
+    if group is not None and node.get("group") != group:
+        return f"the node at {who}, not of group {group}"
+    if name is not None and node.get("name") != name:
+        return f"the node at {who}, not {name}"
+    return None
 
 
 def _run(fn: Callable[[], Any]) -> Any:
@@ -446,46 +512,88 @@ def _local_nodes(group: str | None, data_dir: str | None) -> list[Any]:
     return [n for n in pidfile.read_all(directory) if n.alive]
 
 
+@dataclass
+class Asked:
+    """A node ``status`` is asked about: where its API is and who should answer there."""
+    http: str | None
+    group: str | None
+    name: str | None = None
+    pid: int | None = None
+    stomp: str = "-"
+
+
+def _asked(t: Target, url: str | None, group: str | None, registry: str | None,
+           data_dir: str | None) -> list[Asked]:
+    if url:  # that URL; with --group, it must be a node of that group
+        return [Asked(url.rstrip("/"), group)]
+    local = [] if registry else _local_nodes(group, data_dir)
+    asked = [Asked(n.http.rstrip("/") if n.http else None, n.group, n.name, n.pid, n.stomp)
+             for n in local]
+    if data_dir:
+        if not asked:
+            _fail(f"no node is running with data directory {data_dir}")
+        return asked
+    expected = t.group_name
+    if group or registry or not asked:
+        names = {a.name for a in asked}
+        asked += [Asked(m.http.rstrip("/") if m.http else None, m.group, m.name,
+                        stomp=m.services[0] if m.services else "-")
+                  for m in sorted(t.members(), key=lambda m: m.name) if m.name not in names]
+    if not asked:
+        if group or registry:
+            _fail(f"no node of group {expected} is registered or running here")
+        asked = [Asked(DEFAULT_URL, expected)]  # the default listener, if it is one of ours
+    return asked
+
+
+def _probe(t: Target, a: Asked) -> tuple[dict[str, Any], str | None]:
+    """What the node says about itself (a row of the table), and an error line when it
+    is not the node asked about."""
+    row: dict[str, Any] = {"name": a.name or "-", "group": a.group or "-", "ready": False,
+                           "stomp": a.stomp, "http": a.http or "-"}
+    if a.http is None:
+        running = f"running (pid {a.pid})" if a.pid else "no management API"
+        return {**row, "role": running}, None
+    try:
+        node = t.call("GET", "/api/v1/node", base=a.http)
+    except AuthError as e:
+        return {**row, "role": "unauthorized", "error": str(e)}, str(e)
+    except ApiError as e:
+        role = f"running (pid {a.pid})" if a.pid else "unreachable"
+        return {**row, "role": role, "error": str(e)}, None
+    wrong = mismatch(node, a.group, a.name)
+    if wrong:
+        return {**row, "role": "wrong node", "error": wrong,
+                "answered": {k: node.get(k) for k in ("name", "group", "role")}}, wrong
+    return node, None
+
+
 @click.command("status")
 @target_options
-@click.option("--data-dir", help="Also look for nodes through the pid files in this data "
-                                 "directory (default: the group's).")
+@click.option("--data-dir", help="The nodes whose pid files are in this data directory "
+                                 "(default: the group's, then the registry).")
 def status(url: str | None, group: str | None, registry: str | None, user: str | None,
            as_json: bool, data_dir: str | None) -> None:
     """One node's role and readiness (--url), or every node of a group (--group).
-    Without either, the nodes this host runs (pid files), else the default URL.
-    Exit 0 when a ready master was seen, 1 otherwise."""
+    Without either, the nodes this host runs (pid files), else the group's nodes in the
+    registry, else the default URL. What answers must be the node asked about (its
+    name and group), or the line says so. Exit 0 when a ready master of the group asked
+    about was seen and every node asked about answered as itself, 1 otherwise."""
     t = _target(url, group, registry, user)
-    local = [] if url or registry else _local_nodes(group, data_dir)
-    if url or not (group or registry):
-        bases = [t.master_url()]
-        if not url and local:
-            bases = list(dict.fromkeys(n.http.rstrip("/") for n in local if n.http)) or bases
-    else:
-        bases = [m.http.rstrip("/") for m in sorted(t.members(), key=lambda m: m.name)
-                 if m.http]
-        if not bases and not local:
-            _fail(f"no node of group {group or 'default'} has a management API registered")
-    nodes = []
-    for base in bases:
-        try:
-            nodes.append(t.call("GET", "/api/v1/node", base=base))
-        except ApiError as e:
-            nodes.append({"http": base, "role": "unreachable", "ready": False,
-                          "error": str(e)})
-    # A running node that no management API answered for (http off, or not up yet):
-    # its pid file still says it runs.
-    answered = {n.get("name") for n in nodes if n["role"] != "unreachable"}
-    for n in local:
-        if n.name not in answered:
-            nodes.append({"name": n.name, "group": n.group, "role": f"running (pid {n.pid})",
-                          "ready": False, "stomp": n.stomp, "http": n.http or "-"})
-    _emit(as_json, nodes, lambda: table(
+    rows, problems = [], []
+    for a in _asked(t, url, group, registry, data_dir):
+        row, problem = _probe(t, a)
+        rows.append(row)
+        if problem:
+            problems.append(problem)
+    _emit(as_json, rows, lambda: table(
         ("name", "group", "role", "ready", "epoch", "stomp", "http"),
         [(n.get("name", "-"), n.get("group", "-"), n["role"], "yes" if n["ready"] else "no",
           n.get("epoch") if n.get("epoch") is not None else "-", n.get("stomp", "-"),
-          n["http"]) for n in nodes]))
-    if not any(n["ready"] for n in nodes):
+          n["http"]) for n in rows]))
+    for problem in problems:
+        click.echo(f"amqlite: error: {problem}", err=True)
+    if problems or not any(n["ready"] for n in rows):
         sys.exit(EXIT_FAILED)
 
 
