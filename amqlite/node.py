@@ -62,6 +62,8 @@ RETRY_DELAY = 1.0
 RETRY_MAX_DELAY = 10.0
 #: How often a starting node looks whether its locker's server answered yet.
 REACHABLE_POLL = 0.2
+#: How long a start that gave up on an unreachable locker waits for its clients to close.
+UNREACHED_CLOSE = 0.5
 #: How often a master re-reads its group's members to update clients' URIs.
 #: The registry itself notices a change within ~1 s; polling faster buys nothing.
 CLUSTER_POLL_INTERVAL = 1.0
@@ -139,6 +141,8 @@ class Node:
         self.replication = ReplicationMonitor(settings, None)
         #: Watches the lock from the start of an activation until the node serves.
         self.guard: ActivationGuard | None = None
+        #: The locker's server never answered within start_timeout (the start gave up).
+        self.unreached = False
 
     # -- entry point ----------------------------------------------------------------
     async def run(self) -> int:
@@ -211,12 +215,17 @@ class Node:
             if self.management is not None:
                 with contextlib.suppress(Exception):
                     await self.management.stop()
+            # Gave up on an unreachable locker: nothing to withdraw, and nobody to tell
+            # that the session ends, so start_timeout is (about) how long the start took.
+            unreached = self.unreached
             with contextlib.suppress(Exception):
-                await self.registry.withdraw()
+                if not unreached:
+                    await self.registry.withdraw()
             with contextlib.suppress(Exception):
-                await self.registry.close()
+                if not unreached:  # its connect to the same server may hold it for seconds
+                    await self.registry.close()
             with contextlib.suppress(Exception):
-                await locker.close()
+                await asyncio.wait_for(locker.close(), UNREACHED_CLOSE if unreached else None)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(store.close)
             pidfile.remove(s.data_dir, s.name)
@@ -294,6 +303,7 @@ class Node:
         try:
             while not task.done() and not locker.reachable:
                 if time.monotonic() >= deadline:
+                    self.unreached = True
                     raise LockerError(
                         f"{locker.description}: unreachable after start_timeout = "
                         f"{self.settings.start_timeout:g} s")

@@ -82,7 +82,7 @@ def start(config_file: str | None, **options: Any) -> None:
     """
     from amqlite.auth import AuthError
     from amqlite.node import EXIT_ERROR, run_node
-    from lockers import LockerError
+    from lockers import LockerError, LockerUnusable
     from store import StoreError, StoreUnusable
 
     try:
@@ -94,9 +94,9 @@ def start(config_file: str | None, **options: Any) -> None:
         logging.getLogger("amqlite.settings").warning("%s", warning)
     try:
         code = run_node(settings)
-    except (SettingsError, StoreUnusable) as exc:  # the settings must change
+    except (SettingsError, StoreUnusable, LockerUnusable, AuthError) as exc:  # settings
         fail(str(exc), EXIT_USAGE)
-    except (StoreError, LockerError, AuthError) as exc:
+    except (StoreError, LockerError) as exc:
         fail(str(exc), EXIT_ERROR)
     except KeyboardInterrupt:
         code = 0

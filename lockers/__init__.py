@@ -22,6 +22,7 @@ from lockers.base import (
     DEFAULT_POLL_INTERVAL,
     Locker,
     LockerError,
+    LockerUnusable,
     LockLost,
     LockState,
     StateListener,
@@ -34,6 +35,7 @@ __all__ = [
     "LockState",
     "Locker",
     "LockerError",
+    "LockerUnusable",
     "StateListener",
     "open_locker",
 ]

@@ -46,6 +46,11 @@ class LockerError(Exception):
     """The backend could not be reached or refused us; not a lost lock."""
 
 
+class LockerUnusable(LockerError):
+    """The backend refused us for what the settings name (a wrong password): waiting
+    changes nothing, so a starting node ends (exit 2) instead of retrying."""
+
+
 class LockLost(Exception):  # not "...Error": the name says what happened
     """The lock we held is gone (or can no longer be proven to be ours)."""
 

@@ -42,12 +42,13 @@ from lockers.base import (
     DEFAULT_POLL_INTERVAL,
     Locker,
     LockerError,
+    LockerUnusable,
     LockLost,
     LockState,
     RetryBackoff,
 )
 from lockers.connections.blocking import collect_outcome, run_blocking
-from lockers.connections.errors import one_line
+from lockers.connections.errors import one_line, refused_for_good
 from lockers.connections.pg_url import hosts_text, libpq_url, split_hosts
 from lockers.connections.postgres import (
     PG_DEAD_PEER_TIMEOUT,
@@ -395,7 +396,8 @@ class PostgresLocker(Locker):
             fut.add_done_callback(close_late)
             raise
         except psycopg.Error as e:
-            raise LockerError(f"{self.description}: cannot connect: {one_line(e)}") from None
+            cls = LockerUnusable if refused_for_good(e) else LockerError
+            raise cls(f"{self.description}: cannot connect: {one_line(e)}") from None
         self._session = s
         return s
 
@@ -557,7 +559,7 @@ class PostgresLocker(Locker):
                     timeout=self.wait_slice + PG_CALL_TIMEOUT,
                 )
             except LockerError as e:
-                if self._closed:
+                if self._closed or isinstance(e, LockerUnusable):
                     raise
                 await backoff.failed(e)
                 continue

@@ -13,7 +13,7 @@ import sqlite3
 import psycopg
 from sqlalchemy.exc import StatementError
 
-from lockers.connections.errors import one_line
+from lockers.connections.errors import TRANSIENT_CONNECT_ERRORS, one_line
 from store import pg_batch
 from store.api import StoreError, StoreRejected
 
@@ -45,16 +45,6 @@ def is_rejection(exc: BaseException) -> bool:
     return False
 
 
-#: What a PostgreSQL server says while it cannot take connections *yet*: these
-#: are worth waiting for; any other FATAL at connect time is final.
-TRANSIENT_CONNECT_ERRORS = (
-    "the database system is starting up",
-    "the database system is shutting down",
-    "the database system is in recovery mode",
-    "too many connections",
-    "remaining connection slots are reserved",
-    "terminating connection due to administrator command",
-)
 #: SQLSTATE classes that opening a store will meet again however often it retries:
 #: 28 invalid authorization, 42 access rule violation (42501 insufficient_privilege:
 #: a role that does not own the tables cannot ALTER them for a schema upgrade).

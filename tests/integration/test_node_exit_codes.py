@@ -144,6 +144,37 @@ def test_refused_login_is_a_config_error(tmp_path: Path,
     assert_config_error(result, "amqlite_no_such_role")
 
 
+def test_refused_locker_login_is_a_config_error_not_retried(
+        tmp_path: Path, postgres_server: PostgresServer) -> None:
+    """A login the locker's server refuses is as final as the same in --store: exit 2."""
+    url = f"postgresql://amqlite_no_such_role@127.0.0.1:{postgres_server.port}/postgres"
+    started = time.monotonic()
+    result = amqlite(*start_args(tmp_path / "d", "--locker", url))
+    assert_config_error(result, "amqlite_no_such_role")
+    assert time.monotonic() - started < 15, result.stderr
+
+
+@pytest.mark.parametrize("option, url, words", [
+    ("--store", "mysql://x/y", ("mysql", "--store")),
+    ("--locker", "etcd://x", ("etcd", "--locker")),
+])
+def test_unsupported_url_scheme_is_a_config_error(tmp_path: Path, option: str, url: str,
+                                                  words: tuple[str, ...]) -> None:
+    assert_config_error(amqlite(*start_args(tmp_path / "d", option, url)), *words)
+
+
+def test_nan_poll_interval_in_the_environment_is_one_line(tmp_path: Path) -> None:
+    result = amqlite(*start_args(tmp_path / "d"), env={"AMQLITE_LOCK_POLL_INTERVAL": "nan"})
+    assert_config_error(result, "lock_poll_interval", "AMQLITE_LOCK_POLL_INTERVAL")
+
+
+def test_nan_keepalive_in_the_config_file_names_it(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("lock_keepalive = nan\n")
+    result = amqlite(*start_args(tmp_path / "d", "--config", str(config)))
+    assert_config_error(result, "lock_keepalive")
+
+
 def test_unreachable_store_gives_up_after_start_timeout(tmp_path: Path) -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"  # nobody listens
     started = time.monotonic()
@@ -287,8 +318,11 @@ def test_fsync_off_accepted_is_warned_in_log_and_readyz(
 
 def test_unreachable_zookeeper_gives_up_after_start_timeout(tmp_path: Path) -> None:
     dead_zk = f"zk://127.0.0.1:{free_port()}/amqlite"
+    started = time.monotonic()
     result = amqlite(*start_args(tmp_path / "d", "--locker", dead_zk),
                      env={"AMQLITE_START_TIMEOUT": "3"})
+    # about start_timeout (plus the interpreter's start), not 11.5 s of clean-up
+    assert time.monotonic() - started < 7, result.stderr
     assert result.returncode == 1, result.stderr
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and "start_timeout" in lines[0], result.stderr
@@ -309,3 +343,20 @@ def test_start_timeout_does_not_bound_a_slave_waiting_for_its_master(
     assert master.terminate() == 0
     slave.wait_serving()
 
+
+
+def test_bad_users_file_at_start_is_a_config_error(tmp_path: Path) -> None:
+    users = tmp_path / "users.toml"
+    users.write_text('[users]\nalice = "not-a-hash"\n')
+    result = amqlite(*start_args(tmp_path / "d", "--users-file", str(users)))
+    assert_config_error(result)
+
+
+def test_lost_mastership_exit_code_is_documented() -> None:
+    """The README's exit-code table names the codes node.py and the CLI use."""
+    from amqlite.node import EXIT_DEMOTED, EXIT_ERROR, EXIT_OK
+    from cli.main import EXIT_USAGE
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for code in (EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DEMOTED, 130):
+        assert f"\n| {code} | " in readme, code
