@@ -30,6 +30,7 @@ from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker, inactive
 from amqlite.listen import bound_sockets
 from amqlite.management import ManagementServer
+from amqlite.name_check import refuse_duplicate_name
 from amqlite.registry import (
     NullRegistry,
     Registry,
@@ -165,6 +166,7 @@ class Node:
         if refused is not None:
             log.warning("node %s: %s is in use now; this node needs it when it becomes master",
                         s.name, s.bind)
+        await refuse_duplicate_name(s)  # before its pid file and registry entry
         store = open_store(s.store, s.group)
         locker = open_locker(
             s.locker, s.group, session_timeout=s.zk_session_timeout,
