@@ -480,13 +480,15 @@ class Operations:
         await self._commit(stored)
 
     # -- connections and durable subscriptions ---------------------------------------------
-    def close_connection(self, address: str, who: str) -> ConnectionClosed:
+    def close_connection(self, address: str, who: str | None) -> ConnectionClosed:
         """ERROR and close the connection from ``address``; as any disconnect, what it
-        had not acknowledged is redelivered."""
+        had not acknowledged is redelivered. ``who``: the administrator's login, named in
+        the ERROR's body (None without logins: the message header says it all)."""
         conn = next((c for c in self.connections() if c.peer == address), None)
         if conn is None:
             raise OperationError(ErrorKind.NOT_FOUND, f"no connection from {address}")
-        conn.close_with_error("connection closed by an administrator", f"closed by {who}")
+        conn.close_with_error("connection closed by an administrator",
+                              f"login {who}" if who else "")
         return {"closed": 1, "address": conn.peer}
 
     async def remove_durable(self, client_id: str, name: str,

@@ -516,8 +516,7 @@ class ManagementServer:
 
     async def close_connection(self, request: web.Request) -> web.Response:
         address = request.match_info["address"]
-        result = self._operations().close_connection(
-            address, request["login"] or "an administrator")
+        result = self._operations().close_connection(address, request["login"] or None)
         return self._logged(request, f"close connection {address}", result)
 
     async def remove_subscription(self, request: web.Request) -> web.Response:
