@@ -34,6 +34,7 @@ from amqlite.client import (
     stomp_destination,
 )
 from amqlite.client.connection import describe
+from amqlite.client.discovery import waiting_for
 from amqlite.client.uri import URIError
 from amqlite.tls import ClientTls, TlsError
 from amqlite.wire import ACK_AUTO, ACK_MODES, DEFAULT_STOMP_PORT
@@ -174,7 +175,12 @@ def _run(main: Any, report: _Report, as_json: bool, summary: Any) -> None:
 
 async def _connect_within(client: AsyncClient, timeout: float) -> None:
     """``client.connect()``, bounded by ``timeout`` seconds (0: unbounded): connecting and
-    discovery must not outlast the --timeout the user gave."""
+    discovery must not outlast the --timeout the user gave. With a ``discovery:`` URL it
+    first says on stderr what it waits for (a registry that is down answers nothing)."""
+    waiting = waiting_for(client.url.text)
+    if waiting is not None:
+        limit = f"; giving up after --timeout {timeout:g}s" if timeout else ""
+        click.echo(f"amqlite: {waiting}{limit}", err=True)
     if not timeout:
         await client.connect()
         return
@@ -247,9 +253,12 @@ def _with_common(fn: Any) -> Any:
 @click.option("--size", default=0, show_default=True, type=click.IntRange(min=0),
               help="Pad each body to this many bytes (0: just the message text).")
 @click.option("--producer-id", default=None, help="Producer identity (default: a fresh uuid).")
+@click.option("--timeout", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Give up connecting (discovery included) after this many seconds: one "
+                   "error line, exit 1 (0: wait forever).")
 def produce(broker_url: str, destination: str, count: int, user: str | None,
             password: str | None, client_id: str | None, as_json: bool, sleep: int,
-            persistent: bool, size: int, producer_id: str | None,
+            persistent: bool, size: int, producer_id: str | None, timeout: float,
             tls: ssl.SSLContext | None) -> None:
     """Send COUNT messages, one line each once the broker confirmed it."""
     dest = _destination(destination)
@@ -264,7 +273,7 @@ def produce(broker_url: str, destination: str, count: int, user: str | None,
         printer.client = client
         report.extra["producer_id"] = client.producer_id
         report.interruptions = client.interruptions
-        await client.connect()
+        await _connect_within(client, timeout)
         try:
             for number in range(1, count + 1):
                 text = f"message {number} from {client.producer_id}"

@@ -16,9 +16,9 @@ query parameter other than ``group`` stays with the registry URL (e.g.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode
 
@@ -32,6 +32,7 @@ from amqlite.registry import (
     master_order,
     read_members,
 )
+from lockers.connections.blocking import run_blocking
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,37 @@ def parse(uri: str) -> tuple[str, str]:
     if not group:
         raise DiscoveryError(f"discovery URI: empty group in {uri!r}")
     return (f"{base}?{urlencode(kept)}" if kept else base), group
+
+
+def discovery_agent(url: str) -> str | None:
+    """The ``discovery:`` URI inside a client URL (alone or as ``failover:(discovery:...)``),
+    None when the URL names its brokers itself."""
+    start = url.lower().find(SCHEME)
+    if start < 0:
+        return None
+    rest = url[start:]
+    if not url[:start].endswith("("):
+        return rest
+    depth = 1  # inside failover:( ... ): up to the parenthesis that closes it
+    for i, char in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return rest[:i]
+    return rest
+
+
+def waiting_for(url: str) -> str | None:
+    """What a client of ``url`` waits for while discovery finds no broker, as one line
+    (``amqlite produce``/``consume`` print it), or None without discovery."""
+    agent = discovery_agent(url)
+    if agent is None:
+        return None
+    try:
+        registry, group = parse(agent)
+    except DiscoveryError:
+        return None  # the connect says what is wrong with it
+    registry = re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", registry)  # no password shown
+    return f"waiting for a broker of group {group!r} registered in {registry} (discovery)"
 
 
 def order_services(members: list[Member]) -> list[str]:
@@ -163,7 +195,11 @@ async def resolve_uris(
     if inspect.iscoroutinefunction(resolver):
         found = await resolver(agent)
     else:
-        found = await asyncio.to_thread(resolver, agent)
+        # A daemon thread, not asyncio.to_thread: a lookup wedged on a dead ZooKeeper
+        # must not hold up the exit of a client that gave up (asyncio.run's shutdown
+        # waits for the default executor's threads).
+        sync_resolver = resolver
+        found = await run_blocking(lambda: sync_resolver(agent), name="amqlite-discovery")
         if inspect.isawaitable(found):
             found = await found
     uris: list[TcpURI] = []
