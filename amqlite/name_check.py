@@ -13,9 +13,11 @@ is not refused. Best effort: a registry that cannot be read in time does not sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 
 from amqlite.pidfile import process_alive
@@ -24,8 +26,9 @@ from amqlite.settings import Settings, SettingsError
 
 log = logging.getLogger("amqlite.node")
 
-#: How long the check may take (s): a registry that does not answer by then is skipped.
-CHECK_TIMEOUT = 5.0
+#: How long the check may take (s): a registry that does not answer by then is skipped
+#: (a reachable store or ZooKeeper answers in milliseconds).
+CHECK_TIMEOUT = 1.5
 
 
 def holder_of_name(members: list[Member], name: str, now_ms: int | None = None,
@@ -43,15 +46,41 @@ def holder_of_name(members: list[Member], name: str, now_ms: int | None = None,
     return None
 
 
+async def _read_members(url: str, group: str, timeout: float) -> list[Member]:
+    """``read_members`` in a daemon thread, given up after ``timeout``: a registry that
+    does not answer (ZooKeeper down: its connect alone waits 5 s) neither delays the
+    start for longer nor holds the process's exit (``asyncio.to_thread`` would)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[list[Member]] = loop.create_future()
+
+    def settle(result: list[Member] | None, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result or [])
+
+    def work() -> None:
+        try:
+            result, error = read_members(url, group), None
+        except Exception as e:
+            result, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=work, name="amqlite-name-check", daemon=True).start()
+    return await asyncio.wait_for(done, timeout)
+
+
 async def refuse_duplicate_name(settings: Settings) -> None:
     """Raise ``SettingsError`` (one line, exit 2) when a live node of the group already
     runs under ``settings.name``."""
-    url = registry_url(settings)
     try:
-        members = await asyncio.wait_for(
-            asyncio.to_thread(read_members, url, settings.group), CHECK_TIMEOUT)
+        members = await _read_members(registry_url(settings), settings.group, CHECK_TIMEOUT)
     except (RegistryError, TimeoutError) as exc:
-        log.debug("name check skipped: registry unreadable: %s", exc)
+        log.info("node %s: name check skipped: registry %s", settings.name,
+                 str(exc) or "did not answer in time")
         return
     holder = holder_of_name(members, settings.name)
     if holder is not None:
