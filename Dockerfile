@@ -37,7 +37,8 @@ ENV AMQLITE_HTTP_BIND=127.0.0.1:8161
 HEALTHCHECK --interval=5s --timeout=5s --start-period=10s --retries=6 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://' + os.environ.get('AMQLITE_HTTP_BIND', '127.0.0.1:8161') + '/healthz', timeout=4)"]
 # Inside a container the broker must listen beyond loopback; publish the port on the
-# host's loopback (see docker-compose.yml) to keep it private.
+# host's loopback (see docker-compose.yml) to keep it private. Without a users file
+# (AMQLITE_USERS_FILE) that start is refused unless AMQLITE_ALLOW_ANONYMOUS_REMOTE=true.
 CMD ["amqlite", "start", "--bind", "0.0.0.0:61613"]
 
 FROM broker AS audit

@@ -273,6 +273,9 @@ class Settings:
         derived="127.0.0.1:8161 + (STOMP port - 61613), or the next free port"))
     http_allow_remote: bool = field(default=False, metadata=doc(
         "Let the management API listen beyond loopback without a users file."))
+    allow_anonymous_remote: bool = field(default=False, metadata=doc(
+        "Let STOMP (bind, ssl_bind) listen beyond loopback without a users file: anyone "
+        "who reaches the port may send and read everything."))
     http_allowed_hosts: str = field(default="", metadata=doc(
         "Host names the management API answers to besides its bind address (and "
         "localhost on loopback), comma-separated; other Host headers get 421 (DNS "
@@ -383,10 +386,16 @@ class Settings:
             listeners.append(("tcp", parse_bind(s.bind)))
         if s.ssl_bind:
             listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT, "--ssl-bind")))
-        for scheme, (_, port) in listeners:
+        for scheme, (host, port) in listeners:
+            option = "bind" if scheme == "tcp" else "ssl_bind"
             if port == 0:  # any free port: nothing a client or the registry could name
-                option = "bind" if scheme == "tcp" else "ssl_bind"
                 raise SettingsError(f"{option}: port 0 is no address clients can use", option)
+            # As http_bind below: no logins (a client certificate is one) stays on loopback.
+            anonymous = not s.users_file and not (scheme == "ssl" and s.ssl_ca)
+            if anonymous and not s.allow_anonymous_remote and not is_loopback(host):
+                raise SettingsError(
+                    f"{option} {getattr(s, option)}: without a users_file STOMP stays on "
+                    "loopback; set allow_anonymous_remote = true to expose it anyway", option)
         s.heartbeat_ms  # noqa: B018 - a bad value stops the start here
         if not s.advertise:
             uris = []
@@ -556,8 +565,14 @@ def unused(s: Settings, given: Mapping[str, str]) -> list[str]:
         "update_cluster_clients_on_remove": not_cluster,
         "update_cluster_filter": not_cluster,
     }
-    return [f"{name} ({given[name]}) does not apply and is ignored: {reason}"
-            for name, reason in why.items() if reason and name in given]
+    warnings = [f"{name} ({given[name]}) does not apply and is ignored: {reason}"
+                for name, reason in why.items() if reason and name in given]
+    if s.ssl_cert and not s.ssl_bind:
+        https = s.http_bind.lower() != HTTP_OFF and s.http_ssl
+        warnings.append(f"ssl_cert is set but there is no TLS STOMP listener (ssl_bind): "
+                        f"STOMP clients connect in plain text on {s.bind}; "
+                        + ("only the management API uses it" if https else "nothing uses it"))
+    return warnings
 
 
 #: How a wrong-type TOML value is explained.

@@ -73,7 +73,7 @@ def test_port_in_use_exits_nonzero_without_claiming_an_epoch(
 
 def test_unresolvable_bind_host_is_a_config_error(tmp_path: Path) -> None:
     result = amqlite("start", "--data-dir", str(tmp_path / "d"), "--http", "off",
-                     "--bind", "no-such-host.invalid:61613")
+                     "--bind", "no-such-host.invalid:61613", "--allow-anonymous-remote")
     assert_config_error(result, "--bind", "cannot resolve")
     assert group_epoch(tmp_path / "d", "default") is None
 
