@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 
 import pytest
 
 from amqlite.client.discovery import discovery_agent, waiting_for
+from tests.helpers.broker_proc import REPO_ROOT, amqlite_command, cli_env
 from tests.helpers.cluster import amqlite
 from tests.helpers.servers import free_port
 
@@ -46,3 +49,22 @@ def test_dead_zookeeper_discovery_says_so_and_gives_up_after_timeout(command: st
 def test_produce_help_documents_timeout() -> None:
     result = amqlite("produce", "--help")
     assert result.returncode == 0 and "--timeout" in result.stdout
+
+
+def test_interrupted_consume_exits_130_with_its_summary() -> None:
+    """The README's exit-code table: 130 after Ctrl-C (here, while discovery waits)."""
+    url = f"discovery:zk://127.0.0.1:{free_port()}/amqlite?group=g"
+    proc = subprocess.Popen([*amqlite_command(), "consume", "--broker-url", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(None), cwd=REPO_ROOT)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the waiting line: it has started waiting
+        assert "waiting for a broker" in line, line
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "consumed 0" in out and "Traceback" not in err
