@@ -3,13 +3,17 @@ line.
 
 ActiveMQ's ``activemq query|browse|purge|dstat`` and ``rabbitmqctl list_queues`` for
 amqlite, on the same HTTP API as the console (no second way into the broker). A node
-is found with ``--url http://HOST:PORT``, or through the registry with ``--group``
-(and ``--registry`` when it is not the one ``amqlite start`` would use here): the
-group's master for queue and connection commands, every node for ``status``.
+is found with ``--url http://HOST:PORT``, or through the registry as ``cluster-list``
+reads it (``--registry``, else the settings ``amqlite start`` would use here and every
+container under AMQLITE_HOME), for ``--group`` or the settings' group: the group's
+current master for queue and connection commands (so they follow a takeover), every
+node for ``status``. The default URL is used only when the registry names no master,
+and only if the node that answers there is of the group asked about.
 
 Readable tables by default, ``--json`` for scripts; errors are one line on stderr and
-exit 1. With a users file on the broker, give ``--user`` (``AMQLITE_USER``) and the
-password in ``AMQLITE_PASSWORD`` or at the prompt.
+exit 1 (a 401 says whether a login is missing or refused). With a users file on the
+broker, give ``--user`` (``AMQLITE_USER``) and the password in ``AMQLITE_PASSWORD`` or
+at the prompt.
 """
 
 from __future__ import annotations
@@ -236,8 +240,8 @@ def _client_tls() -> ssl.SSLContext | None:
 def target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--url", envvar="AMQLITE_URL", metavar="http://HOST:PORT",
-                     help=f"A node's management API (default {DEFAULT_URL}, or the master "
-                          "found with --group/--registry)."),
+                     help="A node's management API (default: the group's master in the "
+                          f"registry, else {DEFAULT_URL} if it is a node of the group)."),
         click.option("--group", help="Find the group's nodes through the registry."),
         click.option("--registry", metavar="URL",
                      help="Registry to read (zk://... or a store URL); default: the one "

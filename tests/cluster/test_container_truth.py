@@ -135,7 +135,12 @@ def test_start_fails_with_the_nodes_error_line_when_it_dies(home: Path) -> None:
         assert "Traceback" not in result.stderr, result.stderr
         assert "container dies exited (status" in line and "cannot listen for HTTP" in line
         assert not (home / "dies" / "broker.pid").exists()
-        # A STOMP port in use is found before a process is started.
+        # Another container's port is refused at create (issue 27).
+        line = one_line_error(amqlite("container", "create", "busy", "--bind-base", str(port),
+                                      env=env))
+        assert f"port {port} for container 'busy' is already used by container 'dies'" in line
+    with held_port() as port:
+        # A STOMP port in use (by another program) is found before a process is started.
         ok(amqlite("container", "create", "busy", "--bind-base", str(port), env=env))
         line = one_line_error(amqlite("container", "start", "busy", env=env))
         assert f"127.0.0.1:{port} is already in use" in line
