@@ -250,6 +250,8 @@ class ClientConnection(asyncio.Protocol):
         self.check: PendingCheck | None = None  # the login being checked
         #: loop time when the frame now arriving started; None between frames
         self.partial_since: float | None = None
+        #: Bytes buffered for it, as counted in the broker's memory budget (partial frames).
+        self.partial_held = 0
         self.writable = True
         self.pause_reasons: set[str] = set()  # reading resumes when none is left
         self.last_rx = self.loop.time()
@@ -334,6 +336,8 @@ class ClientConnection(asyncio.Protocol):
             if self.closed:
                 return
         buffered = self.proto.buffered
+        if buffered != self.partial_held:
+            self._hold_partial(buffered)
         if not buffered:
             self.partial_since = None
             return
@@ -360,6 +364,8 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.partial_held:
+            self._hold_partial(0)
         self._forget_handshake()
         self._out.clear()
         self._out_bytes = 0
@@ -434,6 +440,8 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # flushes what is buffered, then closes
         self.closed = True
+        if self.partial_held:
+            self._hold_partial(0)
         self._forget_handshake()
         self.broker.detach(self)
 
@@ -564,6 +572,14 @@ class ClientConnection(asyncio.Protocol):
             self._on_events(events)
         if not self.closed:
             self.partial_since = self.loop.time() if self.proto.buffered else None
+            if self.proto.buffered != self.partial_held:
+                self._hold_partial(self.proto.buffered)
+
+    def _hold_partial(self, buffered: int) -> None:
+        """Count a partial frame's bytes in the memory budget, which may stop reading
+        from this connection (``MemoryBudget.partial_changed``)."""
+        old, self.partial_held = self.partial_held, buffered
+        self.broker.memory.partial_changed(self, old, buffered)
 
     # -- timers ------------------------------------------------------------------------
     def _schedule(self, delay: float, fn: Callable[[], object]) -> None:

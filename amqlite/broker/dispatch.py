@@ -33,6 +33,15 @@ def transaction(session: Session, tx: str) -> Transaction:
         raise BrokerError(f"unknown transaction {tx}") from None
 
 
+def _hold(broker: Broker, session: Session, open_tx: Transaction, frame: Frame,
+          name: str) -> None:
+    """Count a transaction's frame against its limits and the memory budget (the
+    broker-wide one and the connection's share); BrokerError, nothing held, past them."""
+    size = open_tx.add(frame, name)
+    broker.memory.hold_transaction(session, size)
+    open_tx.size += size
+
+
 def on_send(broker: Broker, session: Session, frame: Frame) -> None:
     h = frame.headers
     # Temporary names become broker-wide ones (the reply-to too); no ACL applies to them.
@@ -47,7 +56,7 @@ def on_send(broker: Broker, session: Session, frame: Frame) -> None:
     if tx is None or open_tx is None:
         send.send(broker, session, [message], h.get("receipt"))
         return
-    open_tx.add(frame, tx)
+    _hold(broker, session, open_tx, frame, tx)
     open_tx.sends.append(message)
     receipts.answer_now(session.conn, h.get("receipt"))
 
@@ -60,7 +69,7 @@ def on_ack(broker: Broker, session: Session, frame: Frame) -> None:
         return
     open_tx = transaction(session, tx)
     sub, message_id = acks.find_delivery(session, frame)  # must await acknowledgement now
-    open_tx.add(frame, tx)
+    _hold(broker, session, open_tx, frame, tx)
     open_tx.acks.append((frame.command, frame))
     if frame.command == "ACK":
         acks.hold(sub, message_id, open_tx)
@@ -102,6 +111,7 @@ def on_commit(broker: Broker, session: Session, frame: Frame) -> None:
     acks.check_commit(session, tx)
     temporaries.check_sends(broker, tx.sends)
     del session.transactions[name]
+    broker.memory.release_transaction(session, tx.size)
     send.commit(broker, session, tx, frame.headers.get("receipt"))
 
 

@@ -7,6 +7,25 @@ and subtract ``Message.size`` as messages wait (``Source.bytes``, and
 (``Subscription.inflight_bytes``). Past a budget: persistent messages stay in the
 store, producers of non-persistent messages are paused (flow control) until below
 ``RESUME_FRACTION`` of it, and a slow non-durable topic subscriber misses messages.
+
+What a client makes the broker hold for it counts too (``held_bytes``, a ledger of
+its own bounded by ``max_memory``, so messages and held bytes together stay under
+twice the budget plus a frame per reading connection):
+
+* transaction contents (``hold_transaction``): a SEND, ACK or NACK in a transaction
+  past the broker-wide budget or the connection's share (``max_memory //
+  CONNECTION_SHARE_DIVISOR``) is an ERROR naming the limit, nothing applied; COMMIT,
+  ABORT and the connection's end release them (``release_transaction``);
+* partial frames, bytes received but not yet a frame (``partial_changed``): past the
+  budget, a connection that receives more is no longer read from unless it holds the
+  largest partial frame. The largest always reads, so it completes and frees its
+  bytes; each completion (or close) resumes the largest paused connection, and below
+  ``RESUME_FRACTION`` of the budget every one of them. A hostile largest one is closed
+  by ``frame_timeout`` like any trickler.
+* unacknowledged deliveries are ``Subscription.inflight_bytes`` (bounded per
+  subscription), pending writes ``Session.pending_bytes`` (persistent sends until
+  their commit) and the transport's write buffer (``WRITE_BUFFER_HIGH`` per
+  connection, dispatch stops above it).
 """
 
 from __future__ import annotations
@@ -14,8 +33,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from amqlite.validation import BrokerError
+
 if TYPE_CHECKING:
-    from amqlite.broker.session import Client
+    from amqlite.broker.session import Client, Session
     from amqlite.broker.source import Source
 
 log = logging.getLogger("amqlite.broker")
@@ -30,6 +51,12 @@ RESUME_FRACTION = 0.75
 #: the 200 MB a broker should need.
 MAX_NONPERSISTENT_BACKLOG = 20_000
 RESUME_NONPERSISTENT_BACKLOG = MAX_NONPERSISTENT_BACKLOG // 2
+#: One connection may hold at most ``max_memory // CONNECTION_SHARE_DIVISOR`` bytes
+#: in its open transactions (128 MiB of the default 256 MiB): two such connections
+#: fill the broker-wide ledger, and no one connection can fill it alone.
+CONNECTION_SHARE_DIVISOR = 2
+#: The pause reason of a connection not read from for the partial-frame budget.
+PARTIAL_REASON = "memory:partial"
 
 
 class MemoryBudget:
@@ -47,6 +74,13 @@ class MemoryBudget:
         #: Producers paused for any memory reason -> the sources that paused them
         #: (None: the broker-wide budget); see ``may_overdraw``.
         self.blocked_producers_all: dict[Client, set[Source | None]] = {}
+        #: Bytes clients make the broker hold: open transactions and partial frames.
+        self.held_bytes = 0
+        self.connection_share = max_memory // CONNECTION_SHARE_DIVISOR
+        #: Connections buffering a partial frame -> its bytes so far.
+        self.partial: dict[Client, int] = {}
+        #: Connections not read from for the partial-frame budget.
+        self.partial_paused: set[Client] = set()
 
     def full(self, source_bytes: int) -> bool:
         """A source holding ``source_bytes``, or the whole broker, is at its budget."""
@@ -107,10 +141,60 @@ class MemoryBudget:
             if not reasons:
                 del self.blocked_producers_all[producer]
 
+    # -- what clients make the broker hold: transactions, partial frames ----------------
+    def hold_transaction(self, session: Session, size: int) -> None:
+        """Count ``size`` bytes a transaction of ``session`` now holds; BrokerError (and
+        nothing counted) past the connection's share or the broker-wide budget."""
+        if session.tx_bytes + size > self.connection_share:
+            raise BrokerError(
+                f"transactions hold more than this connection's share of max_memory: "
+                f"{self.connection_share} bytes (1/{CONNECTION_SHARE_DIVISOR}); commit or abort")
+        if self.held_bytes + size > self.memory_budget:
+            raise BrokerError(
+                f"the broker's memory budget (max_memory, {self.memory_budget} bytes) is "
+                f"held by open transactions and partial frames; commit or abort")
+        session.tx_bytes += size
+        self.held_bytes += size
+
+    def release_transaction(self, session: Session, size: int) -> None:
+        """A transaction holding ``size`` bytes was committed, aborted or dropped."""
+        session.tx_bytes -= size
+        self.held_bytes -= size
+
+    def partial_changed(self, conn: Client, old: int, new: int) -> None:
+        """``conn`` now buffers ``new`` bytes of a partial frame instead of ``old``
+        (callers only call when they differ)."""
+        self.held_bytes += new - old
+        partial = self.partial
+        if new:
+            partial[conn] = new
+        else:
+            partial.pop(conn, None)
+        paused = self.partial_paused
+        if new > old:
+            if (self.held_bytes > self.memory_budget and conn not in paused
+                    and new < max(partial.values())):
+                paused.add(conn)
+                conn.pause_reading(PARTIAL_REASON)
+            return
+        if not paused:
+            return
+        paused.discard(conn)
+        if self.held_bytes <= self.memory_resume:
+            self.partial_paused = set()
+            for c in paused:
+                c.resume_reading(PARTIAL_REASON)
+            return
+        # The largest partial frame must be able to complete: resume the largest paused.
+        largest = max(paused, key=lambda c: partial.get(c, 0))
+        paused.discard(largest)
+        largest.resume_reading(PARTIAL_REASON)
+
     def forget(self, conn: Client) -> None:
         """A connection went away: it is no longer held back anywhere."""
         for source in self.blocked_producers_all.pop(conn, ()):
             (self if source is None else source).blocked_producers.discard(conn)
+        self.partial_paused.discard(conn)
 
     def may_overdraw(self, conn: Client, inflight_bytes: int, limit: int) -> bool:
         """A consumer whose connection we stopped reading (it also produces) cannot

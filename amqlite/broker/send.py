@@ -249,6 +249,7 @@ def abort(broker: Broker, session: Session, tx: Transaction, receipt: str | None
     waits for them. What its ACKs covered stays with the consumer
     (``acks.release_held``). ``answered``: an ABORT frame (not the connection's end,
     which has nothing to answer unless identities are written)."""
+    broker.memory.release_transaction(session, tx.size)
     if tx.held:
         acks.release_held(tx)
     identities = [broker.number(m) for m in tx.sends

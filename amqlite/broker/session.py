@@ -1,6 +1,7 @@
 """Per-connection state: what the broker needs of a client, its session, its transactions.
 
-Transactions are held in memory until COMMIT, bounded per connection; a connection
+Transactions are held in memory until COMMIT, bounded per connection and by the
+broker's memory budget (``amqlite.broker.memory``); a connection
 with too many frames or bytes waiting for commits is not read from until they land.
 """
 
@@ -76,16 +77,18 @@ class Transaction:
     #: ActiveMQ) though the ACKs apply only at COMMIT; ABORT leaves them with the consumer.
     held: list[tuple[Subscription, list[str]]] = field(default_factory=list)
 
-    def add(self, frame: Frame, name: str) -> None:
-        """Count a frame (not yet in ``sends`` or ``acks``) against the transaction's
-        limits; BrokerError past them."""
-        self.size += len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers.items())
+    def add(self, frame: Frame, name: str) -> int:
+        """Check a frame (not yet in ``sends`` or ``acks``) against the transaction's
+        limits: its size in bytes, which the caller adds to ``size`` once the memory
+        budget took it (``MemoryBudget.hold_transaction``); BrokerError past them."""
+        n = len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers.items())
         if len(self.sends) + len(self.acks) >= MAX_TRANSACTION_FRAMES:
             raise BrokerError(f"transaction {name[:60]!r}: more than "
                               f"{MAX_TRANSACTION_FRAMES} frames")
-        if self.size > MAX_TRANSACTION_BYTES:
+        if self.size + n > MAX_TRANSACTION_BYTES:
             raise BrokerError(f"transaction {name[:60]!r}: more than "
                               f"{MAX_TRANSACTION_BYTES} bytes")
+        return n
 
 
 class Session:
@@ -100,6 +103,9 @@ class Session:
         self.wildcards: dict[str, QueuePattern] = {}
         self.keys = itertools.count(1)
         self.transactions: dict[str, Transaction] = {}
+        #: Bytes its open transactions hold (their ``size``), counted against the
+        #: memory budget and the connection's share (``MemoryBudget.hold_transaction``).
+        self.tx_bytes = 0
         self.pending_commits = 0
         self.pending_bytes = 0  # Message.size of persistent sends not yet committed
         self.on_idle: list[Callable[[], object]] = []

@@ -293,11 +293,14 @@ def test_transaction_commit_over_budget_resumes(broker: BrokerProcess,
     tx = unique("tx")
     producer.tx("begin", tx)
     half = 2 * DESTINATION_BUDGET // BODY_SIZE
-    for i in range(half):
+    # One message less than half: a transaction holds at most half of max_memory
+    # (CONNECTION_SHARE_DIVISOR), headers included.
+    in_tx = half - 1
+    for i in range(in_tx):
         producer.conn.send(queue, body(i), headers={"persistent": "false", "transaction": tx})
     producer.tx("commit", tx)  # routed now: the queue is over its budget
-    later = Producer(lambda i: producer.send(queue, body(half + i), {"persistent": "false"}),
-                     half)
+    later = Producer(lambda i: producer.send(queue, body(in_tx + i), {"persistent": "false"}),
+                     2 * half - in_tx)
     later.start()
     consumer = clients(broker.port)
     consumer.subscribe(queue)
