@@ -18,10 +18,11 @@ twice the budget plus a frame per reading connection):
   ABORT and the connection's end release them (``release_transaction``);
 * partial frames, bytes received but not yet a frame (``partial_changed``): past the
   budget, a connection that receives more is no longer read from unless it holds the
-  largest partial frame. The largest always reads, so it completes and frees its
-  bytes; each completion (or close) resumes the largest paused connection, and below
-  ``RESUME_FRACTION`` of the budget every one of them. A hostile largest one is closed
-  by ``frame_timeout`` like any trickler.
+  largest partial frame (when the total crosses the budget, every smaller one at
+  once). The largest always reads, so it completes and frees its bytes; each
+  completion (or close) resumes the largest paused connection, and below
+  ``RESUME_FRACTION`` of the budget every one of them. A hostile largest one is
+  closed by ``frame_timeout`` like any trickler.
 * unacknowledged deliveries are ``Subscription.inflight_bytes`` (bounded per
   subscription), pending writes ``Session.pending_bytes`` (persistent sends until
   their commit) and the transport's write buffer (``WRITE_BUFFER_HIGH`` per
@@ -172,10 +173,15 @@ class MemoryBudget:
             partial.pop(conn, None)
         paused = self.partial_paused
         if new > old:
-            if (self.held_bytes > self.memory_budget and conn not in paused
-                    and new < max(partial.values())):
-                paused.add(conn)
-                conn.pause_reading(PARTIAL_REASON)
+            if self.held_bytes > self.memory_budget:
+                top = max(partial.values())
+                # Crossing the budget stops every smaller partial frame at once (not
+                # each at its next chunk); later ones are stopped at their next chunk.
+                crossed = self.held_bytes - (new - old) <= self.memory_budget
+                for c, n in (partial.items() if crossed else ((conn, new),)):
+                    if n < top and c not in paused:
+                        paused.add(c)
+                        c.pause_reading(PARTIAL_REASON)
             return
         if not paused:
             return

@@ -46,7 +46,7 @@ def test_past_the_budget_only_the_largest_partial_frame_reads() -> None:
     budget.partial_changed(small, 0, 5)  # type: ignore[arg-type]
     assert not (big.paused or mid.paused or small.paused)  # 95: within the budget
     budget.partial_changed(mid, 30, 40)  # type: ignore[arg-type]  # 105: past it
-    assert mid.paused == {PARTIAL_REASON}
+    assert mid.paused == small.paused == {PARTIAL_REASON}  # crossing stops all but big
     budget.partial_changed(big, 60, 70)  # type: ignore[arg-type]  # the largest reads on
     assert not big.paused
     budget.partial_changed(small, 5, 6)  # type: ignore[arg-type]
