@@ -82,6 +82,8 @@ class MemoryBudget:
         self.partial: dict[Client, int] = {}
         #: Connections not read from for the partial-frame budget.
         self.partial_paused: set[Client] = set()
+        #: Past the budget, the one connection still read from for its partial frame.
+        self.partial_reader: Client | None = None
 
     def full(self, source_bytes: int) -> bool:
         """A source holding ``source_bytes``, or the whole broker, is at its budget."""
@@ -174,15 +176,23 @@ class MemoryBudget:
         paused = self.partial_paused
         if new > old:
             if self.held_bytes > self.memory_budget:
-                top = max(partial.values())
-                # Crossing the budget stops every smaller partial frame at once (not
-                # each at its next chunk); later ones are stopped at their next chunk.
+                # One connection reads on: the largest partial frame (when the total
+                # crosses the budget, every other one is stopped at once; later ones
+                # at their next chunk). Ties would let a symmetric flood read on.
                 crossed = self.held_bytes - (new - old) <= self.memory_budget
-                for c, n in (partial.items() if crossed else ((conn, new),)):
-                    if n < top and c not in paused:
+                reader = self.partial_reader
+                if crossed or reader is None:
+                    reader = self.partial_reader = max(partial, key=partial.__getitem__)
+                    if reader in paused:
+                        paused.discard(reader)
+                        reader.resume_reading(PARTIAL_REASON)
+                for c in (partial if crossed else (conn,)):
+                    if c is not reader and c not in paused:
                         paused.add(c)
                         c.pause_reading(PARTIAL_REASON)
             return
+        if conn is self.partial_reader:
+            self.partial_reader = None  # its frame completed (or it closed)
         if not paused:
             return
         paused.discard(conn)
@@ -194,6 +204,7 @@ class MemoryBudget:
         # The largest partial frame must be able to complete: resume the largest paused.
         largest = max(paused, key=lambda c: partial.get(c, 0))
         paused.discard(largest)
+        self.partial_reader = largest
         largest.resume_reading(PARTIAL_REASON)
 
     def forget(self, conn: Client) -> None:
@@ -201,6 +212,8 @@ class MemoryBudget:
         for source in self.blocked_producers_all.pop(conn, ()):
             (self if source is None else source).blocked_producers.discard(conn)
         self.partial_paused.discard(conn)
+        if self.partial_reader is conn:
+            self.partial_reader = None
 
     def may_overdraw(self, conn: Client, inflight_bytes: int, limit: int) -> bool:
         """A consumer whose connection we stopped reading (it also produces) cannot

@@ -59,18 +59,20 @@ def test_past_the_budget_only_the_largest_partial_frame_reads() -> None:
 
 def test_a_completion_above_the_resume_level_resumes_the_largest_paused() -> None:
     budget = MemoryBudget(100, 25)
-    conns = [Conn() for _ in range(4)]
-    for c in conns:
-        budget.partial_changed(c, 0, 30)  # type: ignore[arg-type]
-    budget.partial_changed(conns[1], 30, 31)  # type: ignore[arg-type]  # largest: reads
-    budget.partial_changed(conns[2], 30, 32)  # type: ignore[arg-type]  # largest again
-    budget.partial_changed(conns[3], 30, 31)  # type: ignore[arg-type]  # not: paused
-    budget.partial_changed(conns[1], 31, 32)  # type: ignore[arg-type]  # a tie: reads
-    assert [bool(c.paused) for c in conns] == [False, False, False, True]
-    budget.partial_changed(conns[0], 30, 40)  # type: ignore[arg-type]  # the largest
-    budget.partial_changed(conns[2], 32, 0)  # type: ignore[arg-type]  # 103 held
-    assert not conns[3].paused  # the largest paused one resumes, so nothing deadlocks
-    budget.partial_changed(conns[3], 31, 33)  # type: ignore[arg-type]  # still not largest
-    assert conns[3].paused
-    budget.forget(conns[3])  # type: ignore[arg-type]
-    assert conns[3] not in budget.partial_paused
+    c0, c1, c2, _c3 = conns = [Conn() for _ in range(4)]
+    for c, n in zip(conns, (30, 31, 32, 30), strict=True):
+        budget.partial_changed(c, 0, n)  # type: ignore[arg-type]
+    # 123 held: crossing the budget stops all but the largest (ties too)
+    assert [bool(c.paused) for c in conns] == [True, True, False, True]
+    budget.partial_changed(c2, 32, 40)  # type: ignore[arg-type]  # the largest reads on
+    assert not c2.paused
+    budget.partial_changed(c2, 40, 0)  # type: ignore[arg-type]  # 91 held, past 75
+    assert [bool(c.paused) for c in conns] == [True, False, False, True]  # c1 reads now
+    assert budget.partial_reader is c1
+    budget.partial_changed(c1, 31, 41)  # type: ignore[arg-type]  # 101: it reads on
+    assert not c1.paused
+    budget.partial_changed(c1, 41, 0)  # type: ignore[arg-type]  # 60: all resume
+    assert not any(c.paused for c in conns)
+    assert budget.held_bytes == 60
+    budget.forget(c0)  # type: ignore[arg-type]
+    assert c0 not in budget.partial_paused
