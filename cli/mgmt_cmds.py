@@ -141,7 +141,9 @@ class Target:
         data = None
         if method != "GET":
             headers[CSRF_HEADER] = "amqlite-cli"
-            headers["Origin"] = base  # the API refuses state changes from other origins
+            # the API refuses state changes from other origins: scheme://host:port only
+            parts = urllib.parse.urlsplit(base)
+            headers["Origin"] = f"{parts.scheme}://{parts.netloc}"
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,8 @@ class Api:
         if method not in ("GET", "HEAD") and csrf:
             hdrs.setdefault("X-Requested-By", "tests")
             if "Referer" not in hdrs:  # as a browser on the console sends it
-                hdrs.setdefault("Origin", self.base)
+                parts = urllib.parse.urlsplit(self.base)
+                hdrs.setdefault("Origin", f"{parts.scheme}://{parts.netloc}")
         data = raw
         if body is not None:
             data = json.dumps(body).encode()
