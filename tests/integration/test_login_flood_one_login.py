@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess, ClientPool, password_hash
+from tests.helpers.poll import poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -94,6 +95,11 @@ class OneLoginFlood(threading.Thread):
         self.join(30)
 
 
+#: How long the flood threads may take to get going on a loaded machine (s).
+FLOOD_START_TIMEOUT = 15.0
+#: How long the flood runs before the test logs in (s).
+FLOOD_RUN_IN = 0.5
+
 @pytest.fixture
 def users_file(tmp_path: Path) -> Path:
     users = tmp_path / "users.toml"
@@ -141,8 +147,12 @@ def start_flood(floods: list[OneLoginFlood], port: int,
         floods.append(flood)
         new.append(flood)
         flood.start()
-    time.sleep(0.5)  # well under way: the issue saw lock-out within 0.1 s
-    assert all(flood.sent > 0 for flood in new), "a flood thread opened no socket"
+    # Every thread sending (a loaded machine may take a while to start them), and the
+    # flood running FLOOD_RUN_IN s before anyone logs in (the issue saw lock-out in 0.1 s).
+    started = time.monotonic()
+    poll(lambda: min(flood.sent for flood in new), lambda sent: sent > 0,
+         timeout=FLOOD_START_TIMEOUT, what="every flood thread sending wrong passcodes")
+    time.sleep(max(0.0, FLOOD_RUN_IN - (time.monotonic() - started)))  # pacing, not a wait
     return Floods(new)
 
 
