@@ -15,6 +15,7 @@ amqlite), against a real broker process:
 from __future__ import annotations
 
 import pytest
+from stomp.utils import Frame
 
 from tests.helpers.broker_proc import (
     WAIT,
@@ -25,6 +26,7 @@ from tests.helpers.broker_proc import (
     RawStomp,
     ack_id,
     unique,
+    wait_receipt,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -213,3 +215,51 @@ def test_ack_naming_the_wrong_subscription_says_so(broker: BrokerProcess,
     text = other.listener.error_texts()[0]
     assert "names no subscription of this connection" in text, text
     assert "awaits acknowledgement on subscription 'only'" in text, text
+
+
+def _settle(client: Client, version: str, command: str, frame: Frame,
+            transaction: str | None = None) -> None:
+    """ACK or NACK ``frame`` the way stomp.py speaks ``version``, and wait for the RECEIPT."""
+    receipt = unique(f"r-{command.lower()}")
+    method = getattr(client.conn, command.lower())
+    if version == "1.0":
+        method(frame.headers["message-id"], transaction=transaction, receipt=receipt)
+    elif version == "1.1":
+        method(frame.headers["message-id"], frame.headers["subscription"],
+               transaction=transaction, receipt=receipt)
+    else:
+        method(ack_id(frame), transaction=transaction, receipt=receipt)
+    wait_receipt(client.listener, receipt, WAIT, f"{command} {frame.body!r} ({version})")
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
+def test_acks_around_begin_commit_abort_with_stomp_py_on_every_version(
+        broker: BrokerProcess, clients: ClientPool, version: str) -> None:
+    """stomp.py on 1.0, 1.1 and 1.2: ACK (and NACK where the version has it) inside a
+    transaction that is aborted, then the same messages settled outside it; an ACK inside
+    a transaction that commits; nothing settled comes back, nothing is refused."""
+    queue = f"/queue/{unique('txacks' + version.replace('.', ''))}"
+    producer = clients(broker.port, version=version)
+    for body in ("a", "b", "c"):
+        producer.send(queue, body)
+    consumer = clients(broker.port, version=version)
+    consumer.subscribe(queue, ack="client-individual" if version != "1.0" else "client")
+    first, second, third = consumer.listener.wait_messages(3)
+    aborted = unique("tx")
+    consumer.tx("begin", aborted)
+    _settle(consumer, version, "ACK", first, aborted)
+    if version != "1.0":  # 1.0 has no NACK
+        _settle(consumer, version, "NACK", second, aborted)
+    consumer.tx("abort", aborted)
+    _settle(consumer, version, "ACK", first)  # still the consumer's after ABORT
+    _settle(consumer, version, "ACK", second)
+    committed = unique("tx")
+    consumer.tx("begin", committed)
+    _settle(consumer, version, "ACK", third, committed)
+    consumer.tx("commit", committed)
+    assert not consumer.listener.errors, consumer.listener.error_texts()
+    consumer.close()
+    after = clients(broker.port, version=version)
+    after.subscribe(queue)
+    assert after.listener.wait_quiet(QUIET, timeout=WAIT)
+    assert after.listener.bodies() == [], "a settled message came back"
