@@ -256,13 +256,6 @@ class Statements:
             .where(m.c.grp == grp, in_(m.c.id, "ids"))
             .returning(m.c.id, m.c.destination_id)
         )
-        oldest = (
-            select(dd.c.dedup_key)
-            .where(dd.c.grp == grp, dd.c.created_at < bindparam("before"))
-            .order_by(dd.c.created_at)
-            .limit(bindparam("n"))
-        )
-        self.prune = delete(dd).where(dd.c.grp == grp, dd.c.dedup_key.in_(oldest))
         # Scheduled delivery: every lookup of scheduled rows goes through the partial
         # index ix_amq_messages_due, whose condition the query repeats as a literal.
         scheduled = m.c.deliver_at > literal_column("0")

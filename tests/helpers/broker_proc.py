@@ -298,6 +298,58 @@ def wait_one_serving(brokers: Iterable[BrokerProcess], timeout: float = START_TI
                 context=lambda: "\n".join(b.log_tail() for b in brokers))
 
 
+class LoadProducer(threading.Thread):
+    """Sends unique persistent messages as fast as its window of unreceipted SENDs allows,
+    until told to stop or its connection dies (then ``error`` stays None: that is what
+    the failover tests do to it)."""
+
+    WINDOW = 16
+
+    def __init__(self, client: Client, queue: str, tag: str,
+                 stop: threading.Event | None = None) -> None:
+        super().__init__(name=f"load-{tag}", daemon=True)
+        self.client, self.queue, self.tag = client, queue, tag
+        self.stop = stop if stop is not None else threading.Event()
+        self.sent: list[str] = []  # every body we tried to send (may be stored, or not)
+        self.by_receipt: dict[str, str] = {}
+        self.error: BaseException | None = None
+
+    def outstanding(self) -> int:
+        return len(self.by_receipt) - len(self.client.listener.receipts)
+
+    def run(self) -> None:
+        listener = self.client.listener
+        try:
+            for seq in range(10_000_000):
+                listener.wait_for(lambda: self.stop.is_set() or listener.disconnected
+                                  or self.outstanding() < self.WINDOW, timeout=1.0)
+                if self.stop.is_set() or listener.disconnected:
+                    return
+                if self.outstanding() >= self.WINDOW:
+                    continue
+                body, receipt = f"{self.tag}-{seq:07d}", f"{self.tag}-r{seq}"
+                self.sent.append(body)
+                with listener.cond:
+                    self.by_receipt[receipt] = body
+                self.client.conn.send(self.queue, body,
+                                      headers={"persistent": "true", "receipt": receipt})
+        except Exception as e:  # the connection died under us: that is the point
+            if not (listener.disconnected or self.stop.is_set()):
+                self.error = e
+
+    def finish(self) -> None:
+        """Stop sending and wait for the thread."""
+        self.stop.set()
+        with self.client.listener.cond:
+            self.client.listener.cond.notify_all()
+        self.join(10)
+
+    def confirmed(self) -> set[str]:
+        with self.client.listener.cond:
+            return {self.by_receipt[r] for r in self.client.listener.receipts
+                    if r in self.by_receipt}
+
+
 #: Slaves of a pair poll the lock this often in tests (the default 0.5 s is also fine;
 #: the tests measure the broker, not the poll period).
 PAIR_LOCK_POLL = "0.1"

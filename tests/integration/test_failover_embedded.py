@@ -17,6 +17,7 @@ from tests.helpers.broker_proc import (
     BrokerProcess,
     Client,
     ClientPool,
+    LoadProducer,
     never_serves,
     open_client,
     send_many,
@@ -103,48 +104,6 @@ def test_master_crash_slave_takes_over_without_losing_receipted(
     unflagged = [m.body for m in after
                  if m.body in seen_before and m.headers.get("redelivered") != "true"]
     assert not unflagged, f"seen before the crash but not flagged redelivered: {unflagged}"
-
-
-class LoadProducer(threading.Thread):
-    """Sends unique persistent messages as fast as its window of unreceipted SENDs allows,
-    until told to stop or its connection dies."""
-
-    WINDOW = 16
-
-    def __init__(self, client: Client, queue: str, tag: str, stop: threading.Event) -> None:
-        super().__init__(name=f"load-{tag}", daemon=True)
-        self.client, self.queue, self.tag, self.stop = client, queue, tag, stop
-        self.sent: list[str] = []  # every body we tried to send (may be stored, or not)
-        self.by_receipt: dict[str, str] = {}
-        self.error: BaseException | None = None
-
-    def outstanding(self) -> int:
-        return len(self.by_receipt) - len(self.client.listener.receipts)
-
-    def run(self) -> None:
-        listener = self.client.listener
-        try:
-            for seq in range(1_000_000):
-                listener.wait_for(lambda: self.stop.is_set() or listener.disconnected
-                                  or self.outstanding() < self.WINDOW, timeout=1.0)
-                if self.stop.is_set() or listener.disconnected:
-                    return
-                if self.outstanding() >= self.WINDOW:
-                    continue
-                body, receipt = f"{self.tag}-{seq:06d}", f"{self.tag}-r{seq}"
-                self.sent.append(body)
-                with listener.cond:
-                    self.by_receipt[receipt] = body
-                self.client.conn.send(self.queue, body,
-                                      headers={"persistent": "true", "receipt": receipt})
-        except Exception as e:  # the connection died under us: that is the point
-            if not (listener.disconnected or self.stop.is_set()):
-                self.error = e
-
-    def confirmed(self) -> set[str]:
-        with self.client.listener.cond:
-            return {self.by_receipt[r] for r in self.client.listener.receipts
-                    if r in self.by_receipt}
 
 
 @pytest.mark.timeout(150)

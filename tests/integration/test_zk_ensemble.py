@@ -42,6 +42,7 @@ from tests.helpers.broker_proc import (
     BrokerProcess,
     Client,
     ClientPool,
+    LoadProducer,
     unique,
     wait_one_serving,
 )
@@ -96,54 +97,15 @@ class ReceiptTimes(stomp.ConnectionListener):
             return list(self.times)
 
 
-class ReceiptProducer(threading.Thread):
-    """Sends unique persistent messages, each asking for a RECEIPT, keeping at most
-    ``WINDOW`` unconfirmed, until told to stop or its connection dies."""
+class ReceiptProducer(LoadProducer):
+    """A ``LoadProducer`` that also notes when each RECEIPT arrived."""
+
+    WINDOW = WINDOW
 
     def __init__(self, client: Client, queue: str, tag: str) -> None:
-        super().__init__(name=f"producer-{tag}", daemon=True)
-        self.client, self.queue, self.tag = client, queue, tag
-        self.stop = threading.Event()
+        super().__init__(client, queue, tag)
         self.timing = ReceiptTimes()
         client.conn.set_listener("receipt-times", self.timing)
-        self.by_receipt: dict[str, str] = {}
-        self.error: BaseException | None = None
-
-    def outstanding(self) -> int:
-        return len(self.by_receipt) - len(self.client.listener.receipts)
-
-    def run(self) -> None:
-        listener = self.client.listener
-        try:
-            for seq in range(10_000_000):
-                listener.wait_for(lambda: self.stop.is_set() or listener.disconnected
-                                  or self.outstanding() < WINDOW, timeout=1.0)
-                if self.stop.is_set() or listener.disconnected:
-                    return
-                if self.outstanding() >= WINDOW:
-                    continue
-                body, receipt = f"{self.tag}-{seq:07d}", f"{self.tag}-r{seq}"
-                with listener.cond:
-                    self.by_receipt[receipt] = body
-                self.client.conn.send(self.queue, body,
-                                      headers={"persistent": "true", "receipt": receipt})
-        except Exception as e:  # reported by the test
-            self.error = e
-
-    def finish(self) -> None:
-        self.stop.set()
-        with self.client.listener.cond:
-            self.client.listener.cond.notify_all()
-        self.join(10)
-
-    def sent(self) -> set[str]:
-        with self.client.listener.cond:
-            return set(self.by_receipt.values())
-
-    def confirmed(self) -> set[str]:
-        with self.client.listener.cond:
-            return {self.by_receipt[r] for r in self.client.listener.receipts
-                    if r in self.by_receipt}
 
     def receipts_after(self, moment: float) -> int:
         return sum(1 for t in self.timing.snapshot() if t > moment)
@@ -278,7 +240,7 @@ def test_zookeeper_leader_killed_under_load_no_takeover_nothing_lost(
     assert not producer.client.listener.disconnected, "the producer's connection dropped"
     assert not producer.client.listener.errors, producer.client.listener.error_texts()
     # Every SEND in flight when the producer stopped gets its RECEIPT too.
-    sent = producer.sent()
+    sent = set(producer.sent)
     poll(producer.confirmed, lambda got: got == sent, timeout=WAIT,
          what="a RECEIPT for every SEND")
 
