@@ -7,6 +7,7 @@ a slave or a demoting node says 503 and where the master is (from the registry).
 Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destination):
 
     GET    /healthz  /readyz  /metrics
+    GET    /api/v1/openapi.json  /api/v1/openapi.yaml   this API, described (docs/openapi.yaml)
     GET    /api/v1/node                       this node: role, epoch, readiness
     GET    /api/v1/group                      every node of the group (registry)
     GET    /api/v1/destinations               name, kind, waiting, in flight, consumers...
@@ -62,6 +63,7 @@ from amqlite.broker.operations import Connection, OperationError, Operations
 from amqlite.listen import HTTP_BACKLOG, listening_sockets
 from amqlite.management import inputs
 from amqlite.management.actions import ActionError
+from amqlite.management.document import YAML_TYPE, DocumentMissing, OpenApiDocument
 from amqlite.management.inputs import MAX_BODY_BYTES
 from amqlite.management.metrics import Metrics
 from amqlite.management.origin import HostGuard, MisdirectedRequest
@@ -92,10 +94,14 @@ AUTO_PORT_TRIES = 50
 #: the broker's own store page (broker.PAGE_SIZE).
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+#: The OpenAPI document's paths (``document``): public, it is the one in docs/.
+DOCUMENT_PATHS = frozenset({f"{API}/openapi.json", f"{API}/openapi.yaml"})
 #: Paths a slave answers; the rest needs the master.
-SLAVE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", f"{API}/node", f"{API}/group"})
-#: Paths anyone may read even with a users file: health checks carry no credentials.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+SLAVE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", f"{API}/node", f"{API}/group",
+                         *DOCUMENT_PATHS})
+#: Paths anyone may read even with a users file: health checks carry no credentials, and
+#: the API's description is the one published with the source.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", *DOCUMENT_PATHS})
 STATIC = Path(__file__).with_name("static")
 
 
@@ -129,6 +135,7 @@ class ManagementServer:
         self.hosts = HostGuard(parse_bind(bind)[0] if bind else "127.0.0.1",
                                s.http_allowed_hosts.split(","))
         self._scrape_token = self._read_token(s.metrics_token_file)
+        self.document = OpenApiDocument()
         self.app = self._make_app()
 
     @staticmethod
@@ -217,6 +224,8 @@ class ManagementServer:
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics_page)
+        r.add_get(f"{API}/openapi.json", self.openapi_json)
+        r.add_get(f"{API}/openapi.yaml", self.openapi_yaml)
         r.add_get(f"{API}/node", self.node_info)
         r.add_get(f"{API}/group", self.group)
         r.add_get(f"{API}/destinations", self.destinations)
@@ -352,6 +361,20 @@ class ManagementServer:
         await self.view.refresh_depths()
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def openapi_json(self, request: web.Request) -> web.Response:
+        try:
+            text = await asyncio.to_thread(self.document.as_json)
+        except DocumentMissing as e:
+            raise ActionError(404, str(e)) from None
+        return web.Response(text=text, content_type="application/json")
+
+    async def openapi_yaml(self, request: web.Request) -> web.Response:
+        try:
+            body = await asyncio.to_thread(self.document.as_yaml)
+        except DocumentMissing as e:
+            raise ActionError(404, str(e)) from None
+        return web.Response(body=body, content_type=YAML_TYPE, charset="utf-8")
 
     # -- reads ----------------------------------------------------------------------------
     async def node_info(self, request: web.Request) -> web.Response:
