@@ -86,6 +86,7 @@ class Broker:
                       "dead_lettered": 0, "dropped": 0}
         #: Byte budgets and the producers held back for them (``memory``).
         self.memory = MemoryBudget(settings.max_memory, settings.max_destination_memory)
+        self.memory.reclaim = self.reclaim
         #: Per-destination totals since this node became master, for the management
         #: metrics (one dict increment per message; read only when scraped).
         self.enqueued: defaultdict[str, int] = defaultdict(int)
@@ -114,6 +115,21 @@ class Broker:
         #: messages in the store as soon as the loop runs (``amqlite.broker.scheduler``).
         self.scheduler = Scheduler(self)
         self.scheduler.start()
+
+    def reclaim(self, want: int) -> int:
+        """Give back up to ``want`` bytes of stored messages waiting in memory, from the
+        fullest sources first (``Source.evict``): held bytes need the room."""
+        sources: list[Source] = [*self.queues.values(), *self.durables.values()]
+        sources.sort(key=lambda s: s.bytes, reverse=True)
+        freed = 0
+        for source in sources:
+            if freed >= want or not source.bytes:
+                break
+            freed += source.evict(want - freed)
+        if freed:
+            log.info("memory budget: %d bytes of stored messages given back to the store "
+                     "for open transactions and partial frames", freed)
+        return freed
 
     # -- the memory budget's figures, as the metrics and tests read them ----------------
     @property

@@ -173,6 +173,7 @@ def hand_over(broker: Broker, m: Message,
     # Nothing is ahead of it (hand_over_to), so the pager's cursor may pass it: a
     # later page must not load it again while it is in flight (a second delivery).
     q.cursor = max(q.cursor, m.id)
+    q.taken_max = max(q.taken_max, m.id)
     return sub, delivery
 
 

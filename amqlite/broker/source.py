@@ -100,6 +100,10 @@ class Source:
         #: Stored ids past ``cursor`` a selective scan brought in (in memory or in
         #: flight): the pager steps over them until its cursor passes them.
         self.ahead: set[int] = set()
+        #: The highest stored id that left the heap (delivered, dropped, handed over):
+        #: ``evict`` gives back only newer ones, so a page cannot load again what is in
+        #: flight or acknowledged.
+        self.taken_max = 0
 
     # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
     def ref(self, message: Message) -> Ref:
@@ -149,6 +153,8 @@ class Source:
         if not self.heap:
             return None
         message = heapq.heappop(self.heap)[2]
+        if message.id > self.taken_max:
+            self.taken_max = message.id
         if message.persistent:
             self._released(message.size, 1, 0)
         else:
@@ -295,11 +301,42 @@ class Source:
         """Remove one heap ``entry`` (``selective.dispatch`` walks the heap itself) and
         give its bytes back, as ``pop`` does."""
         message = entry[2]
+        if message.id > self.taken_max:
+            self.taken_max = message.id
         if message.persistent:
             self._released(message.size, 1, 0)
         else:
             self._released(message.size, 0, 1)
         return message
+
+    def evict(self, want: int) -> int:
+        """Give back up to ``want`` bytes (``MemoryBudget.reclaim``) of stored messages
+        waiting in memory, the newest ids first, keeping MIN_IN_MEMORY: they stay in the
+        store, and the pager's cursor goes back to below them so a consumer pages them
+        in again. Only ids past ``taken_max`` (none of them was delivered or acked), and
+        not while a page or a selective scan is under way (it would move the cursor)."""
+        if (not self.stored or self.store_id is None or self.paging or self.ahead
+                or self.selective or self.pending_inserts
+                or self.in_memory_stored <= MIN_IN_MEMORY):
+            return 0
+        floor = self.taken_max
+        newest = sorted((e[2] for e in self.heap if e[2].persistent and e[2].id > floor),
+                        key=lambda m: m.id, reverse=True)
+        chosen: set[int] = set()
+        freed = 0
+        for m in newest[:self.in_memory_stored - MIN_IN_MEMORY]:
+            if freed >= want:
+                break
+            chosen.add(m.id)
+            freed += m.size
+        if not chosen:
+            return 0
+        floor_kept = self.taken_max
+        self.drop(lambda m: m.id in chosen)
+        self.taken_max = floor_kept  # given back, not taken: they may be again
+        self.cursor = min(chosen) - 1  # every older one is in the heap or was taken
+        self.store_has_more = True
+        return freed
 
     # -- the operator API (amqlite.broker.operations) ------------------------------------------
     def drop(self, predicate: Callable[[Message], bool]) -> list[Message]:
@@ -315,6 +352,7 @@ class Source:
         heapq.heapify(kept)
         self.heap = kept
         messages = [e[2] for e in dropped]
+        self.taken_max = max(self.taken_max, max(m.id for m in messages))
         stored = sum(1 for m in messages if m.persistent)
         self._released(sum(m.size for m in messages), stored, len(messages) - stored)
         return messages
