@@ -90,6 +90,8 @@ class Broker:
         #: Per-destination totals since this node became master, for the management
         #: metrics (one dict increment per message; read only when scraped).
         self.enqueued: defaultdict[str, int] = defaultdict(int)
+        #: Handed to a consumer (a redelivery counts again), for the console's rates.
+        self.delivered: defaultdict[str, int] = defaultdict(int)
         self.dequeued: defaultdict[str, int] = defaultdict(int)
         self.dead_lettered: defaultdict[str, int] = defaultdict(int)
         #: The users file's [[authorization]] entries; None when there are none (then
@@ -214,15 +216,19 @@ class Broker:
                               f"permission on {destination}")
         if destination in self.known_destinations:
             return
-        if (destination not in self.destination_rows and destination not in self.queues
-                and destination not in self.topics
-                and not policy.may_create(login, destination, permission)):
+        if not self.exists(destination) and not policy.may_create(login, destination,
+                                                                   permission):
             log.info("denied: login %r may not create %s", login, destination)
             raise BrokerError(f"permission denied: login {login!r} has no admin permission on "
                               f"{destination}, needed to create it")
         self.known_destinations.add(destination)
 
     # -- destinations and messages ------------------------------------------------
+    def exists(self, destination: str) -> bool:
+        """Is ``destination`` there already (using it is not creating it)?"""
+        return (destination in self.destination_rows or destination in self.queues
+                or destination in self.topics)
+
     def queue(self, name: str) -> Source:
         """The queue ``name``, made in memory if new (its row comes with its first write)."""
         q = self.queues.get(name)
@@ -252,9 +258,13 @@ class Broker:
                 or is_temporary(name)):
             return
         del self.queues[name]
-        for totals in (self.enqueued, self.dequeued, self.dead_lettered):
-            totals.pop(name, None)
+        self.forget_totals(name)
         self.known_destinations.discard(name)
+
+    def forget_totals(self, name: str) -> None:
+        """A destination left: its per-destination totals go with it."""
+        for totals in (self.enqueued, self.delivered, self.dequeued, self.dead_lettered):
+            totals.pop(name, None)
 
     def topic_left(self, name: str) -> None:
         """The last non-durable subscriber of topic ``name`` left: the topic leaves memory

@@ -187,7 +187,9 @@ class Subscription:
                     f"message {message.message_id} cannot be sent to subscription "
                     f"{self.id}: {exc}")
             return False
-        self.source.broker.stats["delivered"] += 1
+        broker = self.source.broker
+        broker.stats["delivered"] += 1
+        broker.delivered[self.destination] += 1
         return True
 
 

@@ -25,6 +25,11 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     DELETE /api/v1/subscriptions/{client_id}/{name}
     GET    /api/v1/scheduled?destination=D&limit=N   scheduled messages, earliest due first
     DELETE /api/v1/scheduled/{id}             cancel one (Operations.cancel_scheduled)
+    GET    /api/v1/rates                      the node's last minutes (``rates``), and
+                                              each destination's last sample
+    GET    /api/v1/rates/{kind}/{name}        one destination's last minutes
+    POST   /api/v1/send/{kind}/{name}         {"body": "...", "headers": {..},
+                                              "persistent": true} (Operations.send)
 
 What an action does is the broker's operator API (``amqlite.broker.operations``);
 here: parsing, logins and permissions, the HTTP status of its errors, and the log of
@@ -50,7 +55,8 @@ import json
 import logging
 import socket
 import ssl
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +73,7 @@ from amqlite.management.document import YAML_TYPE, DocumentMissing, OpenApiDocum
 from amqlite.management.inputs import MAX_BODY_BYTES
 from amqlite.management.metrics import Metrics
 from amqlite.management.origin import HostGuard, MisdirectedRequest
+from amqlite.management.rates import Sampler
 from amqlite.management.security import (
     REALM,
     Access,
@@ -75,6 +82,7 @@ from amqlite.management.security import (
     Unauthorized,
 )
 from amqlite.management.view import NodeView
+from amqlite.registry import group_views
 from amqlite.settings import HTTP_OFF, parse_bind
 from amqlite.wire import DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
@@ -127,6 +135,7 @@ class ManagementServer:
         self.view = NodeView(node)
         self.access = Access.from_users_file(node.users_file)
         self.metrics = Metrics(self.view)
+        self.rates = Sampler(self.view)
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -180,6 +189,7 @@ class ManagementServer:
         shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         self.hosts.allow(shown)
         self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}"
+        self.rates.start()
         log.info("management API on %s (%s)", self.url,
                  "login required" if self.access.enabled else "no users file: no login")
         return self.url
@@ -203,6 +213,7 @@ class ManagementServer:
         return False
 
     async def stop(self) -> None:
+        await self.rates.stop()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             with contextlib.suppress(Exception):
@@ -211,8 +222,15 @@ class ManagementServer:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.view.reader.close)
 
-    def observer(self) -> Any:
-        return self.metrics.observer()
+    def observer(self) -> Callable[[float, float], None]:
+        """The write buffer's observer: the latency histograms and the rates' sample."""
+        histograms, sampled = self.metrics.observer(), self.rates.observe_commit
+
+        def observe(commit_s: float, receipt_s: float) -> None:
+            histograms(commit_s, receipt_s)
+            sampled(commit_s)
+
+        return observe
 
     # -- app ---------------------------------------------------------------------------
     def _make_app(self) -> web.Application:
@@ -243,6 +261,9 @@ class ManagementServer:
         r.add_delete(API + "/subscriptions/{client_id}/{name:.+}", self.remove_subscription)
         r.add_get(f"{API}/scheduled", self.scheduled)
         r.add_delete(API + "/scheduled/{id}", self.cancel_scheduled)
+        r.add_get(f"{API}/rates", self.rates_page)
+        r.add_get(API + "/rates/{kind}/{name:.+}", self.destination_rates)
+        r.add_post(API + "/send/{kind}/{name:.+}", self.send)
         return app
 
     @web.middleware
@@ -390,8 +411,16 @@ class ManagementServer:
     async def group(self, request: web.Request) -> web.Response:
         members = await self.view.group()
         replication = self.node.replication.to_json()  # as this node last read it
+        now = int(time.time() * 1000)
+        views = group_views(members, now_ms=now)  # who is master, which entry is stale
+        view = views[0] if views else None
+        stale = set(view.stale) if view is not None else set()
+        nodes = [{**m.to_json(), "stale": m.name in stale,
+                  "heartbeat_age_ms": None if m.heartbeat_at is None
+                  else max(0, now - m.heartbeat_at)} for m in members]
         return web.json_response({"group": self.settings.group,
-                                  "nodes": [m.to_json() for m in members],
+                                  "master": view.masters[0] if view and view.masters else None,
+                                  "nodes": nodes,
                                   **({"replication": replication} if replication else {})})
 
     async def destinations(self, request: web.Request) -> web.Response:
@@ -574,3 +603,40 @@ class ManagementServer:
         result = await self._operations().cancel_scheduled(
             mid, lambda destination: self._require(request, destination))
         return self._logged(request, f"cancel scheduled message {mid}", result)
+
+    # -- the console's charts and its send form -------------------------------------------
+    async def rates_page(self, request: web.Request) -> web.Response:
+        """The node's history; with [[authorization]] entries a login that is not an
+        administrator gets the sums over the destinations it may read, and only those."""
+        login = request["login"]
+        readable = None
+        if self.access.per_destination and login not in self.access.admins:
+            def readable(name: str) -> bool:
+                return self._may(request, name, Permission.READ)
+        return web.json_response(self.rates.node_json(readable))
+
+    async def destination_rates(self, request: web.Request) -> web.Response:
+        name = self._destination(request)
+        self._require(request, name, Permission.READ)
+        data = self.rates.destination_json(name)
+        if data is None:
+            raise ActionError(404, f"no rates of {name} (unknown, not sampled yet, or past "
+                                   f"the {self.rates.max_destinations} charted destinations)")
+        return web.json_response(data)
+
+    async def send(self, request: web.Request) -> web.Response:
+        """A message through the clients' SEND path (``Operations.send``): numbered,
+        stored, fenced, counted. Needs write permission on the destination (with
+        [[authorization]] entries; creating it, what a client would need too), else an
+        administrator."""
+        name = self._destination(request)
+        body = await inputs.json_body(request)
+        text, headers, persistent = inputs.message(body)
+        if self.access.per_destination:
+            self._require(request, name, Permission.WRITE)
+            broker, login = self.view.broker, request["login"]
+            if (broker is not None and not broker.exists(name)
+                    and not self.access.policy.may_create(login, name, Permission.WRITE)):
+                raise Forbidden(f"permission denied: login {login!r} may not create {name}")
+        result = await self._operations().send(name, text.encode(), headers, persistent)
+        return self._logged(request, f"send to {name}", result)

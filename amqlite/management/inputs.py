@@ -104,6 +104,36 @@ def ids(body: dict[str, Any]) -> list[int] | None:
     return value
 
 
+#: Headers a message sent from the API may not carry: the path names the destination,
+#: the API asks for the receipt, and the broker numbers the message itself.
+RESERVED_HEADERS = frozenset({"destination", "receipt", "transaction", "content-length",
+                              "message-id", "persistent"})
+
+
+def message(body: dict[str, Any]) -> tuple[str, dict[str, str], bool]:
+    """``"body"`` (text), ``"headers"`` (an object of strings) and ``"persistent"``
+    (true unless false) of a send."""
+    text = body.get("body", "")
+    if not isinstance(text, str):
+        raise ActionError(400, '"body" must be a string (the message text)')
+    headers = body.get("headers") or {}
+    if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()):
+        raise ActionError(400, '"headers" must be an object of non-empty names to strings')
+    reserved = sorted(RESERVED_HEADERS & {k.lower() for k in headers})
+    if reserved:
+        raise ActionError(400, f"header {reserved[0]!r} may not be set here")
+    bad = next((k for k, v in headers.items() if any(c in k + v for c in "\r\n\0")
+                or ":" in k), None)
+    if bad is not None:
+        raise ActionError(400, f"header {_shown(bad)}: no ':' in a name, no line break or "
+                               "NUL in a name or value")
+    persistent = body.get("persistent", True)
+    if not isinstance(persistent, bool):
+        raise ActionError(400, '"persistent" must be true or false')
+    return text, headers, persistent
+
+
 def _shown(text: str, limit: int = 40) -> str:
     """``text`` for a one-line reason: cut, and repr'd (no newline gets through)."""
     return repr(text[:limit] + ("..." if len(text) > limit else ""))

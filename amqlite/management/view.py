@@ -125,6 +125,7 @@ class NodeView:
         return {
             "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
             "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
+            "delivered": broker.delivered.get(name, 0),
             "dequeued": broker.dequeued.get(name, 0),
             "dead_lettered": broker.dead_lettered.get(name, 0),
             "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
