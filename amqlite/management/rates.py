@@ -169,6 +169,9 @@ class Sampler:
         broker = view.broker
         if broker is not self.broker:
             self._reset(broker)
+            if broker is not None:  # its totals count from its takeover: rates from there
+                since = view.node.master_since or self.clock()
+                self._previous_at = time.monotonic() - max(0.0, self.clock() - since)
         if broker is None or not view.serving:
             return
         try:
