@@ -66,8 +66,8 @@ class NodeSeries(enum.StrEnum):
     """What is charted for the node alone."""
 
     CONNECTIONS = "connections"
-    MEMORY_USED = "memory_used"  # bytes of messages waiting (the max_memory budget)
-    MEMORY_HELD = "memory_held"  # bytes of open transactions and partial frames
+    MEMORY_USED = "memory_used"  # bytes against max_memory: waiting messages and held
+    MEMORY_HELD = "memory_held"  # of which open transactions and partial frames
     PAUSED_PRODUCERS = "paused_producers"  # producers held back by flow control
     COMMIT_MS = "commit_ms"  # mean group commit duration over the sample
     COMMIT_MAX_MS = "commit_max_ms"  # longest group commit over the sample
@@ -239,7 +239,7 @@ class Sampler:
         node.update({
             Series.WAITING: waiting, Series.IN_FLIGHT: inflight, Series.CONSUMERS: consumers,
             NodeSeries.CONNECTIONS: connections,
-            NodeSeries.MEMORY_USED: memory.waiting_bytes,
+            NodeSeries.MEMORY_USED: memory.used,
             NodeSeries.MEMORY_HELD: memory.held_bytes,
             NodeSeries.PAUSED_PRODUCERS: len(memory.blocked_producers_all),
             NodeSeries.COMMIT_MS: commit_sum / commits * 1000.0 if commits else NAN,

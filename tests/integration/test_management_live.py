@@ -7,6 +7,7 @@ is listed and cancelled from the page. Screenshots: ``AMQLITE_SCREENSHOTS=DIR``
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -35,6 +36,10 @@ from tests.helpers.mgmt import Api, start_with_http, wait_until
 from tests.helpers.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+#: scripts/console-screenshots: how long the load runs before the overview's picture
+#: (0 in the suite: the test needs only two refreshes).
+SCREENSHOT_LOAD_SECONDS = float(os.environ.get("AMQLITE_SCREENSHOT_LOAD_SECONDS", "0"))
 
 require_browser()
 
@@ -89,6 +94,10 @@ def test_the_charts_move_while_a_load_runs(broker: BrokerProcess, browser: Any,
         row = f'#destinations tr[data-name="{queue}"]'
         wait_until(lambda: text_of(browser, row).split()[-3:] != ["-", "-", "-"], PAGE_WAIT,
                    "the queue's rates in the table")
+        if SCREENSHOT_LOAD_SECONDS:  # scripts/console-screenshots: a longer history
+            hold = time.monotonic() + SCREENSHOT_LOAD_SECONDS
+            wait_until(lambda: time.monotonic() > hold, SCREENSHOT_LOAD_SECONDS + 5,
+                       "the screenshot's history")
         screenshot(browser, shots / "overview.png")
         # the destination's own page: its charts move too
         click(browser, f"{row} a")

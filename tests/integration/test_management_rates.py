@@ -184,3 +184,14 @@ def test_without_authorization_entries_sending_needs_an_administrator(
     assert status == 403 and "not an administrator" in body["error"]
     assert login(broker, "root").ok("POST", f"/api/v1/send{queue}", {"body": "x"})
     assert login(broker, "alice").get("/api/v1/rates")[0] == 200  # reads: every login
+
+
+def test_the_group_names_the_master_and_each_heartbeat_age(broker: BrokerProcess,
+                                                           api: Api) -> None:
+    group = wait_until(lambda: (g := api.ok("GET", "/api/v1/group"))["master"] and g,
+                       what="the master in the registry")
+    assert group["master"] == "rates"
+    [me] = [n for n in group["nodes"] if n["name"] == "rates"]
+    assert me["stale"] is False and me["role"] == "master"
+    # heartbeats every 0.5 s; a loaded machine may be late, never by the 2 s that is stale
+    assert 0 <= me["heartbeat_age_ms"] < 2000

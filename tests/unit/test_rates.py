@@ -23,7 +23,7 @@ class Clock:
 
 
 def broker() -> Any:
-    memory = SimpleNamespace(waiting_bytes=10, held_bytes=0, blocked_producers_all={},
+    memory = SimpleNamespace(used=10, held_bytes=0, blocked_producers_all={},
                              memory_budget=1000)
     return SimpleNamespace(enqueued=defaultdict(int), delivered=defaultdict(int),
                            dequeued=defaultdict(int), memory=memory)

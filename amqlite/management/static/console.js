@@ -162,8 +162,8 @@ async function refreshServing() {
       { name: "waiting", values: n.waiting }, { name: "in_flight", label: "in flight", values: n.in_flight }],
       { window: w }),
     lineChart("chart-node-memory", "Memory", t, [
-      { name: "memory_used", label: "waiting", values: n.memory_used },
-      { name: "memory_held", label: "held", values: n.memory_held }],
+      { name: "memory_used", label: "used", values: n.memory_used },
+      { name: "memory_held", label: "of which held", values: n.memory_held }],
       { window: w, unit: "bytes", limit: rates.memory_limit }),
     lineChart("chart-node-commit", "Store commit (ms)", t, [
       { name: "commit_ms", label: "mean", values: n.commit_ms },
