@@ -70,6 +70,7 @@ from amqlite.listen import HTTP_BACKLOG, listening_sockets
 from amqlite.management import inputs
 from amqlite.management.actions import ActionError
 from amqlite.management.document import YAML_TYPE, DocumentMissing, OpenApiDocument
+from amqlite.management.httplog import server_logger
 from amqlite.management.inputs import MAX_BODY_BYTES
 from amqlite.management.metrics import Metrics
 from amqlite.management.origin import HostGuard, MisdirectedRequest
@@ -121,9 +122,16 @@ def _destination_scoped(request: web.Request) -> bool:
             or request.path.startswith((f"{API}/message/", f"{API}/scheduled/")))
 
 
-def _error(status: int, message: str, **extra: Any) -> web.Response:
-    headers = {"WWW-Authenticate": f'Basic realm="{REALM}"'} if status == 401 else None
-    return web.json_response({"error": message, **extra}, status=status, headers=headers)
+#: Headers of aiohttp's own errors kept in our JSON answer (405 lists what is allowed).
+KEPT_ERROR_HEADERS = ("Allow",)
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None,
+           **extra: Any) -> web.Response:
+    out = dict(headers or {})
+    if status == 401:
+        out["WWW-Authenticate"] = f'Basic realm="{REALM}"'
+    return web.json_response({"error": message, **extra}, status=status, headers=out or None)
 
 
 class ManagementServer:
@@ -145,6 +153,10 @@ class ManagementServer:
                                s.http_allowed_hosts.split(","))
         self._scrape_token = self._read_token(s.metrics_token_file)
         self.document = OpenApiDocument()
+        #: The console's files by name: only these are served (no path from a request
+        #: ever reaches the file system).
+        self.static = ({p.name: p for p in STATIC.iterdir() if p.is_file()}
+                       if STATIC.is_dir() else {})
         self.app = self._make_app()
 
     @staticmethod
@@ -170,7 +182,8 @@ class ManagementServer:
             return None
         #: HTTPS with the STOMP listener's certificate settings (issue 16).
         self._ssl = s.ssl_context() if s.ssl_cert and s.http_ssl else None
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                     logger=server_logger())
         await self._runner.setup()
         if s.http_bind:
             host, port = parse_bind(s.http_bind)
@@ -237,8 +250,7 @@ class ManagementServer:
         app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/", self.console)
-        if STATIC.is_dir():
-            r.add_static("/static/", STATIC)
+        r.add_get("/static/{filename}", self.static_file)
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics_page)
@@ -279,7 +291,11 @@ class ManagementServer:
                 login = await self.access.login(request.headers.get("Authorization"),
                                                 request.remote or "")
             request["login"] = login
-            if request.method not in ("GET", "HEAD"):
+            # An unknown path or method (404/405) changes nothing: it is not refused as
+            # a state change (a TRACE is told what is allowed, not that it needs a CSRF
+            # header), but an unknown path still needs the login any other does.
+            routed = request.match_info.http_exception is None
+            if request.method not in ("GET", "HEAD") and routed:
                 if not (self.access.per_destination and _destination_scoped(request)):
                     self.access.require_admin(login)  # else the handler checks per destination
                 self.hosts.check_origin(request)
@@ -302,7 +318,8 @@ class ManagementServer:
             return await self._failed(e)
         except web.HTTPException as e:
             if e.status >= 400:
-                return _error(e.status, e.reason)
+                return _error(e.status, e.reason, {h: e.headers[h] for h in KEPT_ERROR_HEADERS
+                                                   if h in e.headers})
             raise
         except asyncio.CancelledError:
             raise
@@ -350,6 +367,12 @@ class ManagementServer:
         if not index.is_file():
             return web.Response(text="amqlite management API: see /api/v1/node\n")
         return web.FileResponse(index)
+
+    async def static_file(self, request: web.Request) -> web.StreamResponse:
+        path = self.static.get(request.match_info["filename"])
+        if path is None:
+            raise ActionError(404, f"no such file: {request.path[:100]}")
+        return web.FileResponse(path)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "role": self.node.role,

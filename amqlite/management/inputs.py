@@ -28,6 +28,8 @@ MAX_JSON_DEPTH = 8
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 #: A message id, ``after`` and ``limit``: what a BIGINT column holds.
 MAX_ID = BIGINT_MAX
+#: Largest float every integer up to which a double holds exactly (2^53, IEEE 754).
+MAX_EXACT_FLOAT = 2.0**53
 
 
 def uint(text: str, what: str, max_value: int = MAX_ID) -> int:
@@ -93,15 +95,29 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 
 
 def ids(body: dict[str, Any]) -> list[int] | None:
-    """``"ids"`` of an action's body: message ids within a BIGINT (None: all)."""
+    """``"ids"`` of an action's body: message ids within a BIGINT (None: all). JSON has
+    one number type, so ``5.0`` is id 5 (as JSON Schema's ``integer`` says), but only up
+    to ``MAX_EXACT_FLOAT``: a larger float may not be the id its sender meant."""
     value = body.get("ids")
     if value is None:
         return None
-    if not isinstance(value, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID
-            for i in value):
-        raise ActionError(400, f'"ids" must be a list of message ids (integers 0..{MAX_ID})')
-    return value
+    bad = ActionError(400, f'"ids" must be a list of message ids (integers 0..{MAX_ID})')
+    if not isinstance(value, list):
+        raise bad
+    out = []
+    for item in value:
+        if (i := _id(item)) is None:
+            raise bad
+        out.append(i)
+    return out
+
+
+def _id(value: Any) -> int | None:
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= MAX_EXACT_FLOAT:
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID:
+        return value
+    return None
 
 
 #: Headers a message sent from the API may not carry: the path names the destination,

@@ -4,19 +4,21 @@ fails here, naming it. Also: the package data the node serves is that same file.
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from pathlib import Path
 
 import pytest
 import yaml
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from amqlite.management.app import ManagementServer
 from amqlite.management.document import RESOURCE, DocumentMissing, OpenApiDocument
+from amqlite.management.httplog import MalformedRequestFilter, server_logger
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
-#: The console's files are one static resource; the document names them by file.
 STATIC_PATH = "/static/{filename}"
 
 
@@ -32,10 +34,8 @@ def registered() -> set[tuple[str, str]]:
     ``allow_head``) and is not described separately."""
     routes: set[tuple[str, str]] = set()
     for route in _app().router.routes():
-        resource = route.resource
-        assert resource is not None
-        path = STATIC_PATH if isinstance(resource, web.StaticResource) else resource.canonical
-        routes.add((route.method.lower(), path))
+        assert route.resource is not None
+        routes.add((route.method.lower(), route.resource.canonical))
     return {(m, p) for m, p in routes if not (m == "head" and ("get", p) in routes)}
 
 
@@ -95,3 +95,22 @@ def test_a_missing_document_is_one_line_not_a_raw_error() -> None:
     """A broken install answers 404 with this line (app.openapi_json), not a 500."""
     with pytest.raises(DocumentMissing, match="not installed"):
         OpenApiDocument(resource="no-such-file.yaml").as_json()
+
+
+def test_a_malformed_request_is_one_debug_line_not_a_traceback() -> None:
+    """aiohttp logs a request its parser refused at ERROR with a traceback; the
+    listener's logger makes it one line at DEBUG (the client already got its 400)."""
+    logger = server_logger()
+    try:
+        raise BadHttpMessage("Invalid header value char:\n\n  b'X: \\x00'\n     ^")
+    except BadHttpMessage as e:
+        record = logger.makeRecord(logger.name, logging.ERROR, __file__, 1,
+                                   "Error handling request from %s", ("127.0.0.1",),
+                                   (type(e), e, e.__traceback__))
+    shown = MalformedRequestFilter().filter(record)
+    assert not shown  # DEBUG is off for it by default
+    assert record.levelno == logging.DEBUG and record.exc_info is None
+    assert record.getMessage() == ("Error handling request from 127.0.0.1: "
+                                   "Invalid header value char:")
+    other = logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "other", (), None)
+    assert MalformedRequestFilter().filter(other) and other.levelno == logging.ERROR
