@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 #: StompServer._sweep): one timer for the server, not one per partial read on the hot path.
 SWEEP_INTERVAL_MAX = 1.0
 SWEEP_INTERVAL_MIN = 0.05
+#: Sockets not logged in looked at (oldest first) for one to close past
+#: max_unauthenticated (``StompServer._crowded_out``): a bounded scan per refused socket.
+EVICTION_SCAN = 64
 #: Transport write buffer limits: above HIGH we stop dispatching to this
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
@@ -124,16 +127,31 @@ class StompServer:
 
     # -- limits on unauthenticated and slow sockets ------------------------------------
     def admit_unauthenticated(self, conn: ClientConnection) -> None:
-        """Count a new socket as unauthenticated; past the cap the oldest one goes, so a
-        socket flood cannot lock out a client that is connecting now."""
+        """Count a new socket as unauthenticated; past the cap an old one goes, so a
+        socket flood cannot lock out a client that is connecting now (``_crowded_out``)."""
         limit = self.max_unauthenticated
         while len(self.unauthenticated) >= limit:
-            oldest = next(iter(self.unauthenticated))
+            oldest = self._crowded_out()
             del self.unauthenticated[oldest]
             self.refused[f"max_unauthenticated={limit} reached"] += 1
             oldest.close_with_error(
                 "server busy", f"too many connections still logging in (limit {limit}); retry")
         self.unauthenticated[conn] = None
+
+    def _crowded_out(self) -> ClientConnection:
+        """The socket to close for a newcomer past ``max_unauthenticated``: among the
+        oldest EVICTION_SCAN, the first waiting for a passcode tried again and again
+        (a flood's guess: its answer is the same for every socket that tries it, see
+        ``CheckQueue``), else the oldest. A user's login waiting for its check is not
+        pushed out by the flood of guesses for its login."""
+        oldest = None
+        for conn in itertools.islice(self.unauthenticated, EVICTION_SCAN):
+            oldest = oldest or conn
+            group = conn.check.group if conn.check is not None else None
+            if group is not None and group.seen > 1:
+                return conn
+        assert oldest is not None
+        return oldest
 
     def _schedule_sweep(self) -> None:
         interval = min(SWEEP_INTERVAL_MAX,
