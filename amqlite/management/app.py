@@ -82,6 +82,7 @@ from amqlite.management.security import (
     Throttled,
     Unauthorized,
 )
+from amqlite.management.tls_gate import GatedHttpsSite
 from amqlite.management.view import NodeView
 from amqlite.registry import group_views
 from amqlite.settings import HTTP_OFF, parse_bind
@@ -219,7 +220,10 @@ class ManagementServer:
                     await self.stop()
                     raise
                 continue
-            sites = [web.SockSite(self._runner, sock, ssl_context=self._ssl) for sock in socks]
+            sites = [web.SockSite(self._runner, sock) if self._ssl is None
+                     else GatedHttpsSite(self._runner, sock, self._ssl,
+                                         self.settings.connect_timeout, HTTP_BACKLOG)
+                     for sock in socks]
             for site in sites:
                 await site.start()
             return True
