@@ -615,7 +615,10 @@ class Node:
                 continue
             now = int(time.time() * 1000)
             try:
-                await committer.call(store.reap_expired, epoch, now, REAP_BATCH)
+                reaped = await committer.call(store.reap_expired_counted, epoch, now,
+                                              REAP_BATCH)
+                if reaped and self.broker is not None:
+                    self.broker.reaped(reaped)
                 await committer.call(store.prune_dedup, epoch, now - int(s.dedup_window * 1000),
                                      PRUNE_BATCH)
             except StoreRejected as exc:  # not a lost store: try again next time

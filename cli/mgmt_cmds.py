@@ -291,9 +291,10 @@ def queue_list(url: str | None, group: str | None, registry: str | None, user: s
     data = _run(lambda: t.call("GET", "/api/v1/destinations"))["destinations"]
     _emit(as_json, data, lambda: table(
         ("destination", "waiting", "in-flight", "consumers", "enqueued", "dequeued",
-         "dead-lettered"),
+         "expired", "dead-lettered", "moved", "purged"),
         [(d["name"], d["waiting"], d["in_flight"], d["consumers"], d["enqueued"],
-          d["dequeued"], d["dead_lettered"]) for d in data]))
+          d["dequeued"], d["expired"], d["dead_lettered"], d["moved"], d["purged"])
+         for d in data]))
 
 
 @queue.command("browse")
@@ -305,8 +306,14 @@ def queue_list(url: str | None, group: str | None, registry: str | None, user: s
 def queue_browse(destination: str, after: int, limit: int, url: str | None,
                  group: str | None, registry: str | None, user: str | None,
                  as_json: bool) -> None:
-    """Show a queue's messages without consuming them."""
+    """Show a queue's messages without consuming them (of a topic: its durable
+    subscriptions, which hold what `queue list` counts as its waiting messages)."""
     t = _target(url, group, registry, user)
+    if destination.startswith("/topic/"):
+        from cli.subscription_cmds import browse_topic
+
+        browse_topic(t, destination, as_json)
+        return
     data = _run(lambda: t.call(
         "GET", f"/api/v1/messages{_dest_path(destination)}?after={after}&limit={limit}"))
 

@@ -197,6 +197,11 @@ class Batch:
     #: Scheduled messages whose due occurrence this batch makes deliverable (applied
     #: with the inserts of their copies, so a takeover delivers each occurrence once).
     schedule_steps: list[ScheduleStep] = field(default_factory=list)
+    #: Per-destination totals to add (``schema.counters``): destination id -> one
+    #: delta per ``schema.COUNTER_KINDS``. The broker fills it from what it counted
+    #: since the last flush (``amqlite.broker.counters``), so the totals commit with
+    #: the writes they count: one row per destination touched, not per message.
+    counters: dict[int, list[int]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return (
@@ -212,6 +217,7 @@ class Batch:
             + len(self.removed_subscriptions)
             + len(self.claimed_subscriptions)
             + len(self.schedule_steps)
+            + len(self.counters)
         )
 
     def extend(self, other: Batch) -> None:
@@ -227,6 +233,8 @@ class Batch:
         self.removed_subscriptions += other.removed_subscriptions
         self.claimed_subscriptions += other.claimed_subscriptions
         self.schedule_steps += other.schedule_steps
+        if other.counters:
+            add_counts(self.counters, other.counters)
 
     def carve(self, spans: list[UnitSpan]) -> tuple[Batch, list[Batch]]:
         """Split into the part outside every span and one batch per span
@@ -262,6 +270,17 @@ class Batch:
         undone = set(self.releases)
         undone.update((None, mid) for mid, _ in self.moves)
         return undone.isdisjoint(later.deliveries)
+
+
+def add_counts(into: dict[int, list[int]], more: dict[int, list[int]]) -> None:
+    """Add the per-destination deltas ``more`` to ``into`` (``Batch.counters``)."""
+    for did, deltas in more.items():
+        have = into.get(did)
+        if have is None:
+            into[did] = list(deltas)
+        else:
+            for k, n in enumerate(deltas):
+                have[k] += n
 
 
 #: The lists of a ``Batch`` a ``UnitSpan`` indexes, in its order (``acks``
@@ -321,6 +340,9 @@ class Recovery:
     next_message_id: int
     next_destination_id: int
     next_subscription_id: int
+    #: Per-destination totals (``schema.counters``): destination id -> one value per
+    #: ``schema.COUNTER_KINDS``.
+    counters: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class Store(abc.ABC):
@@ -396,6 +418,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reap_expired(self, epoch: int, now_ms: int, limit: int) -> list[Ref]:
         """Delete up to ``limit`` expired rows (fenced); return what went."""
+
+    def reap_expired_counted(self, epoch: int, now_ms: int,
+                             limit: int) -> dict[int, list[Ref]]:
+        """``reap_expired``, by destination id (the store counted them in its totals
+        with the delete; the broker adds them to its own). A store that cannot tell
+        the destinations reaps and says nothing went."""
+        self.reap_expired(epoch, now_ms, limit)
+        return {}
 
     @abc.abstractmethod
     def prune_dedup(self, epoch: int, older_than_ms: int, limit: int) -> int:

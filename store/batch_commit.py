@@ -117,8 +117,16 @@ class BatchCommitting(FencedStore):
                 self._ack_subscriptions(conn, batch.acks, ch)
             if batch.removed_subscriptions:
                 self._remove_subscriptions(conn, batch.removed_subscriptions, ch)
+            if batch.counters:
+                self._add_counts(conn, batch.counters)
             self._write_counters(conn, ch, predicted, batch.removed_subscriptions)
         return result
+
+    def _add_counts(self, conn: Connection, counts: dict[int, list[int]]) -> None:
+        """One upsert per destination touched (``schema.counters``)."""
+        g = self.group
+        conn.exec_driver_sql(self._st.add_counts,
+                             [(g, did, *deltas) for did, deltas in counts.items()])
 
     def _analyze_once(self) -> None:
         """See ANALYZE_AFTER_ROWS. Best effort: plans, not correctness, depend on it."""

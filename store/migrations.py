@@ -47,6 +47,11 @@ def _add_scheduling(conn: Connection) -> None:
     schema.DUE_INDEX.create(conn, checkfirst=True)
 
 
+def _add_counters(conn: Connection) -> None:
+    """v3 -> v4: ``amq_counters``. ``create_all`` has made the table; existing
+    destinations start at zero (what went before was never counted in the store)."""
+
+
 def _add_column(conn: Connection, column: Any) -> None:
     """ALTER TABLE ... ADD COLUMN unless it is there (a store a newer amqlite
     began to upgrade, or a table ``create_all`` has just made with it). Both
@@ -70,6 +75,7 @@ def _add_column(conn: Connection, column: Any) -> None:
 UPGRADES: dict[int, Callable[[Connection], None]] = {
     1: _add_subscription_owner,
     2: _add_scheduling,
+    3: _add_counters,
 }
 
 

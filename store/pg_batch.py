@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from store.api import Batch, BatchResult, NewMessage
+from store.schema import COUNTER_KINDS
 
 #: SQLSTATE division_by_zero: only the fence divides, so it means "fenced".
 FENCED_SQLSTATE = "22012"
@@ -111,6 +112,16 @@ WITH del AS (
 UPDATE amq_groups SET msg_count = msg_count - (SELECT count(*) FROM del) WHERE grp = %(g)s"""
 
 
+#: The destinations' totals (``Batch.counters``): one row per destination touched.
+COUNT = (
+    f"INSERT INTO amq_counters (grp, destination_id, {', '.join(COUNTER_KINDS)})\n"
+    f"SELECT %(g)s, u.* FROM unnest(%(d)b::int8[], "
+    + ", ".join(f"%({k})b::int8[]" for k in COUNTER_KINDS)
+    + ") AS u\nON CONFLICT (grp, destination_id) DO UPDATE SET "
+    + ", ".join(f"{k} = amq_counters.{k} + excluded.{k}" for k in COUNTER_KINDS)
+)
+
+
 def fits(batch: Batch) -> bool:
     """True when every write of ``batch`` has a statement here."""
     if (batch.destinations or batch.subscriptions or batch.moves or batch.removed_subscriptions
@@ -160,6 +171,8 @@ def commit(conn: Any, group: str, epoch: int, batch: Batch, now: int,
             cur.execute(RELEASE, {**base, "id": [mid for _, mid in batch.releases]})
         if acked:
             cur.execute(ACK, {**base, "id": list(acked)})
+        if batch.counters:
+            cur.execute(COUNT, {**base, **_count_arrays(batch.counters)})
         conn.commit()
     if dup_cur is not None:
         row = dup_cur.fetchone()
@@ -167,6 +180,14 @@ def commit(conn: Any, group: str, epoch: int, batch: Batch, now: int,
             result.duplicates.add(key)
             result.duplicate_ids.add(ids_by_key[key])
     return result
+
+
+def _count_arrays(counts: dict[int, list[int]]) -> dict[str, list[int]]:
+    """``Batch.counters`` as one array per column (``COUNT``)."""
+    arrays: dict[str, list[int]] = {"d": list(counts)}
+    for k, kind in enumerate(COUNTER_KINDS):
+        arrays[kind] = [deltas[k] for deltas in counts.values()]
+    return arrays
 
 
 def _dedup_in_batch(

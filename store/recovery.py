@@ -72,6 +72,14 @@ class Recovering(FencedStore):
                     .order_by(s.c.id)
                 )
             ]
+            c = schema.counters
+            counts = {
+                int(r[0]): tuple(int(v) for v in r[1:])
+                for r in conn.execute(
+                    select(c.c.destination_id, *(c.c[k] for k in schema.COUNTER_KINDS))
+                    .where(c.c.grp == self.group)
+                )
+            }
             # Newest id by the primary key index (one descent, O(log n)).
             top = conn.scalar(
                 select(m.c.id).where(m.c.grp == self.group).order_by(m.c.id.desc()).limit(1)
@@ -84,8 +92,11 @@ class Recovering(FencedStore):
             destinations=dests,
             subscriptions=subs,
             next_message_id=next_msg,
-            next_destination_id=max((x.id for x in dests), default=0) + 1,
+            # A counters row may outlive a destination row its batch did not create
+            # (refused by the store): its id is never handed out again.
+            next_destination_id=max((*(x.id for x in dests), *counts), default=0) + 1,
             next_subscription_id=max((x.id for x in subs), default=0) + 1,
+            counters=counts,
         )
 
     def check_integrity(self, epoch: int) -> Integrity:

@@ -106,6 +106,12 @@ class Statements:
         self.ins_pending = self._driver_insert(
             p, ("grp", "sub_id", "msg_id"), {"delivery_count": "0", "inflight_epoch": "NULL"}
         )
+        kinds = schema.COUNTER_KINDS
+        self.add_counts = (
+            self._driver_insert(schema.counters, ("grp", "destination_id", *kinds))
+            + " ON CONFLICT (grp, destination_id) DO UPDATE SET "
+            + ", ".join(f"{k} = amq_counters.{k} + excluded.{k}" for k in kinds)
+        )
         grp: BindParameter[str] = bindparam("g")
         in_ = self._in
         max_id = bindparam("max_id", type_=BigInteger)
@@ -192,6 +198,8 @@ class Statements:
         self.delete_subs = delete(s).where(s.c.grp == grp, in_(s.c.id, "subs"))
         dest = bindparam("d", type_=BigInteger)
         self.delete_destination = delete(d).where(d.c.grp == grp, d.c.id == dest)
+        c = schema.counters
+        self.delete_counters = delete(c).where(c.c.grp == grp, c.c.destination_id == dest)
         self.destination_subs = select(s.c.id).where(s.c.grp == grp,
                                                      s.c.destination_id == dest)
         self.delete_destination_messages = delete(m).where(m.c.grp == grp,

@@ -119,6 +119,9 @@ class WriteBuffer(Generic[C]):
         #: RECEIPT in it waited). None costs one attribute test per batch.
         self.observer: Callable[[float, float], None] | None = None
         self._first_staged = 0.0
+        #: Called with the batch as it is flushed, to add what it carries besides the
+        #: staged writes (the broker's per-destination totals, ``Batch.counters``).
+        self.before_flush: Callable[[Batch], None] | None = None
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
@@ -180,6 +183,8 @@ class WriteBuffer(Generic[C]):
         self._flush_scheduled = False
         if self.held:
             return
+        if self.before_flush is not None:
+            self.before_flush(self.batch)
         batch, callbacks, units = self.batch, self.callbacks, self.units
         if not len(batch) and not callbacks:
             self.units = []

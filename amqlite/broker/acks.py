@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from amqlite.broker import destinations, receipts, routing
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import message_size, now_ms
 from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.codec import Frame
@@ -96,7 +97,7 @@ def ack(broker: Broker, session: Session, command: str, frame: Frame, receipt: s
     batch = broker.writes.batch
     if command == "ACK":
         broker.stats["acked"] += len(done)
-        broker.dequeued[sub.destination] += len(done)
+        broker.counters.add(sub.destination, Kind.DEQUEUED, len(done))
         batch.acks.extend(d.ref for d in done if d.ref is not None)
     else:  # what went to the dead-letter queue is settled; the rest is released
         done = [d for d in done if redeliver_or_dead_letter(broker, sub.source, d, batch)]
@@ -119,8 +120,9 @@ def redeliver_or_dead_letter(broker: Broker, source: Source, d: Delivery, batch:
         source.push(m)
         return False
     broker.stats["dead_lettered"] += 1
-    broker.dead_lettered[m.destination] += 1
     dlq = broker.settings.dead_letter_queue
+    broker.counters.add(m.destination, Kind.DEAD_LETTERED)
+    broker.counters.add(dlq, Kind.ENQUEUED)  # what enters the dead-letter queue
     copy = m.copy()
     copy.id = next(broker.ids)
     copy.message_id = m.message_id
@@ -206,11 +208,12 @@ def unsettle(broker: Broker, settled: list[Settled]) -> None:
         acked = command == "ACK"
         if acked:
             broker.stats["acked"] -= len(done)
-            broker.dequeued[sub.destination] -= len(done)
+            broker.counters.add(sub.destination, Kind.DEQUEUED, -len(done))
         else:  # dead-lettered; a memory-only copy was routed at once: it stays so
             done = [d for d in done if d.message.persistent]
             broker.stats["dead_lettered"] -= len(done)
-            broker.dead_lettered[sub.destination] -= len(done)
+            broker.counters.add(sub.destination, Kind.DEAD_LETTERED, -len(done))
+            broker.counters.add(broker.settings.dead_letter_queue, Kind.ENQUEUED, -len(done))
         if not done or (sub.closed and isinstance(sub.source, TopicSubscriptionSource)):
             continue  # nothing, or memory-only copies for a subscriber that is gone
         for d in done:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from collections import defaultdict
+import logging
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
 from amqlite.broker import destinations, selective, send, temporary, wildcard_queues
+from amqlite.broker.counters import Counters, Kind
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from amqlite.settings import Settings
-    from store.api import DestinationRow, Recovery, StoredMessage
+    from store.api import DestinationRow, Recovery, Ref, StoredMessage
     from store.group_commit import GroupCommitter
 
 log = logging.getLogger("amqlite.broker")
@@ -87,13 +88,16 @@ class Broker:
         #: Byte budgets and the producers held back for them (``memory``).
         self.memory = MemoryBudget(settings.max_memory, settings.max_destination_memory)
         self.memory.reclaim = self.reclaim
-        #: Per-destination totals since this node became master, for the management
-        #: metrics (one dict increment per message; read only when scraped).
-        self.enqueued: defaultdict[str, int] = defaultdict(int)
-        #: Handed to a consumer (a redelivery counts again), for the console's rates.
+        #: Per-destination totals, kept in the store with the writes they count so a
+        #: new master starts from them (``counters``); the three most read by name.
+        self.counters = Counters(loop, self.destination_rows, self.writes.stage)
+        self.writes.before_flush = self.counters.take
+        self.enqueued = self.counters.totals[Kind.ENQUEUED]
+        self.dequeued = self.counters.totals[Kind.DEQUEUED]
+        self.dead_lettered = self.counters.totals[Kind.DEAD_LETTERED]
+        #: Handed to a consumer (a redelivery counts again), for the console's rates
+        #: (in memory only: a rate starts again at a takeover).
         self.delivered: defaultdict[str, int] = defaultdict(int)
-        self.dequeued: defaultdict[str, int] = defaultdict(int)
-        self.dead_lettered: defaultdict[str, int] = defaultdict(int)
         #: The users file's [[authorization]] entries; None when there are none (then
         #: every authenticated login may do everything, and frames pay no check).
         self.authz: Policy | None = None
@@ -108,6 +112,7 @@ class Broker:
             if d.kind == "queue":
                 self.queues[d.name] = Source(self, d.name, d.id, stored=True)
         names = {d.id: d.name for d in recovery.destinations}
+        self.counters.load(names, recovery.counters)
         for s in recovery.subscriptions:
             topic = names.get(s.destination_id, f"/topic/unknown-{s.destination_id}")
             destinations.add_durable(self, DurableSource(
@@ -263,8 +268,8 @@ class Broker:
 
     def forget_totals(self, name: str) -> None:
         """A destination left: its per-destination totals go with it."""
-        for totals in (self.enqueued, self.delivered, self.dequeued, self.dead_lettered):
-            totals.pop(name, None)
+        self.delivered.pop(name, None)
+        self.counters.forget(name)
 
     def topic_left(self, name: str) -> None:
         """The last non-durable subscriber of topic ``name`` left: the topic leaves memory
@@ -281,8 +286,25 @@ class Broker:
         m.message_id = f"ID:{self.group}:{mid}"
         return m
 
+    def reaped(self, by_destination: dict[int, list[Ref]]) -> None:
+        """The store's reaper deleted these expired rows (and counted them): what of
+        them waits in memory goes without being counted again."""
+        names = {did: name for name, did in self.destination_rows.items()}
+        self.counters.reaped(names, by_destination)
+        by_sub = {d.store_id: d for d in self.durables.values()}
+        for did, refs in by_destination.items():
+            gone: dict[Source, set[int]] = {}
+            for sid, mid in refs:
+                source = (self.queues.get(names.get(did, "")) if sid is None
+                          else by_sub.get(sid))
+                if source is not None:
+                    gone.setdefault(source, set()).add(mid)
+            for source, mids in gone.items():
+                source.drop(_among(mids))
+
     def expire(self, source: Source, message: Message) -> None:
         self.stats["expired"] += 1
+        self.counters.add(source.name, Kind.EXPIRED)
         if message.persistent and source.stored:
             self.writes.stage().acks.append(source.ref(message))
 
@@ -334,3 +356,8 @@ class Broker:
             return
         for sub in list(session.all_subscriptions()):
             sub.source.dispatch()
+
+
+def _among(ids: set[int]) -> Callable[[Message], bool]:
+    """A ``Source.drop`` predicate: the messages with these ids."""
+    return lambda m: m.id in ids

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from amqlite.broker import destinations, routing
 from amqlite.broker import send as send_path
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, checked_send, now_ms
 from amqlite.broker.session import Client, Session
 from amqlite.codec import Frame
@@ -243,6 +244,8 @@ class Operations:
         in_memory = q.drop(lambda m: True)
         acks = [(None, m.id) for m in in_memory if m.persistent]
         purged += len(in_memory) - len(acks)  # memory-only: nothing to write
+        count = self.broker.counters.add
+        count(name, Kind.PURGED, purged)
         seen = {m.id for m in in_memory if m.persistent}
         after = 0
         while True:
@@ -260,6 +263,7 @@ class Operations:
                 q.drop(paged_in)  # paged in while we read
             if acks:
                 self.broker.writes.stage().acks.extend(acks)
+                count(name, Kind.PURGED, len(acks))  # committed with the acks
                 await self._commit()
                 purged += len(acks)
                 acks = []
@@ -366,6 +370,7 @@ class Operations:
                                  "ACK or NACK settles it")
         q.drop(lambda m: m.id == message_id)
         self.broker.writes.stage().acks.append((None, message_id))
+        self.broker.counters.add(row["destination"], Kind.PURGED)  # removed by an operator
         await self._commit()
         return {"destination": row["destination"], "deleted": 1, "id": message_id}
 
@@ -460,6 +465,8 @@ class Operations:
                 priority=copy.priority, expires_at=copy.expires_at,
                 enqueued_at=copy.enqueued_at))
             batch.acks.append((None, r["id"]))
+            broker.counters.add(source, Kind.MOVED)
+            broker.counters.add(dest, Kind.ENQUEUED)
             broker.queue(dest).pending_inserts += 1  # no hand-over may overtake it
             copies.append(copy)
             tally.targets[dest] = tally.targets.get(dest, 0) + 1

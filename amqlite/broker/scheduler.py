@@ -32,6 +32,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from amqlite.broker import routing, send
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, now_ms
 from amqlite.broker.schedule import JOB_ID_HEADER, Plan, ScheduleError, next_occurrence
 from amqlite.validation import destination_kind
@@ -198,7 +199,6 @@ class Scheduler:
                 broker.queue(m.destination).pending_inserts -= 1
             if not ok:
                 continue
-            broker.enqueued[m.destination] += 1
             try:
                 if c.queue or c.durables:
                     routing.route_committed(broker, m, c.durables)
@@ -262,6 +262,7 @@ class Scheduler:
         """A queue's copy is stored (no hand-over may overtake it while it commits); a
         topic's for its durable subscriptions, if any wants it."""
         broker = self.broker
+        broker.counters.add(m.destination, Kind.ENQUEUED)  # with the copy's insert
         if destination_kind(m.destination) == "queue":
             batch.inserts.append(send.new_row(broker, m, batch))
             broker.queue(m.destination).pending_inserts += 1

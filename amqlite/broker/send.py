@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from amqlite.broker import acks, destinations, receipts, routing
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, now_ms
 from amqlite.broker.schedule import ScheduleError
 from amqlite.broker.subscription import Delivery, Settled, Subscription
@@ -43,7 +44,7 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
     conn = session.conn
     messages = [broker.number(m) for m in checked]
     broker.stats["sent"] += len(messages)
-    enqueued = broker.enqueued
+    count = broker.counters.add
     to_store: list[tuple[Message, list[DurableSource]]] = []  # no durables: a queue's
     identity_only: list[Message] = []  # nothing to keep but who sent it
     in_memory: list[Message] = []  # nothing to keep (no durable subscriber)
@@ -52,7 +53,7 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         if m.plan is not None:
             scheduled.append(m)  # enqueued when a copy is due, not now
             continue
-        enqueued[m.destination] += 1
+        count(m.destination, Kind.ENQUEUED)
         if not m.persistent:
             in_memory.append(m)
         elif destination_kind(m.destination) == "queue":

@@ -34,6 +34,9 @@ class DestinationDepth:
     name: str
     kind: str
     depth: int  # queue rows in the store, waiting or in flight
+    #: A topic's: what its durable subscriptions are owed in the store, summed (a
+    #: message owed to two counts twice), in flight or not.
+    pending: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,12 @@ class StoreReader:
         d = schema.destinations
         rows = self._rows(select(d.c.id, d.c.name, d.c.kind, d.c.depth)
                           .where(d.c.grp == self.group))
-        self._depths = {r.name: DestinationDepth(r.id, r.name, r.kind, r.depth) for r in rows}
+        s = schema.subscriptions
+        owed = {r.destination_id: int(r.pending) for r in self._rows(
+            select(s.c.destination_id, func.sum(s.c.pending).label("pending"))
+            .where(s.c.grp == self.group).group_by(s.c.destination_id))}
+        self._depths = {r.name: DestinationDepth(r.id, r.name, r.kind, r.depth,
+                                                 owed.get(r.id, 0)) for r in rows}
         self._depths_at = time.monotonic()
         return self._depths
 

@@ -119,14 +119,16 @@ class NodeView:
         else:
             durables = broker.durables_by_topic.get(name, [])
             inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
-            waiting = sum(len(dur) for dur in durables)
+            # What the store owes its durable subscriptions (not only what is paged in:
+            # after a takeover nothing is until a consumer comes), and memory-only ones.
+            owed = d.pending if d is not None else 0
+            waiting = max(0, owed - inflight) + sum(dur.nonpersistent for dur in durables)
             consumers = len(broker.topics.get(name, [])) + sum(
                 len(dur.consumers) for dur in durables)
         return {
             "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
-            "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
-            "delivered": broker.delivered.get(name, 0),
-            "dequeued": broker.dequeued.get(name, 0),
-            "dead_lettered": broker.dead_lettered.get(name, 0),
+            "consumers": consumers, "delivered": broker.delivered.get(name, 0),
+            # enqueued, dequeued, expired, dead_lettered, moved, purged (amqlite.broker.counters)
+            **broker.counters.of(name),
             "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
         }

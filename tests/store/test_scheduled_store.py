@@ -106,7 +106,7 @@ def test_the_next_due_time_is_one_index_probe(make_store: MakeStore) -> None:
 def test_a_v2_store_is_upgraded_to_v3(store_url: str, make_store: MakeStore) -> None:
     make_v2_store(store_url, "g1", QUEUE, [msg(1), msg(2)])
     s = make_store("g1")
-    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "3"
+    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "4"
     columns = {c["name"] for c in inspect(s.engine).get_columns("amq_messages")}
     assert {"deliver_at", "schedule"} <= columns
     indexes = {i["name"] for i in inspect(s.engine).get_indexes("amq_messages")}

@@ -179,13 +179,14 @@ function destinationsTable(rows, latest = {}) {
   return table("destinations",
     ["destination", "kind", { label: "waiting", num: 1 }, { label: "in flight", num: 1 },
      { label: "consumers", num: 1 }, { label: "enqueued", num: 1 }, { label: "dequeued", num: 1 },
-     { label: "dead-lettered", num: 1 }, { label: "in/s", num: 1 }, { label: "out/s", num: 1 },
+     { label: "expired", num: 1 }, { label: "dead-lettered", num: 1 }, { label: "moved", num: 1 },
+     { label: "purged", num: 1 }, { label: "in/s", num: 1 }, { label: "out/s", num: 1 },
      { label: "ack/s", num: 1 }],
     rows.map(d => el("tr", { "data-name": d.name },
       el("td", {}, el("a", { href: "#/" + destPath(d.name) }, d.name)),
       el("td", {}, d.kind), num(d.waiting), num(d.in_flight), num(d.consumers),
-      num(d.enqueued), num(d.dequeued), num(d.dead_lettered),
-      rate(latest[d.name]?.enqueued), rate(latest[d.name]?.delivered),
+      num(d.enqueued), num(d.dequeued), num(d.expired), num(d.dead_lettered), num(d.moved),
+      num(d.purged), rate(latest[d.name]?.enqueued), rate(latest[d.name]?.delivered),
       rate(latest[d.name]?.acknowledged))));
 }
 
@@ -230,7 +231,8 @@ async function destination(main, name) {
     el("td", {}, m.headers["original-destination"] ?? ""),
     el("td", { class: "body" }, m.body ?? "<binary>")));
   const stats = d => `${d.waiting} waiting, ${d.in_flight} in flight, ${d.consumers} consumers; ` +
-    `${d.enqueued} enqueued, ${d.delivered} delivered, ${d.dequeued} dequeued, ${d.dead_lettered} dead-lettered`;
+    `${d.enqueued} enqueued, ${d.delivered} delivered, ${d.dequeued} dequeued, ${d.expired} expired, ` +
+    `${d.dead_lettered} dead-lettered, ${d.moved} moved, ${d.purged} purged`;
   main.replaceChildren(
     el("h2", {}, name),
     el("p", { id: "stats", class: "muted" }, stats(info)),
