@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import defaultdict
 import logging
+from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
