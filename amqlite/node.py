@@ -27,7 +27,7 @@ from amqlite import activation, pidfile
 from amqlite.activation import ActivationAborted, ActivationGuard
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
-from amqlite.broker import Broker, inactive
+from amqlite.broker import Broker, inactive, limits
 from amqlite.listen import bound_sockets
 from amqlite.management import ManagementServer
 from amqlite.name_check import refuse_duplicate_name
@@ -424,6 +424,11 @@ class Node:
             broker.authz = self.users_file.policy
         server = StompServer(s, broker, auth)
         broker.pause()  # nothing dispatched or committed until the last check below
+        try:
+            await limits.load(broker)  # bounded queues' ledgers, before any SEND
+        except StoreError as exc:
+            log.warning("node %s: bounded queues count from empty: reading them failed: %s",
+                        s.name, exc)
         try:
             await guard.pass_gate("listen")
             await guard.confirm("before listening")

@@ -32,6 +32,7 @@ from amqlite.codec import (
     DEFAULT_MAX_HEADER_LENGTH,
     ProtocolError,
 )
+from amqlite.policy import DestinationPolicy, Policies, PolicyEntry, PolicyError, take_policies
 from amqlite.protocol import MAX_HEARTBEAT_MS, parse_heartbeat
 from amqlite.setting_domains import (
     BYTES,
@@ -140,8 +141,10 @@ def _destination_ok(value: str) -> bool:
 
 DESTINATION = described("a destination /queue/NAME or /topic/NAME", _destination_ok)
 
-#: Keys of a field's metadata (see ``doc``).
+#: Keys of a field's metadata (see ``doc``). ``FILE_ONLY``: a field only the config file
+#: sets (tables, not one value): no option, no environment variable.
 HELP, ORIGIN, DOMAIN, METAVAR, DERIVED = "help", "origin", "domain", "metavar", "derived"
+FILE_ONLY = "file_only"
 
 
 def doc(text: str, origin: str = "", *, domain: Domain | None = None, metavar: str = "",
@@ -311,8 +314,16 @@ class Settings:
     update_cluster_filter: str = field(default="", metadata=doc(
         "With --update-cluster-clients, a regular expression of the node names to tell "
         "clients about (updateClusterFilter).", metavar="REGEX", derived="all nodes"))
+    policies: tuple[PolicyEntry, ...] = field(default=(), metadata={
+        HELP: "[[policy]] tables of the config file (amqlite.policy)", FILE_ONLY: True})
 
     # -- derived ----------------------------------------------------------
+    def destination_policies(self) -> Policies:
+        """The per-destination policies, the broker-wide settings as their defaults."""
+        defaults = DestinationPolicy(dead_letter_queue=self.dead_letter_queue,
+                                     max_redeliveries=self.max_redeliveries)
+        return Policies(self.policies, defaults)
+
     @property
     def plain_enabled(self) -> bool:
         return self.bind.strip().lower() != BIND_OFF
@@ -476,7 +487,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+#: The settings an option, a variable or a config key sets (not the file's tables).
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if not f.metadata.get(FILE_ONLY)}
 #: A field's type, from its annotation (a string under ``from __future__ import annotations``).
 _KINDS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 
@@ -520,7 +532,7 @@ def definitions() -> list[Definition]:
     return [Definition(name=f.name, kind=_KINDS[str(f.type)], help=f.metadata.get(HELP, ""),
                        origin=f.metadata.get(ORIGIN, ""), metavar=f.metadata.get(METAVAR, ""),
                        default=_shown(f))
-            for f in dataclasses.fields(Settings)]
+            for f in _FIELDS.values()]
 
 
 def check_backends(s: Settings) -> None:
@@ -621,6 +633,10 @@ def _read_config(config_file: str) -> dict[str, Any]:
         raise SettingsError(f"--config: cannot read {config_file}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise SettingsError(f"--config: {config_file} is not valid TOML: {e}") from None
+    try:  # [[policy]] tables, at top level beside [broker] or inside it
+        data, policies = take_policies(data, BROKER_TABLE, config_file)
+    except PolicyError as e:
+        raise SettingsError(f"--config: {e}", "policies") from None
     if BROKER_TABLE in data:
         outside = sorted(k for k in data if k != BROKER_TABLE)
         if outside:
@@ -635,7 +651,10 @@ def _read_config(config_file: str) -> dict[str, Any]:
     for key in data:
         if key.replace("-", "_") not in _FIELDS:
             raise SettingsError(f"--config: unknown setting {key!r} in {config_file}")
-    return {key.replace("-", "_"): value for key, value in data.items()}
+    values = {key.replace("-", "_"): value for key, value in data.items()}
+    if policies is not None:
+        values["policies"] = policies
+    return values
 
 
 def read_settings(
@@ -652,7 +671,7 @@ def read_settings(
         if config_file:
             for key, value in _read_config(config_file).items():
                 given[key] = f"in {config_file}"
-                values[key] = _coerce(key, value, config_file)
+                values[key] = value if key == "policies" else _coerce(key, value, config_file)
         env = os.environ if environ is None else environ
         for key in _FIELDS:
             env_name = f"AMQLITE_{key.upper()}"

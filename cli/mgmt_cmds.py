@@ -286,15 +286,23 @@ def queue() -> None:
 @target_options
 def queue_list(url: str | None, group: str | None, registry: str | None, user: str | None,
                as_json: bool) -> None:
-    """Every destination: waiting, in flight, consumers, totals."""
+    """Every destination: waiting, in flight, consumers, totals, and the policy that
+    applies (its pattern; --json has every value)."""
     t = _target(url, group, registry, user)
     data = _run(lambda: t.call("GET", "/api/v1/destinations"))["destinations"]
     _emit(as_json, data, lambda: table(
         ("destination", "waiting", "in-flight", "consumers", "enqueued", "dequeued",
-         "expired", "dead-lettered", "moved", "purged"),
+         "expired", "dead-lettered", "moved", "purged", "policy"),
         [(d["name"], d["waiting"], d["in_flight"], d["consumers"], d["enqueued"],
-          d["dequeued"], d["expired"], d["dead_lettered"], d["moved"], d["purged"])
-         for d in data]))
+          d["dequeued"], d["expired"], d["dead_lettered"], d["moved"], d["purged"],
+          _policy_cell(d.get("policy"))) for d in data]))
+
+
+def _policy_cell(policy: dict[str, Any] | None) -> str:
+    """``queue list``'s policy column: the matching pattern and what it sets."""
+    if not policy or not policy.get("pattern"):
+        return "-"
+    return f"{policy['pattern']}: {policy.get('summary', '')}"
 
 
 @queue.command("browse")

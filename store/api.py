@@ -112,6 +112,11 @@ class ScheduledRow:
     enqueued_at: int
     deliver_at: int
     schedule: str | None
+    #: A delayed redelivery's (``Batch.delays``): deliveries so far and its expiry.
+    delivery_count: int = 0
+    expires_at: int = 0
+    producer_id: str | None = None
+    producer_seq: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,9 +162,9 @@ class Batch:
     """Writes committed together in one fenced transaction.
 
     Order of application inside the transaction: destinations, subscriptions
-    (created), subscriptions (claimed), inserts, schedule steps, undeliveries,
-    deliveries, releases, moves, acks, subscriptions (removed). An insert whose
-    ``dedup_key`` is already in the dedup window (or earlier in the same batch)
+    (created), subscriptions (claimed), inserts, schedule steps, redeliveries,
+    undeliveries, deliveries, releases, delays, moves, acks, subscriptions (removed).
+    An insert whose ``dedup_key`` is already in the dedup window (or earlier in the same batch)
     is skipped and reported in ``BatchResult.duplicates``.
 
     Because of that fixed order, one batch must not release or move a message
@@ -202,6 +207,14 @@ class Batch:
     #: since the last flush (``amqlite.broker.counters``), so the totals commit with
     #: the writes they count: one row per destination touched, not per message.
     counters: dict[int, list[int]] = field(default_factory=dict)
+    #: Queue messages NACKed under a redelivery delay (``amqlite.policy``): (message id,
+    #: due ms, plan JSON): out of flight and scheduled in place (``deliver_at``), still
+    #: counted in the queue's depth. The scheduler's timer brings them back
+    #: (``redeliveries``), on this master or the next.
+    delays: list[tuple[int, int, str]] = field(default_factory=list)
+    #: Delayed redeliveries that are due: deliverable again (``deliver_at`` cleared), the
+    #: same row with its delivery count.
+    redeliveries: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
@@ -218,6 +231,8 @@ class Batch:
             + len(self.claimed_subscriptions)
             + len(self.schedule_steps)
             + len(self.counters)
+            + len(self.delays)
+            + len(self.redeliveries)
         )
 
     def extend(self, other: Batch) -> None:
@@ -235,6 +250,8 @@ class Batch:
         self.schedule_steps += other.schedule_steps
         if other.counters:
             add_counts(self.counters, other.counters)
+        self.delays += other.delays
+        self.redeliveries += other.redeliveries
 
     def carve(self, spans: list[UnitSpan]) -> tuple[Batch, list[Batch]]:
         """Split into the part outside every span and one batch per span
@@ -269,6 +286,7 @@ class Batch:
             return True
         undone = set(self.releases)
         undone.update((None, mid) for mid, _ in self.moves)
+        undone.update((None, mid) for mid, _, _ in self.delays)
         return undone.isdisjoint(later.deliveries)
 
 
@@ -408,6 +426,11 @@ class Store(abc.ABC):
         are candidates, which the caller still checks (a selective consumer's scan).
         Without a filter of its own, a store returns the plain page."""
         return self.load_page(destination_id, after_id, limit)
+
+    def queue_members(self, destination_id: int) -> list[tuple[int, int]]:
+        """(id, body bytes) of a queue's deliverable messages, by id (a bounded queue's
+        count at activation); a store without it reports none."""
+        return []
 
     @abc.abstractmethod
     def load_subscription_page(

@@ -103,12 +103,17 @@ class BatchCommitting(FencedStore):
                 self._insert(conn, epoch, inserts, batch.identities, now, result, ch)
             if batch.schedule_steps:
                 self._step_schedules(conn, batch.schedule_steps, ch)
+            for chunk in chunks(batch.redeliveries, self._chunk):
+                conn.execute(self._st.redeliver, {"g": self.group, "ids": chunk})
             for chunk in chunks(batch.undeliveries, self._chunk):
                 conn.execute(self._st.undeliver_q, {"g": self.group, "ids": chunk})
             if batch.deliveries:
                 self._deliver(conn, epoch, batch, ch)
             if batch.releases:
                 self._release(conn, batch.releases)
+            if batch.delays:
+                conn.execute(self._st.delay, [{"g": self.group, "i": i, "at": at, "plan": plan}
+                                              for i, at, plan in batch.delays])
             if batch.moves:
                 self._move(conn, batch.moves, ch)
             if queue_acks:

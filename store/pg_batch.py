@@ -125,7 +125,8 @@ COUNT = (
 def fits(batch: Batch) -> bool:
     """True when every write of ``batch`` has a statement here."""
     if (batch.destinations or batch.subscriptions or batch.moves or batch.removed_subscriptions
-            or batch.claimed_subscriptions or batch.schedule_steps):
+            or batch.claimed_subscriptions or batch.schedule_steps or batch.delays
+            or batch.redeliveries):
         return False
     size = 0
     for x in batch.inserts:

@@ -33,7 +33,7 @@ from store.api import (
     SubscriptionRow,
 )
 from store.fencing import FencedStore
-from store.statements import now_ms
+from store.statements import deliverable, now_ms
 
 #: The store's log lines keep the logger name they always had (``store.sql``),
 #: whichever of its modules writes them.
@@ -200,3 +200,14 @@ class Recovering(FencedStore):
         params = {"g": self.group, "s": subscription_id, "after": after_id, "n": limit}
         with self._tx("load_subscription_page", write=False) as conn:
             return self._stored(conn.execute(self._st.sub_page, params))
+
+    def queue_members(self, destination_id: int) -> list[tuple[int, int]]:
+        """(id, body bytes) of a queue's deliverable messages by id, bodies unread: what a
+        bounded queue (``amqlite.policy``) counts at activation. As long as the queue, which
+        its policy bounds."""
+        m = schema.messages
+        query = (select(m.c.id, func.length(m.c.body))
+                 .where(m.c.grp == self.group, m.c.destination_id == destination_id,
+                        deliverable()).order_by(m.c.id))
+        with self._tx("queue_members", write=False) as conn:
+            return [(int(r[0]), int(r[1] or 0)) for r in conn.execute(query)]

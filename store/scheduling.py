@@ -31,7 +31,8 @@ class Scheduling(FencedStore):
             rows = conn.execute(self._st.due, params).all()
         return [ScheduledRow(r.id, r.destination_id, r.name, r.kind, r.message_id,
                              json.loads(r.headers), bytes(r.body), r.priority, r.enqueued_at,
-                             r.deliver_at, r.schedule) for r in rows]
+                             r.deliver_at, r.schedule, r.delivery_count or 0,
+                             r.expires_at or 0, r.producer_id, r.producer_seq) for r in rows]
 
     def cancel_scheduled(self, epoch: int, message_id: int) -> bool:
         """Only a scheduled row: an ordinary message with that id is left alone."""

@@ -271,7 +271,8 @@ class Statements:
         self.due = (
             select(m.c.id, m.c.destination_id, d.c.name, d.c.kind, m.c.message_id,
                    m.c.headers, m.c.body, m.c.priority, m.c.enqueued_at, m.c.deliver_at,
-                   m.c.schedule)
+                   m.c.schedule, m.c.delivery_count, m.c.expires_at, m.c.producer_id,
+                   m.c.producer_seq)
             .select_from(m.outerjoin(d, and_(d.c.grp == m.c.grp,
                                              d.c.id == m.c.destination_id)))
             .where(m.c.grp == grp, scheduled, m.c.deliver_at <= bindparam("now"))
@@ -285,6 +286,18 @@ class Statements:
         )
         self.delete_scheduled = (
             delete(m).where(m.c.grp == grp, in_(m.c.id, "ids"), scheduled).returning(m.c.id)
+        )
+        # Delayed redelivery (``Batch.delays``/``redeliveries``): the row itself waits,
+        # out of flight, and comes back with its delivery count.
+        self.delay = (
+            update(m)
+            .where(m.c.grp == grp, m.c.id == bindparam("i"))
+            .values(inflight_epoch=None, deliver_at=bindparam("at"), schedule=bindparam("plan"))
+        )
+        self.redeliver = (
+            update(m)
+            .where(m.c.grp == grp, in_(m.c.id, "ids"), scheduled)
+            .values(deliver_at=None, schedule=None)
         )
 
     def _driver_insert(

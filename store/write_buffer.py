@@ -114,6 +114,9 @@ class WriteBuffer(Generic[C]):
         #: Called with the destination rows that committed, so the broker
         #: stops staging them (see ``Broker._destination_id``).
         self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
+        #: Called with each batch as it goes to the committer (the broker's bounded
+        #: queues forget what its acks settle: ``amqlite.broker.limits``).
+        self.on_flush: Callable[[Batch], None] | None = None
         #: Management metrics: called once per committed batch with (seconds the commit
         #: took, seconds since the batch's first write was staged: the longest any
         #: RECEIPT in it waited). None costs one attribute test per batch.
@@ -203,6 +206,8 @@ class WriteBuffer(Generic[C]):
                 cb(empty)
             return
         self.inflight_batches += 1
+        if self.on_flush is not None:
+            self.on_flush(batch)
         spans = [u.end(batch) for u in units] if units else None
         future = self.committer.submit(batch, spans)
         future.add_done_callback(lambda f: self._done(f, batch, units, callbacks))

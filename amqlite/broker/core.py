@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
-from amqlite.broker import destinations, selective, send, temporary, wildcard_queues
+from amqlite.broker import destinations, limits, selective, send, temporary, wildcard_queues
 from amqlite.broker.counters import Counters, Kind
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
@@ -84,7 +84,14 @@ class Broker:
         self.temporary = temporary.Temporaries()
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
-                      "dead_lettered": 0, "dropped": 0}
+                      "dead_lettered": 0, "dropped": 0, "overflow_dropped": 0}
+        #: Policies per destination (``amqlite.policy``): resolved once per name.
+        self.policies = settings.destination_policies()
+        #: Messages of bounded queues by id (``amqlite.broker.limits``): what an ack
+        #: settles leaves its queue's ledger through it. Empty without bounded queues.
+        self.bounded: dict[int, Source] = {}
+        if self.policies.limits_queues:
+            self.writes.on_flush = lambda batch: limits.forget_acked(self, batch)
         #: Byte budgets and the producers held back for them (``memory``).
         self.memory = MemoryBudget(settings.max_memory, settings.max_destination_memory)
         self.memory.reclaim = self.reclaim
@@ -98,6 +105,7 @@ class Broker:
         #: Handed to a consumer (a redelivery counts again), for the console's rates
         #: (in memory only: a rate starts again at a takeover).
         self.delivered: defaultdict[str, int] = defaultdict(int)
+        self.overflow_dropped: defaultdict[str, int] = defaultdict(int)
         #: The users file's [[authorization]] entries; None when there are none (then
         #: every authenticated login may do everything, and frames pay no check).
         self.authz: Policy | None = None
@@ -110,7 +118,7 @@ class Broker:
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
             if d.kind == "queue":
-                self.queues[d.name] = Source(self, d.name, d.id, stored=True)
+                self.queues[d.name] = self._new_queue(d.name, d.id)
         names = {d.id: d.name for d in recovery.destinations}
         self.counters.load(names, recovery.counters)
         for s in recovery.subscriptions:
@@ -240,11 +248,18 @@ class Broker:
         if q is None:
             if is_temporary(name):  # gone with its connection: what comes is dropped
                 return temporary.gone_queue(self, name)
-            q = Source(self, name, self.destination_rows.get(name), stored=True)
+            q = self._new_queue(name, self.destination_rows.get(name))
             q.store_has_more = False  # new: nothing stored yet
             self.queues[name] = q
             if self.queue_patterns:
                 wildcard_queues.queue_created(self, name)
+        return q
+
+    def _new_queue(self, name: str, store_id: int | None) -> Source:
+        q = Source(self, name, store_id, stored=True)
+        policy = self.policies.resolve(name)
+        if policy.limited:
+            q.ledger = limits.Ledger(policy)
         return q
 
     def queue_left(self, q: Source) -> None:
@@ -270,6 +285,7 @@ class Broker:
         """A destination left: its per-destination totals go with it."""
         self.delivered.pop(name, None)
         self.counters.forget(name)
+        self.overflow_dropped.pop(name, None)
 
     def topic_left(self, name: str) -> None:
         """The last non-durable subscriber of topic ``name`` left: the topic leaves memory
@@ -291,6 +307,9 @@ class Broker:
         them waits in memory goes without being counted again."""
         names = {did: name for name, did in self.destination_rows.items()}
         self.counters.reaped(names, by_destination)
+        if self.bounded:  # out of the bounded queues' ledgers too
+            for refs in by_destination.values():
+                limits.forget_refs(self, refs)
         by_sub = {d.store_id: d for d in self.durables.values()}
         for did, refs in by_destination.items():
             gone: dict[Source, set[int]] = {}

@@ -578,7 +578,10 @@ class Operations:
         client = _OperatorClient(outcome)
         session = Session(client)
         try:
-            send_path.send(self.broker, session, [message], OPERATOR_RECEIPT)
+            try:
+                send_path.send(self.broker, session, [message], OPERATOR_RECEIPT)
+            except BrokerError as e:  # a policy refused it (a full queue: reject-publish)
+                raise OperationError(ErrorKind.CONFLICT, str(e)) from None
             # Idle once the write's outcome is in: by the next loop step the RECEIPT
             # or the ERROR has come, or neither (the store failed: the node demotes).
             session.when_idle(lambda: self.broker.loop.call_soon(_unanswered, outcome))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from amqlite.broker import acks, destinations, receipts, routing
+from amqlite.broker import acks, destinations, limits, receipts, routing
 from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, now_ms
 from amqlite.broker.schedule import ScheduleError
@@ -42,7 +42,10 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
     whole or refuses it whole; its non-persistent messages are routed only
     once the unit committed; a refusal undoes the ACKs (``acks.unsettle``)."""
     conn = session.conn
+    if ack_frames is None and broker.policies.any:  # a COMMIT's: checked in on_commit
+        limits.check_send(broker, checked)  # BrokerError: refused whole, nothing done
     messages = [broker.number(m) for m in checked]
+    bounded = broker.policies.limits_queues
     broker.stats["sent"] += len(messages)
     count = broker.counters.add
     to_store: list[tuple[Message, list[DurableSource]]] = []  # no durables: a queue's
@@ -54,6 +57,10 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
             scheduled.append(m)  # enqueued when a copy is due, not now
             continue
         count(m.destination, Kind.ENQUEUED)
+        if bounded and destination_kind(m.destination) == "queue":
+            q = broker.queue(m.destination)
+            if q.ledger is not None:
+                limits.make_room(broker, q, m)
         if not m.persistent:
             in_memory.append(m)
         elif destination_kind(m.destination) == "queue":
@@ -104,6 +111,10 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         for m, durables, hand in stored:
             if hand is None and not durables:
                 broker.queue(m.destination).pending_inserts -= 1
+        if bounded:  # what was not stored leaves the ledgers it entered
+            limits.forget_refs(broker, [
+                (None, m.id) for m, durables, _ in stored
+                if not durables and (result is None or m.id in result.duplicate_ids)])
         if result is None:
             if unit.rejected is not None:  # nothing was stored
                 for _, _, hand in stored:

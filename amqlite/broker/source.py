@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from amqlite.broker import choice, memory, selective
+from amqlite.broker import choice, limits, memory, selective
 from amqlite.broker.message import Message, now_ms
 from amqlite.wildcard import Pattern
 from amqlite.wire import ACK_AUTO, AMQ_GROUP_ID
@@ -104,12 +104,16 @@ class Source:
         #: ``evict`` gives back only newer ones, so a page cannot load again what is in
         #: flight or acknowledged.
         self.taken_max = 0
+        #: A bounded queue's ledger (``amqlite.broker.limits``); None: not bounded.
+        self.ledger: limits.Ledger | None = None
 
     # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
     def ref(self, message: Message) -> Ref:
         return (None, message.id)
 
     def push(self, message: Message) -> None:
+        if self.ledger is not None:
+            limits.admit(self.broker, self, message)
         heapq.heappush(self.heap, (-message.priority, message.id, message))
         if (not self.groups_seen and AMQ_GROUP_ID in message.headers
                 and self.SELECTS_AT_DISPATCH):
@@ -129,6 +133,8 @@ class Source:
     def append_committed(self, message: Message) -> None:
         """A freshly committed message: keep it in memory unless the store pages
         (it does once this destination or the broker is out of bytes)."""
+        if self.ledger is not None:
+            limits.admit(self.broker, self, message)
         if self.store_has_more or (
             self.in_memory_stored >= MIN_IN_MEMORY
             and (self.in_memory_stored >= MAX_IN_MEMORY or self.over_budget())
@@ -159,6 +165,8 @@ class Source:
             self._released(message.size, 1, 0)
         else:
             self._released(message.size, 0, 1)
+            if self.ledger is not None:
+                limits.forget(self.broker, self, message.id)
         return message
 
     def _released(self, size: int, stored: int, nonpersistent: int) -> None:
@@ -307,6 +315,8 @@ class Source:
             self._released(message.size, 1, 0)
         else:
             self._released(message.size, 0, 1)
+            if self.ledger is not None:
+                limits.forget(self.broker, self, message.id)
         return message
 
     def evict(self, want: int) -> int:
@@ -353,6 +363,10 @@ class Source:
         self.heap = kept
         messages = [e[2] for e in dropped]
         self.taken_max = max(self.taken_max, max(m.id for m in messages))
+        if self.ledger is not None:
+            for m in messages:
+                if not m.persistent:
+                    limits.forget(self.broker, self, m.id)
         stored = sum(1 for m in messages if m.persistent)
         self._released(sum(m.size for m in messages), stored, len(messages) - stored)
         return messages

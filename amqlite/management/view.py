@@ -131,4 +131,13 @@ class NodeView:
             # enqueued, dequeued, expired, dead_lettered, moved, purged (amqlite.broker.counters)
             **broker.counters.of(name),
             "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
+            "overflow_dropped": broker.overflow_dropped.get(name, 0),  # drop-head
+            "policy": policy_json(broker, name),  # amqlite.policy
         }
+
+
+def policy_json(broker: Broker, name: str) -> dict[str, Any]:
+    """The policy that applies to ``name``, with a one-line summary for tables."""
+    policy = broker.policies.resolve(name)
+    return {**policy.to_json(), "dead_letter_queue": policy.dead_letter_for(name),
+            "summary": policy.summary(name)}

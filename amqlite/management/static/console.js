@@ -237,6 +237,8 @@ async function destination(main, name) {
     el("h2", {}, name),
     el("p", { id: "stats", class: "muted" }, stats(info)),
     el("div", { id: "dest-charts", class: "charts" }),
+    el("p", { id: "policy", class: "muted" }, "Policy: " + (info.policy && info.policy.pattern
+      ? `${info.policy.pattern}: ${info.policy.summary}` : `defaults: ${info.policy ? info.policy.summary : ""}`)),
     toolbar,
     rows.length ? table("messages", ["", "id", "message-id", { label: "prio", num: 1 },
                                       { label: "deliveries", num: 1 }, "in flight",
