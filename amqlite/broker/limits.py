@@ -43,12 +43,15 @@ log = logging.getLogger("amqlite.broker")
 class Ledger:
     """A bounded queue's messages: id -> body bytes, in arrival order."""
 
-    __slots__ = ("bytes", "members", "policy")
+    __slots__ = ("bytes", "dropped", "members", "policy")
 
     def __init__(self, policy: DestinationPolicy) -> None:
         self.policy = policy
         self.members: dict[int, int] = {}
         self.bytes = 0
+        #: Dropped (drop-head) while their insert was still committing: when it commits,
+        #: the message is not made visible (its ack, staged after, deletes the row).
+        self.dropped: set[int] = set()
 
     def admit(self, message_id: int, size: int) -> bool:
         if message_id in self.members:
@@ -70,6 +73,19 @@ def admit(broker: Broker, q: Source, m: Message) -> None:
     ledger = q.ledger
     if ledger is not None and ledger.admit(m.id, len(m.body)):
         broker.bounded[m.id] = q
+
+
+def dropped_meanwhile(q: Source, m: Message) -> bool:
+    """A committed message of bounded queue ``q`` that drop-head dropped while it was
+    committing: it must not be made visible. Else it is admitted (idempotent)."""
+    ledger = q.ledger
+    assert ledger is not None
+    if ledger.dropped and m.id in ledger.dropped:
+        ledger.dropped.discard(m.id)
+        return True
+    if ledger.admit(m.id, len(m.body)):
+        q.broker.bounded[m.id] = q
+    return False
 
 
 def forget(broker: Broker, q: Source, message_id: int) -> None:
@@ -144,12 +160,17 @@ def check_send(broker: Broker, messages: list[Message]) -> None:
                               f"max_bytes {policy.max_bytes} of {m.destination}")
         if policy.overflow is not Overflow.REJECT_PUBLISH:
             continue
-        q = broker.queue(m.destination)
-        if q.ledger is None:
-            continue  # a temporary queue that is gone: it drops what comes
+        q = broker.queues.get(m.destination)  # a refused SEND makes no queue
+        if q is not None and q.ledger is None:
+            continue
         n, size = counted.get(m.destination, (0, 0))
         n, size = n + 1, size + body
-        if _over(policy, q, n, size):
+        if q is None:  # not in memory: empty, but for this frame's own messages
+            full = bool((policy.max_length and n > policy.max_length)
+                        or (policy.max_bytes and size > policy.max_bytes))
+        else:
+            full = _over(policy, q, n, size)
+        if full:
             limit = (f"max_length {policy.max_length}" if policy.max_length
                      else f"max_bytes {policy.max_bytes}")
             log.info("%s is full (%s): a SEND refused (overflow reject-publish)",
@@ -196,6 +217,7 @@ def drop_head(broker: Broker, q: Source) -> bool:
         if found is None:
             return False
         message_id, persistent = found, True
+        ledger.dropped.add(message_id)  # its insert may still be committing
         if message_id > q.cursor:
             q.ahead.add(message_id)  # the pager must not bring it back
     forget(broker, q, message_id)

@@ -111,10 +111,12 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         for m, durables, hand in stored:
             if hand is None and not durables:
                 broker.queue(m.destination).pending_inserts -= 1
-        if bounded:  # what was not stored leaves the ledgers it entered
+        if bounded:  # what was not stored (or routed) leaves the ledgers it entered
             limits.forget_refs(broker, [
                 (None, m.id) for m, durables, _ in stored
                 if not durables and (result is None or m.id in result.duplicate_ids)])
+            if result is None:
+                limits.forget_refs(broker, [(None, m.id) for m in in_memory])
         if result is None:
             if unit.rejected is not None:  # nothing was stored
                 for _, _, hand in stored:

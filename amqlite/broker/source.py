@@ -133,8 +133,8 @@ class Source:
     def append_committed(self, message: Message) -> None:
         """A freshly committed message: keep it in memory unless the store pages
         (it does once this destination or the broker is out of bytes)."""
-        if self.ledger is not None:
-            limits.admit(self.broker, self, message)
+        if self.ledger is not None and limits.dropped_meanwhile(self, message):
+            return  # drop-head took it while it committed (its ack deletes the row)
         if self.store_has_more or (
             self.in_memory_stored >= MIN_IN_MEMORY
             and (self.in_memory_stored >= MAX_IN_MEMORY or self.over_budget())

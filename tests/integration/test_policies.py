@@ -22,6 +22,7 @@ from tests.helpers.broker_proc import (
     amqlite_command,
     cli_env,
     open_client,
+    send_many,
     start_pair,
     unique,
 )
@@ -245,6 +246,19 @@ def test_max_length_drop_head_keeps_the_newest(broker: BrokerProcess,
     assert consumer.listener.holds_for(lambda: consumer.listener.count() == 3, 0.5)
     row = Api(broker.http).destination(queue)  # type: ignore[attr-defined]
     assert row is not None and row["overflow_dropped"] == 2
+
+
+def test_drop_head_with_pipelined_sends(broker: BrokerProcess, clients: ClientPool) -> None:
+    """Ten SENDs pipelined (most still committing when the next arrives): every one gets
+    its RECEIPT and exactly the newest three remain, none of the dropped ones is
+    delivered."""
+    queue = f"/queue/pol.drop.{unique('burst')}"
+    send_many(clients(broker.port), queue, [f"b{i}" for i in range(10)])
+    consumer = clients(broker.port)
+    consumer.subscribe(queue)
+    got = consumer.listener.wait_messages(3)
+    assert consumer.listener.holds_for(lambda: consumer.listener.count() == 3, 0.5)
+    assert [m.body for m in got] == ["b7", "b8", "b9"]
 
 
 def test_api_and_queue_list_show_the_policy(broker: BrokerProcess,
