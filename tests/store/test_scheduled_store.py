@@ -119,3 +119,28 @@ def test_a_v2_store_is_upgraded_to_v3(store_url: str, make_store: MakeStore) -> 
     assert_counters(s)
     make_store("g1")  # opening it again changes nothing
     assert one(s, "SELECT count(*) FROM amq_meta") == 1
+
+
+def test_a_delayed_redelivery_waits_in_place_and_comes_back_with_its_count(
+        make_store: MakeStore) -> None:
+    """``Batch.delays`` takes a delivered row out of flight with a due time (not paged,
+    still in the queue's depth); ``Batch.redeliveries`` makes the same row deliverable
+    again, its delivery count kept (amqlite.broker.redelivery)."""
+    s, epoch = master(make_store)
+    s.commit_batch(epoch, Batch(inserts=[msg(1), msg(2)]))
+    s.commit_batch(epoch, Batch(deliveries=[(None, 1)]))
+    s.commit_batch(epoch, Batch(delays=[(1, 4_000, '{"redelivery": 1, "delay": 1000}')]))
+    assert [m.id for m in s.load_page(QUEUE.id, 0, 10)] == [2]
+    assert s.queue_members(QUEUE.id) == [(2, len(msg(2).body))]
+    assert s.next_scheduled() == 4_000
+    [row] = s.due_scheduled(4_000, 10)
+    assert (row.id, row.delivery_count, row.schedule) == (1, 1, '{"redelivery": 1, "delay": 1000}')
+    assert one(s, "SELECT depth FROM amq_destinations WHERE id = :i", i=QUEUE.id) == 2
+    assert one(s, "SELECT inflight_epoch FROM amq_messages WHERE id = 1") is None
+    s.commit_batch(epoch, Batch(redeliveries=[1]))
+    page = s.load_page(QUEUE.id, 0, 10)
+    assert [(m.id, m.delivery_count) for m in page] == [(1, 1), (2, 0)]
+    assert s.next_scheduled() is None
+    assert one(s, "SELECT depth FROM amq_destinations WHERE id = :i", i=QUEUE.id) == 2
+    assert_counters(s)
+    assert not s.check_integrity(epoch).mismatch
