@@ -91,7 +91,21 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise ActionError(400, "the body is not valid JSON") from None
     if not isinstance(data, dict):
         raise ActionError(400, "the body must be a JSON object")
+    if "\\u" in text and not _unicode(data):
+        raise ActionError(400, "the body holds a lone surrogate (a \\ud800-\\udfff escape "
+                               "without its pair): not Unicode text")
     return data
+
+
+def _unicode(data: Any) -> bool:
+    """False when a string anywhere in ``data`` holds a lone surrogate: JSON's escapes
+    allow ``"\\udb55"``, which no UTF-8 (a message body, a header, a store column) can
+    hold. One encode of the whole body, at most 1 MiB."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def ids(body: dict[str, Any]) -> list[int] | None:
@@ -132,7 +146,8 @@ def message(body: dict[str, Any]) -> tuple[str, dict[str, str], bool]:
     text = body.get("body", "")
     if not isinstance(text, str):
         raise ActionError(400, '"body" must be a string (the message text)')
-    headers = body.get("headers") or {}
+    headers = body.get("headers")
+    headers = {} if headers is None else headers
     if not isinstance(headers, dict) or not all(
             isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()):
         raise ActionError(400, '"headers" must be an object of non-empty names to strings')

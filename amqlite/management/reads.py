@@ -128,7 +128,7 @@ class StoreReader:
             .where(m.c.grp == self.group, m.c.destination_id == destination_id,
                    m.c.id > after_id, deliverable())
             .order_by(m.c.id).limit(limit))
-        return [_message_json(r, bytes(r.preview)) for r in rows]
+        return [_message_json(r, _preview(r)) for r in rows]
 
     def message(self, message_id: int) -> dict[str, Any] | None:
         """One stored message, whole body, with its destination's name; None if gone."""
@@ -218,8 +218,13 @@ def _scheduled_json(r: Any) -> dict[str, Any]:
         "deliver_at": r.deliver_at, "enqueued_at": r.enqueued_at, "priority": r.priority,
         # delay, period, repeat, cron, fired (copies so far), ttl (ms each copy lives)
         "schedule": json.loads(r.schedule) if r.schedule else None,
-        "headers": json.loads(r.headers), **_body_json(bytes(r.preview), r.size),
+        "headers": json.loads(r.headers), **_body_json(_preview(r), r.size),
     }
+
+
+def _preview(r: Any) -> bytes:
+    """A row's ``preview`` column: SQLite's substr() of an empty BLOB is NULL."""
+    return bytes(r.preview) if r.preview is not None else b""
 
 
 def _message_json(r: Any, body: bytes) -> dict[str, Any]:
