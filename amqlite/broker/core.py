@@ -263,23 +263,25 @@ class Broker:
         return q
 
     def queue_left(self, q: Source) -> None:
-        """A consumer left ``q``: a queue with no store row and nothing in it, on its way
-        into it or waiting for room in it leaves memory (issue 23: SUBSCRIBE/UNSUBSCRIBE
-        on ever new names must not grow the broker). ``queue`` makes it again on its next
-        use, as new. Its totals go with it, as with a deleted queue (a metrics counter
-        that starts again at 0, which Prometheus reads as a reset), and with
-        ``[[authorization]]`` using it again is creating it again. A queue with a row
-        stays, whatever the store holds: the row is ``gc_inactive_destinations``' to
-        delete (``inactive``), and the listing, the operator API and paging go by it."""
+        """A consumer left ``q``: a queue with nothing in it, on its way into it, in the
+        store past what memory holds or waiting for room in it leaves memory (issue 23:
+        SUBSCRIBE/UNSUBSCRIBE, or SENDs drained, on ever new names must not grow the
+        broker). ``queue`` makes it again on its next use, as new: whatever is stored for
+        it later comes through ``queue``. Its totals go with it, as with a deleted queue
+        (a metrics counter that starts again at 0, which Prometheus reads as a reset),
+        and with ``[[authorization]]`` using one with no row again is creating it again.
+        A store row stays, with its id in ``destination_rows``: the row is
+        ``gc_inactive_destinations``' to delete (``inactive``), and the listing, the
+        operator API and paging go by it."""
         name = q.name
         if (q.consumers or q.heap or q.pending_inserts or q.paging or q.store_has_more
-                or q.blocked_producers or q.store_id is not None
-                or name in self.destination_rows or self.queues.get(name) is not q
+                or q.blocked_producers or self.queues.get(name) is not q
                 or is_temporary(name)):
             return
         del self.queues[name]
         self.forget_totals(name)
-        self.known_destinations.discard(name)
+        if name not in self.destination_rows:
+            self.known_destinations.discard(name)
 
     def forget_totals(self, name: str) -> None:
         """A destination left: its per-destination totals go with it."""

@@ -227,11 +227,12 @@ class Operations:
             raise OperationError(ErrorKind.BAD_REQUEST,
                                  f"{name} is a topic: this action is for queues")
         q = self.broker.queues.get(name)
-        if q is None or self.broker.destination_rows.get(name) is None:
+        if self.broker.destination_rows.get(name) is None:
             if q is not None and len(q):
                 return q  # memory-only messages, never stored
             raise OperationError(ErrorKind.NOT_FOUND, f"no destination {name}")
-        return q
+        # A stored queue nobody used lately is out of memory (Broker.queue_left): back.
+        return q if q is not None else self.broker.queue(name)
 
     # -- purge -----------------------------------------------------------------------------
     async def purge(self, name: str) -> Purged:
