@@ -10,9 +10,10 @@ latency comes from the write buffer's observer (one call per committed batch).
 
 Memory is bounded: ``SAMPLES`` values per series in ``array('f')`` rings (4 bytes each),
 node-wide series plus ``DESTINATION_SERIES`` for at most ``MAX_CHARTED_DESTINATIONS``
-destinations (about 7 MB at the cap); a destination past the cap is counted in the
-node's totals and not charted. History starts when the node becomes master (the
-counters are "since this node became master", like ``/metrics``); a demotion clears it.
+destinations (about 9 MB at the cap, measured with full rings); a destination past the
+cap is counted in the node's totals and not charted. History starts when the node
+becomes master (the counters are "since this node became master", like ``/metrics``);
+a demotion clears it.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ log = logging.getLogger("amqlite.management")
 #: (``collect_statistics_interval``); 2 s makes a burst visible and costs one depth
 #: query and one walk of the destinations per sample.
 SAMPLE_SECONDS = 2.0
-#: Ten minutes of history: RabbitMQ's overview shows the last ten minutes by default.
+#: Ten minutes of history: what RabbitMQ's management plugin keeps at its finest
+#: resolution (``sample_retention_policies``' first tier: 605 s at 5 s).
 HISTORY_SECONDS = 600.0
 SAMPLES = int(HISTORY_SECONDS / SAMPLE_SECONDS)
-#: Destinations charted at most: 6 series x 300 samples x 4 bytes = 7.2 KB each, so
-#: ~7 MB at the cap. Past it a new destination is counted in the node's totals only,
-#: until a charted one goes away.
+#: Destinations charted at most: 6 series x 300 samples x 4 bytes = 7.2 KB of rings each
+#: (9 MB measured at the cap with full rings, the last samples' dicts included). Past
+#: it a new destination is counted in the node's totals only, until a charted one goes.
 MAX_CHARTED_DESTINATIONS = 1000
 #: A depth read slower than this (s) is skipped: the sample keeps the last depths
 #: rather than falling behind (a store in trouble shows in the commit latency).

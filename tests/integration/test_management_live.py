@@ -126,7 +126,6 @@ def test_the_send_form_delivers_to_a_stomp_consumer(broker: BrokerProcess, brows
     browser.find_element(By.CSS_SELECTOR, "#send-destination").send_keys(queue)
     browser.find_element(By.CSS_SELECTOR, "#send-body").send_keys("from the console")
     browser.find_element(By.CSS_SELECTOR, "#send-headers").send_keys("colour: red")
-    browser.save_screenshot(str(shots / "send.png"))
     click(browser, "#send")
     [frame] = consumer.listener.wait_messages(1)
     assert frame.body == "from the console"
@@ -134,6 +133,7 @@ def test_the_send_form_delivers_to_a_stomp_consumer(broker: BrokerProcess, brows
     wait_until(lambda: f"send to {queue}" in text_of(browser, "#flash"), PAGE_WAIT, "result")
     assert frame.headers["message-id"] in text_of(browser, "#flash")
     assert '"persistent":true' in text_of(browser, "#flash")  # stored before the answer
+    browser.save_screenshot(str(shots / "send.png"))
     api = Api(broker.http)  # type: ignore[attr-defined]
     wait_until(lambda: (d := api.destination(queue)) and d["enqueued"] == 1
                and d["dequeued"] == 1, what="the send counted")
@@ -162,9 +162,10 @@ def test_a_scheduled_message_is_listed_and_cancelled(broker: BrokerProcess, brow
 
 def test_a_takeover_shows_the_new_master(broker_factory: BrokerFactory, browser: Any,
                                          shots: Path) -> None:
-    """Two broker processes on one store; the page is the slave's console (the master's
-    dies with it). SIGKILL the master: the page names the other node master, with the
-    next epoch, within seconds, and says the dead one is stale or gone."""
+    """Two broker processes on one store; one window on the slave's console, one on the
+    master's. SIGKILL the master: the slave's page names itself master, with the next
+    epoch, within seconds, and the dead one stale or gone; the dead master's page says
+    it gets no answer and links the other console, which one click opens."""
     shared = broker_factory.data_dir("shared")
     env = {"AMQLITE_LOCK_POLL_INTERVAL": PAIR_LOCK_POLL}
     ports = {name: free_port() for name in ("ui-a", "ui-b")}
@@ -184,7 +185,35 @@ def test_a_takeover_shows_the_new_master(broker_factory: BrokerFactory, browser:
     assert "is slave" in text_of(browser, "#not-master")
     epoch = int(text_of(browser, group).split()[2])
     browser.save_screenshot(str(shots / "group-before-takeover.png"))
+    slave_window = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    try:
+        browser.get(f"http://127.0.0.1:{ports[master.name]}/#/")
+        wait_until(lambda: text_of(browser, f"#group tr[data-name=\"{slave.name}\"]")
+                   .split()[1:2] == ["slave"], PAGE_WAIT, "the master's own page")
+        master_window = browser.current_window_handle
+        browser.switch_to.window(slave_window)
+        follow_takeover(browser, master, slave, epoch, shots)
+        browser.switch_to.window(master_window)
+        link = wait_until(lambda: [a for a in browser.find_elements(
+            By.CSS_SELECTOR, "#flash a.other-console") if slave.name in a.text], PAGE_WAIT,
+            "the dead master's page naming the other console")[0]
+        browser.save_screenshot(str(shots / "dead-master.png"))
+        link.click()
+        wait_until(lambda: text_of(browser, "#node") == f"{slave.name}: master", PAGE_WAIT,
+                   "the other console, master now")
+    finally:
+        for handle in browser.window_handles:
+            if handle != slave_window:
+                browser.switch_to.window(handle)
+                browser.close()
+        browser.switch_to.window(slave_window)
 
+
+def follow_takeover(browser: Any, master: BrokerProcess, slave: BrokerProcess, epoch: int,
+                    shots: Path) -> None:
+    """On the slave's page: SIGKILL the master and time until the page shows the
+    takeover."""
     killed = time.monotonic()
     master.send_signal(signal.SIGKILL)
     mine = f"#group tr[data-name=\"{slave.name}\"]"

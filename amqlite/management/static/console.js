@@ -53,18 +53,38 @@ function when(ms) { return ms ? new Date(ms).toLocaleString() : "-"; }
 // Run fn every REFRESH_MS until the page changes (route() clears the timer); one call at
 // a time, so a slow broker is never asked twice at once.
 let refreshFailed = false;
-function every(fn) {
+// The group as last read: when this node stops answering (it died, or was demoted), the
+// failure names the other nodes' consoles, so an operator can follow the takeover.
+let lastGroup = null;
+function every(fn, now = false) {
   const tick = async () => {
     try {
       await fn();
-      if (refreshFailed) { document.getElementById("flash").hidden = true; refreshFailed = false; }
-    } catch (e) { flash(`refresh failed: ${e.message}`, true); refreshFailed = true; }
+      if (refreshFailed) {
+        document.getElementById("flash").hidden = true;
+        document.getElementById("main").classList.remove("unanswered");
+        refreshFailed = false;
+      }
+    } catch (e) { refreshError(e); }
     if (timer === handle) timer = handle = setTimeout(tick, REFRESH_MS);
   };
-  let handle = timer = setTimeout(tick, REFRESH_MS);
+  let handle = timer = setTimeout(tick, now ? 0 : REFRESH_MS);
+}
+
+function refreshError(e) {
+  refreshFailed = true;
+  document.getElementById("main").classList.add("unanswered");  // what it shows is old
+  flash(`refresh failed: ${e.message}`, true);
+  const me = document.getElementById("node").dataset.name;
+  const others = (lastGroup?.nodes ?? []).filter(n => n.name !== me && n.http);
+  if (others.length)
+    document.getElementById("flash").append("; the group's other consoles: ",
+      ...others.flatMap((n, i) => [i ? ", " : "", el("a", { href: n.http, class: "other-console" },
+                                                         `${n.name} (${n.role})`)]));
 }
 
 function showNode(node) {
+  document.getElementById("node").dataset.name = node.name;
   document.getElementById("node").textContent =
     `${node.name}: ${node.role}${node.ready ? "" : " (not ready)"}`;
 }
@@ -95,6 +115,7 @@ async function overview(main) {
   let serving = null;
   const refresh = async () => {
     const [me, group] = await Promise.all([api("GET", "/node"), api("GET", "/group")]);
+    lastGroup = group;
     showNode(me);
     document.getElementById("takeover").textContent =
       `Master ${group.master ?? "none"}; this node (${me.name}) is ${me.role}, epoch ` +
@@ -110,8 +131,7 @@ async function overview(main) {
     }
     if (serving) await refreshServing();
   };
-  await refresh();
-  every(refresh);
+  every(refresh, true);
 }
 
 function groupTable(group) {
@@ -265,8 +285,7 @@ async function destination(main, name) {
         { name: "in_flight", label: "in flight", values: s.in_flight },
         { name: "consumers", values: s.consumers }], { window: r.window }));
   };
-  await charts();
-  every(charts);
+  every(charts, true);
   async function render() { clearTimeout(timer); timer = null; await destination(main, name); }
 }
 
@@ -357,7 +376,7 @@ function sendForm(fixed) {
     el("label", {}, "Destination ", dest),
     el("label", {}, "Body", body),
     el("label", {}, "Headers", headers),
-    el("label", {}, persistent, " persistent"),
+    el("label", { class: "check" }, persistent, "persistent (stored before the answer)"),
     el("button", { type: "submit", id: "send" }, "Send"));
 }
 
