@@ -115,6 +115,9 @@ def test_send_goes_through_the_send_path(broker: BrokerProcess, api: Api,
     ({"headers": {"x": "two\nlines"}}, "no line break"),
     ({"persistent": "yes"}, '"persistent" must be true or false'),
     ({"headers": {"priority": "high"}}, "priority"),
+    ({"headers": False}, '"headers" must be an object'),
+    ({"body": "\ud800"}, "lone surrogate"),
+    ({"headers": {"x": "\udc00"}}, "lone surrogate"),
 ])
 def test_send_refuses_bad_input(api: Api, body: dict[str, Any], reason: str) -> None:
     status, answer = api.post(f"/api/v1/send/queue/{unique('bad')}", body)
