@@ -204,7 +204,9 @@ class Sampler:
                                       counters[2].get(name, 0))
             before = previous.get(name, (0, 0, 0))
             for i in range(3):
-                # A total that went down was reset (the destination went and came back).
+                # A total that went down was reset (the destination left memory or was
+                # deleted, and came back); one reset that climbed past its old value
+                # within one sample is undercounted in that sample alone.
                 totals[i] += counts[i] - before[i] if counts[i] >= before[i] else counts[i]
         self._previous = current
         node: dict[str, float] = {s: (NAN if dt is None else totals[i] / dt)
