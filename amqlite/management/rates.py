@@ -32,6 +32,7 @@ from store import StoreError
 
 if TYPE_CHECKING:
     from amqlite.broker import Broker
+    from amqlite.management.reads import DestinationDepth
     from amqlite.management.view import NodeView
 
 log = logging.getLogger("amqlite.management")
@@ -116,6 +117,8 @@ class Sampler:
         self.interval, self.size, self.max_destinations = interval, size, max_destinations
         self.clock = clock
         self._task: asyncio.Task[None] | None = None
+        #: The stored depths' read in flight, if any (``sample``).
+        self._reading: asyncio.Future[dict[str, DestinationDepth]] | None = None
         self._commits = [0.0, 0, 0.0]  # seconds summed, batches, longest
         self._reset(None)
 
@@ -136,6 +139,9 @@ class Sampler:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
+        reading, self._reading = self._reading, None
+        if reading is not None:  # its thread ends on its own; a failure then is no news
+            reading.add_done_callback(lambda f: f.cancelled() or f.exception())
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -176,9 +182,17 @@ class Sampler:
                 self._previous_at = time.monotonic() - max(0.0, self.clock() - since)
         if broker is None or not view.serving:
             return
+        # One read at a time: a read the store holds up past the timeout is awaited again
+        # by the next sample, never joined by a second one (a hung store would otherwise
+        # fill the loop's default executor with our reads, one per sample).
+        reading = self._reading
+        if reading is None or reading.done():
+            if reading is not None and not reading.cancelled():
+                reading.exception()  # a late failure, marked seen: the new read will tell
+            reading = self._reading = asyncio.ensure_future(
+                asyncio.to_thread(view.reader.depths))
         try:
-            view.depths = await asyncio.wait_for(asyncio.to_thread(view.reader.depths),
-                                                 DEPTH_READ_TIMEOUT)
+            view.depths = await asyncio.wait_for(asyncio.shield(reading), DEPTH_READ_TIMEOUT)
         except (StoreError, TimeoutError) as e:
             log.debug("management: depths for the rates not read (%s); last ones kept", e)
         if view.broker is not broker:  # demoted while reading

@@ -103,3 +103,38 @@ def test_a_login_sees_the_sums_of_what_it_may_read() -> None:
     assert list(data["destinations"]) == ["/queue/mine"]
     assert data["node"]["waiting"] == [2]
     assert s.node_json()["node"]["waiting"] == [7]
+
+
+def test_a_held_up_depth_read_is_never_joined_by_a_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that holds a read up: each sample waits DEPTH_READ_TIMEOUT for the same
+    read and none starts another thread; once the store answers, reads go on."""
+    import asyncio
+    import threading
+
+    monkeypatch.setattr(rates, "DEPTH_READ_TIMEOUT", 0.05)
+    release, calls = threading.Event(), []
+
+    def depths() -> dict[str, Any]:
+        calls.append(1)
+        release.wait(10)
+        return {"/queue/a": "stored"}
+
+    b = broker()
+    view = SimpleNamespace(broker=b, serving=True, server=None, depths={},
+                           reader=SimpleNamespace(depths=depths),
+                           node=SimpleNamespace(master_since=None),
+                           destination_rows=lambda depths: [])
+
+    async def run() -> None:
+        s = Sampler(view)  # type: ignore[arg-type]
+        await s.sample()
+        await s.sample()
+        assert len(calls) == 1 and view.depths == {} and s.ticks == 2
+        release.set()
+        await asyncio.wait_for(asyncio.shield(s._reading), 5)  # type: ignore[arg-type]
+        await s.sample()  # the late answer is old: a new read, which the store answers
+        assert len(calls) == 2 and view.depths == {"/queue/a": "stored"}
+        await s.stop()
+
+    asyncio.run(run())
