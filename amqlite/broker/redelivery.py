@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 from amqlite.broker import limits, routing
 from amqlite.broker.message import Message, now_ms
+from amqlite.broker.source import Source
 
 if TYPE_CHECKING:
     from amqlite.broker.core import Broker
-    from amqlite.broker.source import Source
     from amqlite.broker.subscription import Delivery
     from store.api import ScheduledRow
 
@@ -59,10 +59,12 @@ def delay(broker: Broker, source: Source, d: Delivery, delay_ms: int) -> None:
         return
     if d.ref is not None:
         broker.writes.stage_releases([d.ref])
-    broker.loop.call_later(delay_ms / 1000, _back, source, m)
+    broker.loop.call_later(delay_ms / 1000, _back, broker, source, m)
 
 
-def _back(source: Source, m: Message) -> None:
+def _back(broker: Broker, source: Source, m: Message) -> None:
+    if type(source) is Source:  # a queue: the one by that name now (it may have left
+        source = broker.queue(source.name)  # memory while empty: ``Broker.queue_left``)
     source.push(m)
     routing.dispatch_logged(source)
 

@@ -303,12 +303,17 @@ def test_a_bad_policy_stops_the_start_with_one_line(broker_factory: BrokerFactor
 def test_delayed_redelivery_survives_a_sigkill_takeover(broker_factory: BrokerFactory,
                                                         tmp_path: Path) -> None:
     """A NACK under a 3 s redelivery delay, then SIGKILL of the master: the new master
-    redelivers the message (the delay is a stored due time), not before the delay."""
+    redelivers the message (the delay is a stored due time), not before the delay. A
+    full reject-publish queue is still full on the new master (its count is read from
+    the store at activation)."""
     conf = config(tmp_path)
     master, slave = start_pair(broker_factory, env={}, store_args=None,
                                extra_args=["--config", str(conf)])
     queue = f"/queue/pol.takeover.{unique('q')}"
+    full = f"/queue/pol.reject.{unique('full')}"
     producer = open_client(master.port)
+    for i in range(3):
+        producer.send(full, f"f{i}")
     producer.send(queue, "delayed")
     consumer = open_client(master.port)
     consumer.subscribe(queue, ack="client-individual")
@@ -328,5 +333,10 @@ def test_delayed_redelivery_survives_a_sigkill_takeover(broker_factory: BrokerFa
         assert back.headers.get("message-id") == msg.headers["message-id"]
         assert waited >= TAKEOVER_DELAY - EARLY, waited
         assert again.listener.holds_for(lambda: again.listener.count() == 1, 0.5)
+        refused = open_client(slave.port)
+        refused.conn.send(full, "f3", headers={"receipt": unique("r")})
+        assert refused.listener.wait_for(lambda: bool(refused.listener.errors))
+        assert "is full (max_length 3)" in refused.listener.error_texts()[0]
+        refused.close()
     finally:
         again.close()
