@@ -144,3 +144,10 @@ def test_a_delayed_redelivery_waits_in_place_and_comes_back_with_its_count(
     assert one(s, "SELECT depth FROM amq_destinations WHERE id = :i", i=QUEUE.id) == 2
     assert_counters(s)
     assert not s.check_integrity(epoch).mismatch
+    # Cancelled while it waits (an operator's DELETE /api/v1/scheduled/ID): out of the
+    # queue's depth too, which a scheduled SEND's row never was in.
+    s.commit_batch(epoch, Batch(deliveries=[(None, 2)]))
+    s.commit_batch(epoch, Batch(delays=[(2, 9_000, '{"redelivery": 1, "delay": 5000}')]))
+    assert s.cancel_scheduled(epoch, 2)
+    assert one(s, "SELECT depth FROM amq_destinations WHERE id = :i", i=QUEUE.id) == 1
+    assert_counters(s)
