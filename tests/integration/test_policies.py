@@ -75,6 +75,12 @@ max_bytes = 10
 overflow = "reject-publish"
 
 [[policy]]
+destination = "/topic/pol.t.>"
+dead_letter_strategy = "individual"
+max_redeliveries = 0
+message_ttl = 60
+
+[[policy]]
 destination = "/queue/pol.takeover.>"
 redelivery_delay = {TAKEOVER_DELAY}
 """
@@ -137,6 +143,25 @@ def test_individual_dead_letter_queue_after_max_redeliveries(broker: BrokerProce
     assert consumer.listener.holds_for(lambda: consumer.listener.count() == 2, 0.5)
 
 
+def test_a_durable_topic_subscription_dead_letters_to_its_topics_queue(
+        broker: BrokerProcess, clients: ClientPool) -> None:
+    """A topic's policy: max_redeliveries 0 sends the first NACKed message of a durable
+    subscription to /queue/DLQ.Topic.<name>; its message_ttl stamps expires."""
+    topic = f"/topic/pol.t.{unique('prices')}"
+    sub = clients(broker.port, headers={"client-id": unique("cid")})
+    sub.subscribe(topic, ack="client-individual",
+                  headers={"activemq.subscriptionName": "dur"})
+    clients(broker.port).send(topic, "tick")
+    [msg] = sub.listener.wait_messages(1)
+    assert int(msg.headers["expires"]) > time.time() * 1000  # the topic's message_ttl
+    sub.nack(msg)
+    dead = clients(broker.port)
+    dead.subscribe("/queue/DLQ.Topic." + topic.removeprefix("/topic/"))
+    [letter] = dead.listener.wait_messages(1)
+    assert letter.body == "tick" and letter.headers["original-destination"] == topic
+    assert sub.listener.holds_for(lambda: sub.listener.count() == 1, 0.5)
+
+
 def test_redelivery_back_off_is_visible_in_redelivery_times(broker: BrokerProcess,
                                                             clients: ClientPool) -> None:
     """Each NACK's redelivery waits 0.3 s, 0.6 s, then the 1 s cap (0.3 x 2 ** n)."""
@@ -161,6 +186,25 @@ def test_redelivery_back_off_is_visible_in_redelivery_times(broker: BrokerProces
     assert waits[1] > waits[0] and waits[2] > waits[1], waits  # it backs off
     counts = [m.headers.get("message-id") for m in consumer.listener.snapshot()]
     assert len(set(counts)) == 1  # one message, redelivered
+
+
+def test_a_non_persistent_message_waits_its_delay_too(broker: BrokerProcess,
+                                                      clients: ClientPool) -> None:
+    """A memory-only message is not stored: its delay is a timer of the master's."""
+    queue = f"/queue/pol.backoff.{unique('np')}"
+    clients(broker.port).send(queue, "light", headers={"persistent": "false"})
+    consumer = clients(broker.port)
+    stamps = Stamps()
+    consumer.conn.set_listener("stamps", stamps)
+    consumer.subscribe(queue, ack="client-individual")
+    [first] = consumer.listener.wait_messages(1)
+    nacked = time.monotonic()
+    consumer.nack(first)
+    consumer.listener.wait_messages(2)
+    with stamps.lock:
+        back = stamps.times[1][1]
+    assert back - nacked >= BACKOFF[0] - EARLY
+    assert consumer.listener.snapshot()[1].headers.get("redelivered") == "true"
 
 
 def test_ttl_default_and_cap_expire_messages(broker: BrokerProcess,
