@@ -238,17 +238,18 @@ def test_waiting_messages_and_held_bytes_share_one_budget(
         s.sock.setblocking(False)
     data = [memoryview(f"SEND\ndestination:{topic}\n\n".encode() + b"y" * PARTIAL_BODY)
             for _ in socks]
+    # What the broker does not read waits in the kernel's socket buffers (several MiB a
+    # socket on loopback, maybe all of it): the broker's RSS is what is asserted here.
     _pump([s.sock for s in socks], data, 3.0, time.monotonic() + 60)
-    assert sum(map(len, data)) > 0, "the broker read every partial frame: no flow control"
     rss.check()
     print(f"{held_open / MIB:.0f} MiB in open transactions, {len(errors)} ERRORs, "
-          f"{sum(map(len, data)) / MIB:.0f} MiB of partial frames left unread")
+          f"{sum(map(len, data)) / MIB:.0f} MiB of partial frames not taken by the kernel")
     for s in raw_clients:
         s.close()
     # Every stored message is still there, once: those given back are paged in again.
     consumer = clients(broker.port)
     for n, q in enumerate(queues):
-        consumer.subscribe(q, sub_id=f"c{n}")
+        consumer.subscribe(q, sub_id=f"c{n}", headers={"activemq.prefetchSize": "4"})
     got = consumer.listener.wait_messages(BACKLOG_QUEUES * BACKLOG_PER_QUEUE, 60)
     seen = sorted((f.headers["destination"], f.body[:4]) for f in got)
     assert seen == sorted((q, f"{i:04d}") for q in queues for i in range(BACKLOG_PER_QUEUE))
