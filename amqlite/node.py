@@ -177,7 +177,8 @@ class Node:
         log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
                  store.description, locker.description)
         pid_info = pidfile.PidInfo(pid=os.getpid(), name=s.name, group=s.group,
-                                   stomp=s.advertise)
+                                   stomp=s.advertise, users_file=os.path.abspath(
+                                       s.users_file) if s.users_file else None)
         pidfile.write(pid_info, s.data_dir)
         try:
             if not await self._open_store(store):

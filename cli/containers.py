@@ -48,6 +48,7 @@ from amqlite.registry import (
     registry_url,
 )
 from amqlite.settings import Settings, SettingsError, definitions, load_settings
+from cli.private_file import write_private
 
 HOME_ENV = "AMQLITE_HOME"
 CONFIG_FILE = "config.toml"
@@ -295,8 +296,9 @@ def create_containers(home: Path, names: list[str], *, group: str, store: str | 
     for c, values in configs:
         (c.dir / DATA_DIR).mkdir(parents=True)
         body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
-        c.config.write_text(f"# amqlite container {c.name}: `amqlite start --config "
-                            f"{c.config}`\n[broker]\n{body}")
+        # 0600: the store URL may carry its password
+        write_private(c.config, f"# amqlite container {c.name}: `amqlite start --config "
+                                f"{c.config}`\n[broker]\n{body}")
         created.append((c, values["bind"]))
     return created
 

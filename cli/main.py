@@ -170,12 +170,13 @@ def passwd(password: str) -> None:
 
 def _register_commands() -> None:
     """Sub-commands that live in their own modules (and import what they need lazily)."""
-    from cli import client_cmds, mgmt_cmds, subscription_cmds
+    from cli import client_cmds, mgmt_cmds, subscription_cmds, user_cmds
     from cli.audit_cmd import audit
 
     client_cmds.register(cli)
     mgmt_cmds.register(cli)
     subscription_cmds.register(cli)
+    user_cmds.register(cli)
     cluster_cmds.register(cli)
     cli.add_command(audit)
 
