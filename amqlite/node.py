@@ -43,6 +43,7 @@ from amqlite.registry import (
 from amqlite.replication import ReplicationMonitor
 from amqlite.server import StompServer
 from amqlite.settings import Settings, SettingsError
+from amqlite.websocket import console_origins
 from lockers import Locker, LockerError, LockLost, LockState, open_locker
 from store import GroupCommitter, Store, StoreError, StoreRejected, StoreUnusable, open_store
 
@@ -424,6 +425,9 @@ class Node:
         if self.users_file is not None and self.users_file.policy.enabled:
             broker.authz = self.users_file.policy
         server = StompServer(s, broker, auth)
+        if self.management is not None and self.management.url:  # ws_allowed_origins' default
+            server.console_origins = console_origins(self.management.url,
+                                                     self.management.hosts.names)
         broker.pause()  # nothing dispatched or committed until the last check below
         try:
             await limits.load(broker)  # bounded queues' ledgers, before any SEND
@@ -602,11 +606,14 @@ class Node:
             ]
             own = s.advertise_uris
             uris = [*own, *dict.fromkeys(u for u in others if u not in own)]
-            if uris != known:
-                added = set(uris) - set(known)
-                removed = set(known) - set(uris)
+            ws_uris = [*s.websocket_uris, *dict.fromkeys(
+                u for m in sorted(members, key=lambda m: m.name) if m.name != s.name
+                for u in m.websocket if u not in s.websocket_uris)]
+            if (uris, ws_uris) != (known, server.ws_cluster_uris):
+                was = {*known, *server.ws_cluster_uris}
+                added, removed = {*uris, *ws_uris} - was, was - {*uris, *ws_uris}
                 push = bool(added) or (bool(removed) and s.update_cluster_clients_on_remove)
-                server.set_cluster_uris(uris, push)
+                server.set_cluster_uris(uris, push, ws_uris)
                 log.info("cluster URIs now %s%s", ",".join(uris), " (pushed)" if push else "")
                 known = uris
             await asyncio.sleep(CLUSTER_POLL_INTERVAL)

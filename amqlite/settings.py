@@ -49,7 +49,7 @@ from amqlite.setting_domains import (
     described,
 )
 from amqlite.tls import TlsError, check_pair, server_context
-from amqlite.wire import DEFAULT_STOMP_PORT
+from amqlite.wire import DEFAULT_STOMP_PORT, DEFAULT_WS_PORT, DEFAULT_WSS_PORT, WS_PATH
 from lockers import DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_POLL_INTERVAL, GROUP_NAME
 
 #: Listen on loopback unless told otherwise: security by default.
@@ -186,6 +186,18 @@ class Settings:
     ssl_ca: str = field(default="", metadata=doc(
         "PEM CA certificates: TLS clients must present a certificate one signed.",
         metavar="FILE", derived="none"))
+    ws_bind: str = field(default="", metadata=doc(
+        f"STOMP over WebSocket listener HOST:PORT (ws://HOST:PORT{WS_PATH}).",
+        f"a port left out is {DEFAULT_WS_PORT}, RabbitMQ Web-STOMP's", metavar="HOST:PORT",
+        derived="none"))
+    wss_bind: str = field(default="", metadata=doc(
+        f"STOMP over secure WebSocket listener HOST:PORT (wss://HOST:PORT{WS_PATH}); needs "
+        "--ssl-cert and --ssl-key.", f"a port left out is {DEFAULT_WSS_PORT}, RabbitMQ "
+        "Web-STOMP's TLS port", metavar="HOST:PORT", derived="none"))
+    ws_allowed_origins: str = field(default="", metadata=doc(
+        "Origins (scheme://host:port) whose pages may open a WebSocket, comma-separated, "
+        "or '*' for any; others get 403 (cross-site WebSocket hijacking defence).",
+        metavar="ORIGINS", derived="the management console's own origin"))
     http_ssl: bool = field(default=True, metadata=doc(
         "With --ssl-cert, serve the management API over HTTPS with the same certificate "
         "settings (--ssl-ca included); off keeps it plain HTTP."))
@@ -341,6 +353,20 @@ class Settings:
         return parse_bind(self.ssl_bind, DEFAULT_SSL_PORT) if self.ssl_bind else None
 
     @property
+    def ws_listeners(self) -> list[tuple[str, tuple[str, int]]]:
+        """(scheme, address) of the WebSocket listeners that are on: ws and/or wss."""
+        return [(scheme, parse_bind(bind, port, f"--{scheme}-bind"))
+                for scheme, bind, port in (("ws", self.ws_bind, DEFAULT_WS_PORT),
+                                           ("wss", self.wss_bind, DEFAULT_WSS_PORT)) if bind]
+
+    @property
+    def websocket_uris(self) -> list[str]:
+        """The URLs a page opens to reach this node's WebSocket listeners (registry,
+        cluster-list, CONNECTED's cluster header); a wildcard bind names the host."""
+        return [f"{scheme}://{_shown_host(host)}:{port}{WS_PATH}"
+                for scheme, (host, port) in self.ws_listeners]
+
+    @property
     def advertise_uris(self) -> list[str]:
         return [u.strip() for u in self.advertise.split(",") if u.strip()]
 
@@ -388,7 +414,7 @@ class Settings:
             check_pair(s.ssl_cert, s.ssl_key, "--ssl-cert (ssl_cert)", "--ssl-key (ssl_key)")
         except TlsError as e:
             raise SettingsError(str(e)) from None
-        if (s.ssl_bind or s.ssl_ca) and not s.ssl_cert:
+        if (s.ssl_bind or s.wss_bind or s.ssl_ca) and not s.ssl_cert:
             raise SettingsError("TLS needs both ssl_cert and ssl_key (--ssl-cert, --ssl-key)")
         if s.ssl_cert:
             s.ssl_context()  # a bad file stops the start here, in one line
@@ -397,12 +423,12 @@ class Settings:
             listeners.append(("tcp", parse_bind(s.bind)))
         if s.ssl_bind:
             listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT, "--ssl-bind")))
-        for scheme, (host, port) in listeners:
-            option = "bind" if scheme == "tcp" else "ssl_bind"
+        for scheme, (host, port) in [*listeners, *s.ws_listeners]:
+            option = {"tcp": "bind", "ssl": "ssl_bind"}.get(scheme, f"{scheme}_bind")
             if port == 0:  # any free port: nothing a client or the registry could name
                 raise SettingsError(f"{option}: port 0 is no address clients can use", option)
             # As http_bind below: no logins (a client certificate is one) stays on loopback.
-            anonymous = not s.users_file and not (scheme == "ssl" and s.ssl_ca)
+            anonymous = not s.users_file and not (scheme in ("ssl", "wss") and s.ssl_ca)
             if anonymous and not s.allow_anonymous_remote and not is_loopback(host):
                 raise SettingsError(
                     f"{option} {getattr(s, option)}: without a users_file STOMP stays on "
@@ -411,10 +437,16 @@ class Settings:
         if not s.advertise:
             uris = []
             for scheme, (host, port) in listeners:
-                host = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
-                uris.append(f"{scheme}://{host}:{port}")
+                uris.append(f"{scheme}://{_shown_host(host)}:{port}")
             s.advertise = ",".join(uris)
         check_advertise(s.advertise_uris)
+        if s.ws_allowed_origins:
+            from amqlite.websocket import OriginError, parse_origins
+
+            try:
+                parse_origins(s.ws_allowed_origins)
+            except OriginError as e:
+                raise SettingsError(f"ws_allowed_origins: {e}", "ws_allowed_origins") from None
         if s.max_unauthenticated == 0:
             s.max_unauthenticated = default_max_unauthenticated(s.max_connections)
         if not 0 < s.max_unauthenticated <= s.max_connections:
@@ -436,6 +468,11 @@ class Settings:
                     f"http_bind {s.http_bind}: without a users_file the management API stays "
                     "on loopback; set http_allow_remote = true to expose it anyway", "http_bind")
         return s
+
+
+def _shown_host(host: str) -> str:
+    """A bind host as clients should name it: a wildcard is this machine's name."""
+    return host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
 
 
 def check_advertise(uris: list[str]) -> None:
@@ -551,42 +588,6 @@ def check_backends(s: Settings) -> None:
         raise SettingsError(f"locker: {e}", "locker") from None
 
 
-def _scheme(url: str) -> str:
-    scheme = url.split("://", 1)[0].lower()
-    return "postgresql" if scheme.startswith("postgres") else scheme
-
-
-def unused(s: Settings, given: Mapping[str, str]) -> list[str]:
-    """Warnings for the settings in ``given`` (name -> where it was set) that do not apply
-    to this node's store, locker or other settings and are ignored."""
-    locker, store = _scheme(s.locker), _scheme(s.store)
-    not_cluster = None if s.update_cluster_clients else "update_cluster_clients is off"
-    why = {
-        "lock_lease": None if locker == "postgresql"
-        else f"only the PostgreSQL locker has a lease, the locker is {locker}://",
-        "zk_session_timeout": None if locker == "zk"
-        else f"only the ZooKeeper locker has a session, the locker is {locker}://",
-        "lock_poll_interval": None if locker == "file"
-        else f"only the file locker polls, the {locker}:// locker waits on its server",
-        "allow_fsync_off": None if store == "postgresql"
-        else f"only a PostgreSQL store's fsync is checked, the store is {store}://",
-        "allow_async_replication": None if store == "postgresql"
-        else f"only a PostgreSQL store's replication is checked, the store is {store}://",
-        "http_ssl": None if s.ssl_cert else "without ssl_cert the management API is HTTP",
-        "rebalance_cluster_clients": not_cluster,
-        "update_cluster_clients_on_remove": not_cluster,
-        "update_cluster_filter": not_cluster,
-    }
-    warnings = [f"{name} ({given[name]}) does not apply and is ignored: {reason}"
-                for name, reason in why.items() if reason and name in given]
-    if s.ssl_cert and not s.ssl_bind:
-        https = s.http_bind.lower() != HTTP_OFF and s.http_ssl
-        warnings.append(f"ssl_cert is set but there is no TLS STOMP listener (ssl_bind): "
-                        f"STOMP clients connect in plain text on {s.bind}; "
-                        + ("only the management API uses it" if https else "nothing uses it"))
-    return warnings
-
-
 #: How a wrong-type TOML value is explained.
 _TOML_TYPES = {str: "a string (in quotes)", int: "an integer", float: "a number",
                bool: "true or false"}
@@ -688,6 +689,8 @@ def read_settings(
         if e.setting in given and given[e.setting] not in str(e):
             raise SettingsError(f"{e} ({given[e.setting]})", e.setting) from None
         raise
+    from amqlite.setting_warnings import unused  # its own room, which imports this one
+
     return settings, unused(settings, given)
 
 

@@ -431,6 +431,7 @@ class ManagementServer:
             "name": self.settings.name, "group": self.settings.group, "role": node.role,
             "ready": self.view.serving, "epoch": broker.epoch if broker is not None else None,
             "stomp": self.settings.advertise, "http": self.url,
+            "websocket": self.settings.websocket_uris,
             "takeovers": node.takeovers, "master_since": node.master_since,
             "master": None if self.view.serving else await self.view.master(),
         })

@@ -83,7 +83,8 @@ class NodeView:
         m = current_master(m for m in await self.group() if m.name != self.settings.name)
         if m is None:
             return None
-        return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch}
+        return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch,
+                "websocket": list(m.websocket)}
 
     def destination_rows(self, depths: dict[str, DestinationDepth]) -> list[dict[str, Any]]:
         """One row per destination: stored depth (cached) with live memory state."""
