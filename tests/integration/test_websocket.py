@@ -245,6 +245,29 @@ def test_origin_host_and_path_refused_before_stomp(broker: BrokerProcess) -> Non
     assert "403 pages of origin 'http://evil.example'" in broker.log_text()
 
 
+def raw_answer(port: int, request: bytes) -> bytes:
+    """What the listener answers a raw HTTP request, up to its close."""
+    with socket.create_connection((HOST, port), timeout=WAIT) as sock:
+        sock.sendall(request)
+        out = b""
+        while chunk := sock.recv(4096):
+            out += chunk
+    return out
+
+
+def test_bad_upgrade_requests_get_one_http_error(broker: BrokerProcess) -> None:
+    """No upgrade: 400; an upgrade request past max_handshake_bytes: 431; garbage: 400.
+    An HTTP answer and a close, no STOMP and no traceback in the log."""
+    port = broker.ws_port  # type: ignore[attr-defined]
+    host = f"Host: {HOST}:{port}\r\n".encode()
+    assert raw_answer(port, b"GET /ws HTTP/1.1\r\n" + host + b"\r\n").startswith(
+        b"HTTP/1.1 400")
+    assert raw_answer(port, b"NOT HTTP\r\n\r\n").startswith(b"HTTP/1.1 400")
+    big = b"GET /ws HTTP/1.1\r\n" + host + b"X-Pad: " + b"p" * 70_000 + b"\r\n\r\n"
+    assert raw_answer(port, big).startswith(b"HTTP/1.1 431")
+    assert "Traceback" not in broker.log_text()
+
+
 def test_stomp_py_ws_connection(broker: BrokerProcess) -> None:
     """stomp.py's WSConnection (websocket-client): CONNECT with a login, SUBSCRIBE,
     persistent SEND with a receipt, the message back."""
