@@ -16,7 +16,16 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 
-from amqlite.settings import is_loopback
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost (names are not resolved)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
 
 #: Wildcard bind hosts: the listener answers on every address of the machine.
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})

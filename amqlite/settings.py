@@ -32,6 +32,7 @@ from amqlite.codec import (
     DEFAULT_MAX_HEADER_LENGTH,
     ProtocolError,
 )
+from amqlite.hosts import is_loopback
 from amqlite.policy import DestinationPolicy, Policies, PolicyEntry, PolicyError, take_policies
 from amqlite.protocol import MAX_HEARTBEAT_MS, parse_heartbeat
 from amqlite.setting_domains import (
@@ -510,18 +511,6 @@ def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT,
     if not 0 <= p <= 65535:
         raise SettingsError(f"{option}: port out of range in {bind!r}", setting)
     return host, p
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost (names are not resolved)."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 #: The settings an option, a variable or a config key sets (not the file's tables).
