@@ -303,7 +303,9 @@ class ManagementServer:
                 if not (self.access.per_destination and _destination_scoped(request)):
                     self.access.require_admin(login)  # else the handler checks per destination
                 self.hosts.check_origin(request)
-            if path.startswith(API) and path not in SLAVE_PATHS and not self.view.serving:
+            # A wrong path or method is 404/405 from any node, as the master would say.
+            if (routed and path.startswith(API) and path not in SLAVE_PATHS
+                    and not self.view.serving):
                 return await self._not_master()
             return await handler(request)
         except MisdirectedRequest as e:

@@ -24,6 +24,7 @@ from schemathesis.engine import events
 from schemathesis.specs.openapi.checks import ignored_auth
 
 from amqlite.auth import hash_password
+from amqlite.management.app import API, SLAVE_PATHS
 from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
 from tests.helpers.mgmt import Api, start_with_http, wait_until
 from tests.helpers.seeds import fuzz_seed
@@ -43,6 +44,8 @@ ADMIN, ADMIN_PASSWORD = "root", "root-Pw-1"
 MAX_EXAMPLES = 40
 #: The suite's seed (tests/helpers/seeds.py: AMQLITE_FUZZ_SEED=random for a fresh one).
 CI_SEED = 20261126
+#: A slave answers 503 to most: a few cases per operation and phase show it.
+SLAVE_MAX_EXAMPLES = 5
 #: [[authorization]] entries: the administrators may do everything, so every action
 #: reaches the broker; the per-destination checks run on every generated name.
 USERS = f"""
@@ -74,8 +77,10 @@ def broker(module_factory: BrokerFactory, tmp_path_factory: pytest.TempPathFacto
     d = tmp_path_factory.mktemp("openapi")
     (d / "users.toml").write_text(USERS.replace("{hash}", hash_password(ADMIN_PASSWORD)))
     # max_redeliveries = 0: a NACK dead-letters at once (a DLQ to browse and retry).
-    return start_with_http(module_factory, "openapi", d / "users.toml",
-                           env={"AMQLITE_MAX_REDELIVERIES": "0"})
+    b = start_with_http(module_factory, "openapi", d / "users.toml",
+                        env={"AMQLITE_MAX_REDELIVERIES": "0"})
+    b.users_file = d / "users.toml"  # type: ignore[attr-defined]  # for its slave
+    return b
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +117,9 @@ def seeded(broker: BrokerProcess, api: Api) -> Iterator[None]:
         pool.close()
 
 
-@pytest.fixture(scope="module")
-def api_schema(broker: BrokerProcess, seeded: None) -> schemathesis.BaseSchema:
-    """The document as the node serves it, aimed at the node, with an administrator."""
-    base: str = broker.http  # type: ignore[attr-defined]
-    config = schemathesis.Config.from_dict({
+def _config(base: str, max_examples: int = MAX_EXAMPLES, **extra: Any) -> schemathesis.Config:
+    """The run's settings: the seed, the node, an administrator and the CSRF headers."""
+    settings: dict[str, Any] = {
         "seed": fuzz_seed(CI_SEED),
         "base-url": base,
         "headers": {**CSRF_HEADERS, "Origin": base},
@@ -124,7 +127,7 @@ def api_schema(broker: BrokerProcess, seeded: None) -> schemathesis.BaseSchema:
         # database none: no .hypothesis/ in the work tree. No generated Authorization
         # headers: the configured login replaces them anyway, and a "negative" case
         # without one would then be counted as accepted although it was never sent.
-        "generation": {"max-examples": MAX_EXAMPLES, "database": "none",
+        "generation": {"max-examples": max_examples, "database": "none",
                        "with-security-parameters": False},
         "request-timeout": 10,
         # The document's links say which answer feeds which parameter. Schemathesis'
@@ -136,8 +139,17 @@ def api_schema(broker: BrokerProcess, seeded: None) -> schemathesis.BaseSchema:
         # check counts as a failure, and a failure ends that operation's generation.
         # test_every_operation_needs_its_login checks the same without the throttle.
         "checks": {"ignored_auth": {"enabled": False}},
-    })
-    return schemathesis.openapi.from_url(f"{base}/api/v1/openapi.json", config=config)
+    }
+    for key, value in extra.items():
+        settings[key] = {**settings.get(key, {}), **value}
+    return schemathesis.Config.from_dict(settings)
+
+
+@pytest.fixture(scope="module")
+def api_schema(broker: BrokerProcess, seeded: None) -> schemathesis.BaseSchema:
+    """The document as the node serves it, aimed at the node, with an administrator."""
+    base: str = broker.http  # type: ignore[attr-defined]
+    return schemathesis.openapi.from_url(f"{base}/api/v1/openapi.json", config=_config(base))
 
 
 def test_the_node_serves_the_docs_file(broker: BrokerProcess) -> None:
@@ -279,17 +291,15 @@ def test_every_operation_needs_its_login(broker: BrokerProcess) -> None:
                 assert headers["WWW-Authenticate"] == 'Basic realm="amqlite"'
 
 
-def test_no_5xx_and_every_answer_documented(broker: BrokerProcess,
-                                            api_schema: schemathesis.BaseSchema) -> None:
-    """Schemathesis' engine (what its CLI runs: examples, coverage, fuzzing and stateful
-    phases, every built-in check) over every operation; each failed check is listed with
-    the request that reproduces it. Every operation must also have been reached past
-    the login (an answer other than a refusal), or the run proved little."""
+def run_engine(schema: schemathesis.BaseSchema) -> dict[str, Counter[int]]:
+    """Schemathesis' engine (what its CLI runs: its phases, every built-in check) over
+    every operation of ``schema``; fails listing each failed check with the answer and
+    the request that reproduces it. The answers' statuses by operation."""
     failures: list[str] = []
     errors: list[str] = []
     statuses: dict[str, Counter[int]] = {}
     finished: events.EngineFinished | None = None
-    for event in engine.from_schema(api_schema).execute():
+    for event in engine.from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished | events.FuzzScenarioFinished):
             recorder = event.recorder
             for case_id, interaction in recorder.interactions.items():
@@ -315,7 +325,20 @@ def test_no_5xx_and_every_answer_documented(broker: BrokerProcess,
     assert finished is not None
     assert not errors, "\n".join(errors)
     assert not failures, (f"{len(failures)} failed checks (AMQLITE_FUZZ_SEED="
-                          f"{api_schema.config.seed} reproduces):\n" + "\n\n".join(failures))
+                          f"{schema.config.seed} reproduces):\n" + "\n\n".join(failures))
+    total = sum(sum(c.values()) for c in statuses.values())
+    print(f"schemathesis: {total} requests in {finished.running_time:.1f}s")
+    for op in sorted(statuses):
+        print(f"  {op}: {dict(sorted(statuses[op].items()))}")
+    return statuses
+
+
+def test_no_5xx_and_every_answer_documented(broker: BrokerProcess,
+                                            api_schema: schemathesis.BaseSchema) -> None:
+    """Every phase over every operation of the master. Every operation must also have
+    been reached past the login (an answer other than a refusal), or the run proved
+    little."""
+    statuses = run_engine(api_schema)
     server_errors = {op: n for op, c in statuses.items() for s, n in c.items() if s >= 500}
     assert not server_errors
     operations = {r.ok().label for r in api_schema.get_all_operations()}
@@ -324,7 +347,30 @@ def test_no_5xx_and_every_answer_documented(broker: BrokerProcess,
     # Its probes include a NUL in a header, which aiohttp refuses (400) and would log
     # with a traceback (httplog keeps it to one debug line).
     assert "Traceback" not in broker.log_path.read_text(errors="replace")
-    total = sum(sum(c.values()) for c in statuses.values())
-    print(f"schemathesis: {total} requests in {finished.running_time:.1f}s")
-    for op in sorted(statuses):
-        print(f"  {op}: {dict(sorted(statuses[op].items()))}")
+
+
+def test_a_slave_answers_as_documented(broker: BrokerProcess, module_factory: BrokerFactory,
+                                       api: Api) -> None:
+    """A slave of the same group: health, role, metrics, the group and this document
+    answer; every other operation is the documented 503 naming the master. A short run
+    (no stateful phase: nothing a slave answers leads anywhere)."""
+    slave = start_with_http(module_factory, "openapi-slave",
+                            broker.users_file,  # type: ignore[attr-defined]
+                            data_dir=broker.data_dir, wait=False)
+    base: str = slave.http  # type: ignore[attr-defined]
+    admin = Api(base, ADMIN, ADMIN_PASSWORD)
+    wait_until(admin.up, what="the slave's listener")
+    wait_until(lambda: (r := admin.get("/readyz")[1]) and r["master"] is not None,
+               what="the master named by the slave")
+    schema = schemathesis.openapi.from_url(f"{base}/api/v1/openapi.json", config=_config(
+        base, max_examples=SLAVE_MAX_EXAMPLES, phases={"stateful": {"enabled": False}},
+        checks={"not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "503"]}}))
+    statuses = run_engine(schema)
+    for op, counts in statuses.items():
+        answered, path = set(counts) - REFUSALS - {400, 404}, op.split()[1]
+        if path == "/readyz" or (path.startswith(API) and path not in SLAVE_PATHS):
+            assert answered == {503}, f"{op}: {counts}"  # the master's business
+        else:
+            assert 200 in answered, f"{op}: {counts}"  # health, metrics, the console
+    assert set(statuses) == {r.ok().label for r in schema.get_all_operations()}
+    assert slave.alive and "Traceback" not in slave.log_path.read_text(errors="replace")
