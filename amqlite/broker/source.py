@@ -324,9 +324,10 @@ class Source:
         waiting in memory, the newest ids first, keeping MIN_IN_MEMORY: they stay in the
         store, and the pager's cursor goes back to below them so a consumer pages them
         in again. Only ids past ``taken_max`` (none of them was delivered or acked), and
-        not while a page or a selective scan is under way (it would move the cursor)."""
+        not while a page or a selective scan is under way (it would move the cursor), nor
+        from a bounded queue (its policy's ledger bounds it; drop-head takes its head)."""
         if (not self.stored or self.store_id is None or self.paging or self.ahead
-                or self.selective or self.pending_inserts
+                or self.selective or self.pending_inserts or self.ledger is not None
                 or self.in_memory_stored <= MIN_IN_MEMORY):
             return 0
         floor = self.taken_max
