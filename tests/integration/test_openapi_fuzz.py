@@ -10,6 +10,7 @@ seed in the suite (tests/helpers/seeds.py); AMQLITE_FUZZ_SEED=random searches af
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +26,14 @@ from schemathesis.specs.openapi.checks import ignored_auth
 
 from amqlite.auth import hash_password
 from amqlite.management.app import API, SLAVE_PATHS
-from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, ClientPool, unique
+from tests.helpers.broker_proc import (
+    BrokerFactory,
+    BrokerProcess,
+    ClientPool,
+    amqlite_command,
+    cli_env,
+    unique,
+)
 from tests.helpers.mgmt import Api, start_with_http, wait_until
 from tests.helpers.seeds import fuzz_seed
 
@@ -263,6 +271,16 @@ def test_every_success_answer_matches_the_document(broker: BrokerProcess, api: A
     wait_until(lambda: (d := api.destination(f"/queue/{q}")) and d["consumers"] == 1,
                what="the consumer")
     call("DELETE", "/api/v1/destinations/{kind}/{name}", 409, path_parameters=one)
+
+
+def test_the_cli_prints_the_document_without_a_node() -> None:
+    """`amqlite openapi` reads the installed document: no node, no network."""
+    run = [*amqlite_command(), "openapi"]
+    out = subprocess.run(run, capture_output=True, timeout=60, env=cli_env(), check=True)
+    assert out.stdout == DOCS.read_bytes() and not out.stderr
+    out = subprocess.run([*run, "--json"], capture_output=True, timeout=60, env=cli_env(),
+                         check=True)
+    assert json.loads(out.stdout) == yaml.safe_load(DOCS.read_text(encoding="utf-8"))
 
 
 #: A value for each path parameter: the login is checked before anything looks at them.
