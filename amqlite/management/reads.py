@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, literal_column, select
+from sqlalchemy import case, func, literal_column, select
 
 from lockers.connections.errors import one_line
 from store import StoreError, open_store, schema
@@ -61,6 +61,8 @@ class StoreReader:
         self._depths_at = 0.0
         self._scheduled: dict[str, int] = {}
         self._scheduled_at = 0.0
+        #: Of the scheduled rows, the delayed redeliveries per destination (read with them).
+        self.delayed: dict[str, int] = {}
 
     def _engine(self) -> Any:
         with self._lock:
@@ -202,12 +204,16 @@ class StoreReader:
         if time.monotonic() - self._scheduled_at < max_age:
             return self._scheduled
         m, d = schema.messages, schema.destinations
+        # A delayed redelivery (amqlite.broker.redelivery) is a scheduled row that was
+        # delivered before: still in its queue's depth, so counted apart too.
         rows = self._rows(
-            select(d.c.name, func.count().label("n"))
+            select(d.c.name, func.count().label("n"),
+                   func.sum(case((m.c.delivery_count > 0, 1), else_=0)).label("delayed"))
             .select_from(m.join(d, (d.c.grp == m.c.grp) & (d.c.id == m.c.destination_id)))
             .where(m.c.grp == self.group, m.c.deliver_at > literal_column("0"))
             .group_by(d.c.name))
         self._scheduled = {r.name: int(r.n) for r in rows}
+        self.delayed = {r.name: int(r.delayed or 0) for r in rows if r.delayed}
         self._scheduled_at = time.monotonic()
         return self._scheduled
 

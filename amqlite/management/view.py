@@ -93,8 +93,8 @@ class NodeView:
             return []
         names = set(depths) | set(broker.queues) | set(broker.topics) \
             | set(broker.durables_by_topic)
-        return [self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
-                for name in sorted(names)]
+        return [self._row(broker, name, depths.get(name), self.scheduled.get(name, 0),
+                          self.reader.delayed.get(name, 0)) for name in sorted(names)]
 
     def destination_row(self, name: str,
                         depths: dict[str, DestinationDepth]) -> dict[str, Any] | None:
@@ -105,17 +105,19 @@ class NodeView:
                                   or name in broker.topics
                                   or name in broker.durables_by_topic):
             return None
-        return self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
+        return self._row(broker, name, depths.get(name), self.scheduled.get(name, 0),
+                         self.reader.delayed.get(name, 0))
 
     @staticmethod
     def _row(broker: Broker, name: str, d: DestinationDepth | None,
-             scheduled: int = 0) -> dict[str, Any]:
+             scheduled: int = 0, delayed: int = 0) -> dict[str, Any]:
         kind = d.kind if d is not None else destination_kind(name)
         if kind == "queue":
             q = broker.queues.get(name)
             inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
-            stored = d.depth if d is not None else 0
-            waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
+            stored = d.depth if d is not None else 0  # delayed redeliveries included
+            waiting = (max(0, stored - inflight - delayed)
+                       + (q.nonpersistent if q is not None else 0))
             consumers = len(q.consumers) if q is not None else 0
         else:
             durables = broker.durables_by_topic.get(name, [])
@@ -132,6 +134,7 @@ class NodeView:
             # enqueued, dequeued, expired, dead_lettered, moved, purged (amqlite.broker.counters)
             **broker.counters.of(name),
             "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
+            "redelivery_delayed": delayed,  # of them, NACKed under a redelivery delay
             "overflow_dropped": broker.overflow_dropped.get(name, 0),  # drop-head
             "policy": policy_json(broker, name),  # amqlite.policy
         }

@@ -81,6 +81,10 @@ max_redeliveries = 0
 message_ttl = 60
 
 [[policy]]
+destination = "/queue/pol.later.>"
+redelivery_delay = 600
+
+[[policy]]
 destination = "/queue/pol.takeover.>"
 redelivery_delay = {TAKEOVER_DELAY}
 """
@@ -207,6 +211,24 @@ def test_a_non_persistent_message_waits_its_delay_too(broker: BrokerProcess,
         back = stamps.times[1][1]
     assert back - nacked >= BACKOFF[0] - EARLY
     assert consumer.listener.snapshot()[1].headers.get("redelivered") == "true"
+
+
+def test_a_delayed_redelivery_is_scheduled_not_waiting(broker: BrokerProcess,
+                                                       clients: ClientPool) -> None:
+    """While it waits its delay, the API counts it scheduled (and redelivery_delayed), not
+    waiting, and lists it with the scheduled messages, its plan naming the redelivery."""
+    queue = f"/queue/pol.later.{unique('q')}"
+    clients(broker.port).send(queue, "wait")
+    consumer = clients(broker.port)
+    consumer.subscribe(queue, ack="client-individual")
+    consumer.nack(consumer.listener.wait_messages(1)[0])
+    api = Api(broker.http)  # type: ignore[attr-defined]
+    row = wait_until(lambda: (d := api.destination(queue)) and d["redelivery_delayed"] == 1
+                     and d, what="a delayed redelivery counted")
+    assert (row["waiting"], row["in_flight"], row["scheduled"]) == (0, 0, 1)
+    [listed] = api.ok("GET", "/api/v1/scheduled?destination=" + queue)["scheduled"]
+    assert listed["schedule"]["redelivery"] == 1 and listed["schedule"]["delay"] == 600_000
+    assert consumer.listener.holds_for(lambda: consumer.listener.count() == 1, 0.3)
 
 
 def test_ttl_default_and_cap_expire_messages(broker: BrokerProcess,
