@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, insert, text
 
-from store import pg_batch, schema
+from store import pg_arrays, pg_batch, schema
 from store.api import (
     Batch,
     BatchResult,
@@ -61,6 +61,7 @@ class BatchCommitting(FencedStore):
                 proxy = self.engine.raw_connection()
                 writer = proxy.driver_connection
                 proxy.detach()  # ours for good: no pool reset between batches
+                pg_arrays.register(writer)
                 self._writer = writer
             result = pg_batch.commit(self._writer, self.group, epoch, batch, now_ms(),
                                      encode_headers)
