@@ -54,7 +54,13 @@ from amqlite.wire import (  # noqa: E402
     PRODUCER_SEQ_HEADER,
     STOMP_1_2,
 )
-from bench.peers import SPAWN_KINDS, PeerSet, tree_cpu_seconds, tree_rss_bytes  # noqa: E402
+from bench.peers import (  # noqa: E402
+    SPAWN_KINDS,
+    PeerSet,
+    thread_cpu_seconds,
+    tree_cpu_seconds,
+    tree_rss_bytes,
+)
 from bench.scrape import Scraper  # noqa: E402
 from bench.wsclient import ws_factory  # noqa: E402
 from tests.helpers.servers import free_port  # noqa: E402
@@ -498,6 +504,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
             for k, r in enumerate(readies)]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
         broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
+        threads0 = thread_cpu_seconds(broker_pid) if broker_pid else {}
         store_cpu0 = tree_cpu_seconds(store_pid) if store_pid else 0.0
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
@@ -521,6 +528,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
     if broker_pid:
         broker = {"broker_cpu_s": round(tree_cpu_seconds(broker_pid) - broker_cpu0, 2),
                   "broker_rss_mb": round(tree_rss_bytes(broker_pid) / 2**20, 1)}
+        threads = thread_cpu_seconds(broker_pid)
     if store_pid:
         broker["store_cpu_s"] = round(tree_cpu_seconds(store_pid) - store_cpu0, 2)
     done.set()
@@ -534,6 +542,9 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
              "loadgen": cpu}
     per_msg = {k: round(1e6 * v / done_msgs, 1) for k, v in cpu_s.items()
                if v is not None and done_msgs}
+    if broker_pid and done_msgs:
+        broker["broker_threads_us_per_msg"] = split_threads(broker_pid, threads0, threads,
+                                                            done_msgs)
     return {
         "sent": sent,
         "received": received[0],
@@ -548,6 +559,19 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
         "cpu_us_per_msg": per_msg,
         **broker,
     }
+
+
+def split_threads(pid: int, before: dict[int, float], after: dict[int, float],
+                  msgs: int) -> dict[str, float]:
+    """The broker's CPU per message by thread: its main thread (amqlite's event
+    loop), its busiest other thread (amqlite's group committer) and the rest."""
+    spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    main_s = spent.pop(pid, 0.0)
+    others = sorted(spent.values(), reverse=True)
+    busiest = others[0] if others else 0.0
+    rest = sum(others[1:])
+    return {k: round(1e6 * v / msgs, 1)
+            for k, v in (("main", main_s), ("busiest_other", busiest), ("rest", rest))}
 
 
 def main() -> int:
