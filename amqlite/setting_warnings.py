@@ -30,6 +30,8 @@ def unused(s: Settings, given: Mapping[str, str]) -> list[str]:
         "allow_async_replication": None if store == "postgresql"
         else f"only a PostgreSQL store's replication is checked, the store is {store}://",
         "http_ssl": None if s.ssl_cert else "without ssl_cert the management API is HTTP",
+        "ws_allowed_origins": None if s.ws_bind or s.wss_bind
+        else "there is no WebSocket listener (ws_bind, wss_bind)",
         "rebalance_cluster_clients": not_cluster,
         "update_cluster_clients_on_remove": not_cluster,
         "update_cluster_filter": not_cluster,

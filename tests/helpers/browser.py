@@ -32,8 +32,8 @@ def require_browser() -> None:
                     "(scripts/install-test-deps)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def start_chromium(extra_args: tuple[str, ...] = ()) -> Any:
+    """A headless Chromium under chromedriver (``extra_args`` for one module's needs)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -41,10 +41,16 @@ def browser() -> Iterator[Any]:
     options = Options()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-background-networking",
-                "--disable-dev-shm-usage", f"--window-size={WINDOW}"):
+                "--disable-dev-shm-usage", f"--window-size={WINDOW}", *extra_args):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = start_chromium()
     try:
         yield driver
     finally:

@@ -9,7 +9,6 @@ import asyncio
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +75,6 @@ def start_ws(factory: BrokerFactory, name: str, *, env: dict[str, str] | None = 
     b.ws_port = ws_port  # type: ignore[attr-defined]
     b.http = f"http://{HOST}:{http}"  # type: ignore[attr-defined]
     return b
-
-
-@pytest.fixture(scope="module")
-def module_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerFactory]:
-    factory = BrokerFactory(tmp_path_factory.mktemp("ws"))
-    try:
-        yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
-import shutil
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -30,6 +28,7 @@ from tests.helpers.broker_proc import (
     unique,
     wait_one_serving,
 )
+from tests.helpers.browser import require_browser, start_chromium
 from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 from tests.helpers.tls import make_pki
@@ -37,8 +36,6 @@ from tests.helpers.ws import ws_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 BROWSER_DIR = REPO_ROOT / "tests" / "browser"
 STOMPJS = BROWSER_DIR / "node_modules" / "@stomp" / "stompjs" / "bundles" / "stomp.umd.min.js"
 LOGIN, PASSCODE = "webapp", "webapp-Secret-5"
@@ -50,10 +47,7 @@ KILL_AFTER = COUNT // 3
 #: stream, on a loaded two-core machine.
 PAGE_WAIT = 60.0
 
-webdriver = pytest.importorskip("selenium.webdriver")
-if not (os.path.exists(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-    pytest.skip("chromium and chromium-driver are not installed (scripts/install-test-deps)",
-                allow_module_level=True)
+require_browser()
 if not STOMPJS.exists():
     pytest.skip("@stomp/stompjs is not installed: scripts/install-test-deps runs npm ci in "
                 "tests/browser", allow_module_level=True)
@@ -95,18 +89,9 @@ def page_port() -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
     # --ignore-certificate-errors: this test's own browser trusts the test CA's
     # certificate for wss:// (tests/helpers/tls.py); nothing else runs in it.
-    for arg in ("--headless=new", "--no-sandbox", "--disable-background-networking",
-                "--disable-dev-shm-usage", "--ignore-certificate-errors"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
+    driver = start_chromium(("--ignore-certificate-errors",))
     try:
         yield driver
     finally:
