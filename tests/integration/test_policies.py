@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import stomp
 
+from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
@@ -368,14 +369,16 @@ def test_a_bad_policy_stops_the_start_with_one_line(broker_factory: BrokerFactor
     assert "Traceback" not in b.log_text()
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_delayed_redelivery_survives_a_sigkill_takeover(broker_factory: BrokerFactory,
-                                                        tmp_path: Path) -> None:
+                                                        tmp_path: Path, store: str,
+                                                        request: pytest.FixtureRequest) -> None:
     """A NACK under a 3 s redelivery delay, then SIGKILL of the master: the new master
     redelivers the message (the delay is a stored due time), not before the delay. A
     full reject-publish queue is still full on the new master (its count is read from
     the store at activation)."""
     conf = config(tmp_path)
-    master, slave = start_pair(broker_factory, env={}, store_args=None,
+    master, slave = start_pair(broker_factory, env={}, store_args=store_args(store, request),
                                extra_args=["--config", str(conf)])
     queue = f"/queue/pol.takeover.{unique('q')}"
     full = f"/queue/pol.reject.{unique('full')}"
