@@ -292,10 +292,10 @@ def queue_list(url: str | None, group: str | None, registry: str | None, user: s
     data = _run(lambda: t.call("GET", "/api/v1/destinations"))["destinations"]
     _emit(as_json, data, lambda: table(
         ("destination", "waiting", "in-flight", "consumers", "enqueued", "dequeued",
-         "expired", "dead-lettered", "moved", "purged", "policy"),
+         "expired", "dead-lettered", "moved", "purged", "dropped", "policy"),
         [(d["name"], d["waiting"], d["in_flight"], d["consumers"], d["enqueued"],
           d["dequeued"], d["expired"], d["dead_lettered"], d["moved"], d["purged"],
-          _policy_cell(d.get("policy"))) for d in data]))
+          d["overflow_dropped"], _policy_cell(d.get("policy"))) for d in data]))
 
 
 def _policy_cell(policy: dict[str, Any] | None) -> str:

@@ -30,8 +30,9 @@ from sqlalchemy import (
 #: Bumped whenever a table or column changes; ``store`` upgrades older stores
 #: (``store.migrations.UPGRADES``). v2: ``amq_subscriptions.owner``. v3:
 #: ``amq_messages.deliver_at`` and ``schedule`` (scheduled delivery) and their index.
-#: v4: ``amq_counters`` (per-destination totals that survive a takeover).
-SCHEMA_VERSION = 4
+#: v4: ``amq_counters`` (per-destination totals that survive a takeover). v5: its
+#: ``overflow_dropped`` (a bounded queue's drop-head).
+SCHEMA_VERSION = 5
 
 # Column sizes that bound what a client may send. The broker validates every
 # frame against these (amqlite/validation.py) so that a value the store cannot
@@ -158,7 +159,8 @@ Index(
 )
 
 #: The names of ``counters``' columns, in the order ``Batch.counters`` lists them.
-COUNTER_KINDS = ("enqueued", "dequeued", "expired", "dead_lettered", "moved", "purged")
+COUNTER_KINDS = ("enqueued", "dequeued", "expired", "dead_lettered", "moved", "purged",
+                 "overflow_dropped")
 
 #: Per-destination totals since the destination was made (ActiveMQ's EnqueueCount,
 #: DequeueCount, ExpiredCount...): every way a message enters or leaves it. Kept by

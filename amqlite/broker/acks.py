@@ -233,7 +233,8 @@ def unsettle(broker: Broker, settled: list[Settled]) -> None:
             done = [d for d in done if d.message.persistent]
             broker.stats["dead_lettered"] -= len(done)
             broker.counters.add(sub.destination, Kind.DEAD_LETTERED, -len(done))
-            broker.counters.add(broker.settings.dead_letter_queue, Kind.ENQUEUED, -len(done))
+            broker.counters.add(dead_letter_queue(broker, sub.destination), Kind.ENQUEUED,
+                                -len(done))
         if not done or (sub.closed and isinstance(sub.source, TopicSubscriptionSource)):
             continue  # nothing, or memory-only copies for a subscriber that is gone
         for d in done:

@@ -105,7 +105,7 @@ class Broker:
         #: Handed to a consumer (a redelivery counts again), for the console's rates
         #: (in memory only: a rate starts again at a takeover).
         self.delivered: defaultdict[str, int] = defaultdict(int)
-        self.overflow_dropped: defaultdict[str, int] = defaultdict(int)
+        self.overflow_dropped = self.counters.totals[Kind.OVERFLOW_DROPPED]
         #: The users file's [[authorization]] entries; None when there are none (then
         #: every authenticated login may do everything, and frames pay no check).
         self.authz: Policy | None = None
@@ -287,7 +287,6 @@ class Broker:
         """A destination left: its per-destination totals go with it."""
         self.delivered.pop(name, None)
         self.counters.forget(name)
-        self.overflow_dropped.pop(name, None)
 
     def topic_left(self, name: str) -> None:
         """The last non-durable subscriber of topic ``name`` left: the topic leaves memory

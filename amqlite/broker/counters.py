@@ -42,6 +42,7 @@ class Kind(enum.IntEnum):
     DEAD_LETTERED = 3  # sent on to the dead-letter queue
     MOVED = 4  # moved out by an operator (move, retry)
     PURGED = 5  # removed by an operator (purge)
+    OVERFLOW_DROPPED = 6  # dropped by its policy's drop-head overflow (amqlite.broker.limits)
 
 
 assert tuple(k.name.lower() for k in Kind) == COUNTER_KINDS

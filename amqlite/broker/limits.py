@@ -28,6 +28,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, message_size, now_ms
 from amqlite.policy import DestinationPolicy, Overflow
 from amqlite.validation import BrokerError
@@ -224,7 +225,7 @@ def drop_head(broker: Broker, q: Source) -> bool:
     if persistent and q.stored:
         broker.writes.stage().acks.append((None, message_id))
     broker.stats["overflow_dropped"] += 1
-    broker.overflow_dropped[q.name] += 1
+    broker.counters.add(q.name, Kind.OVERFLOW_DROPPED)  # with the ack just staged
     log.debug("%s: message %d dropped (overflow drop-head)", q.name, message_id)
     return True
 

@@ -96,6 +96,8 @@ class BrokerCollector(Collector):
             ("amqlite_messages_moved", "Messages an operator moved out of it", Kind.MOVED),
             ("amqlite_messages_purged", "Messages an operator purged or deleted from it",
              Kind.PURGED),
+            ("amqlite_messages_overflow_dropped", "Messages its policy's drop-head dropped",
+             Kind.OVERFLOW_DROPPED),
         ):
             family = CounterMetricFamily(metric, doc + " (kept in the store: it survives a "
                                          "takeover)", labels=["destination"])

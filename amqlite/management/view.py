@@ -131,11 +131,11 @@ class NodeView:
         return {
             "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
             "consumers": consumers, "delivered": broker.delivered.get(name, 0),
-            # enqueued, dequeued, expired, dead_lettered, moved, purged (amqlite.broker.counters)
+            # enqueued, dequeued, expired, dead_lettered, moved, purged, overflow_dropped
+            # (amqlite.broker.counters: kept in the store)
             **broker.counters.of(name),
             "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
             "redelivery_delayed": delayed,  # of them, NACKed under a redelivery delay
-            "overflow_dropped": broker.overflow_dropped.get(name, 0),  # drop-head
             "policy": policy_json(broker, name),  # amqlite.policy
         }
 

@@ -141,6 +141,24 @@ def drop_v4(s: SqlStore) -> None:
     sql(s, "DROP TABLE amq_counters")
 
 
+def make_v4_store(url: str, group: str, queue: DestinationRow, messages: list[NewMessage],
+                  counts: list[int]) -> None:
+    """A store as schema v4 left it (``amq_counters`` without ``overflow_dropped``),
+    ``messages`` in ``queue`` counted ``counts`` (one per ``COUNTER_KINDS``; the last, 0)."""
+    s = open_store(url, group)
+    assert isinstance(s, SqlStore)
+    s.open()
+    try:
+        epoch = s.claim_epoch("old-node")
+        s.commit_batch(epoch, Batch(destinations=[queue], inserts=messages,
+                                    counters={queue.id: counts}))
+        s.end_activation(epoch)
+        sql(s, "ALTER TABLE amq_counters DROP COLUMN overflow_dropped")
+        sql(s, "UPDATE amq_meta SET value = '4' WHERE key = 'schema_version'")
+    finally:
+        s.close()
+
+
 def make_v3_store(url: str, group: str, queue: DestinationRow,
                   messages: list[NewMessage]) -> None:
     """A store as schema v3 left it (before ``amq_counters``), ``messages`` in ``queue``."""

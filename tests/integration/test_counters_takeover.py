@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +22,18 @@ from tests.helpers.mgmt import Api, pair_with_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-KINDS = ("enqueued", "dequeued", "expired", "dead_lettered", "moved", "purged")
+KINDS = ("enqueued", "dequeued", "expired", "dead_lettered", "moved", "purged",
+         "overflow_dropped")
 #: The first NACK dead-letters; expired rows are reaped every 0.2 s.
 ENV = {"AMQLITE_MAX_REDELIVERIES": "0", "AMQLITE_HOUSEKEEPING_INTERVAL": "0.2",
        "AMQLITE_LOCK_POLL_INTERVAL": "0.1"}
+#: A bounded queue that drops its oldest (amqlite.policy): what it drops is counted.
+POLICY = """
+[[policy]]
+destination = "/queue/cnt-drop.>"
+max_length = 1
+overflow = "drop-head"
+"""
 
 
 def totals(row: dict[str, Any] | None) -> dict[str, int]:
@@ -46,10 +55,12 @@ def cli_list(http: str) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_counts_survive_a_sigkill_takeover(store: str, broker_factory: BrokerFactory,
-                                           clients: ClientPool,
+                                           clients: ClientPool, tmp_path: Path,
                                            request: pytest.FixtureRequest) -> None:
+    config = tmp_path / "policy.toml"
+    config.write_text(POLICY)
     master, slave = pair_with_http(broker_factory, ("cnt-a", "cnt-b"), ENV,
-                                   store_args(store, request))
+                                   store_args(store, request), ["--config", str(config)])
     api = Api(master.http)  # type: ignore[attr-defined]
     q, other, dlq = f"/queue/{unique('cnt')}", f"/queue/{unique('cnt-to')}", "/queue/DLQ"
     producer = clients(master.port)
@@ -77,25 +88,32 @@ def test_counts_survive_a_sigkill_takeover(store: str, broker_factory: BrokerFac
                                "expires": str(int(time.time() * 1000) + 300)})
     wait_until(lambda: (d := api.destination(q)) and d["expired"] == 1, what="1 expired")
 
+    # Three into a queue that keeps one: two dropped by its policy.
+    bounded = f"/queue/cnt-drop.{unique('q')}"
+    for i in range(3):
+        producer.send(bounded, f"b{i}", {"persistent": "true"})
+
     expected = {"enqueued": 11, "dequeued": 4, "expired": 1, "dead_lettered": 1, "moved": 2,
-                "purged": 3}
+                "purged": 3, "overflow_dropped": 0}
     assert totals(api.destination(q)) == expected
     assert api.destination(dlq)["enqueued"] == 1  # type: ignore[index]
     assert api.destination(other)["enqueued"] == 2  # type: ignore[index]
-    before = {d: totals(api.destination(d)) for d in (q, other, dlq)}
+    assert api.destination(bounded)["overflow_dropped"] == 2  # type: ignore[index]
+    before = {d: totals(api.destination(d)) for d in (q, other, dlq, bounded)}
 
     master.kill()  # SIGKILL: nothing flushed on the way out
     slave.wait_serving()
     new_api = Api(slave.http)  # type: ignore[attr-defined]
     wait_until(lambda: new_api.destination(q) is not None, what="the new master's API")
-    after = {d: totals(new_api.destination(d)) for d in (q, other, dlq)}
+    after = {d: totals(new_api.destination(d)) for d in (q, other, dlq, bounded)}
     assert after == before
     # The same numbers in /metrics and in `amqlite queue list`.
     status, page = new_api.get("/metrics")
     assert status == 200
-    for kind, n in expected.items():
-        assert metric(page, kind, q) == n, kind
+    for kind, n in expected.items():  # a total still 0 has no sample yet
+        assert (metric(page, kind, q) or 0) == n, kind
     assert metric(page, "enqueued", dlq) == 1
+    assert metric(page, "overflow_dropped", bounded) == 2
     listed = cli_list(slave.http)  # type: ignore[attr-defined]
     assert totals(listed[q]) == expected and listed[dlq]["enqueued"] == 1
     # And counting goes on from there on the new master.

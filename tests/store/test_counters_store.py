@@ -15,6 +15,7 @@ from tests.helpers.store import (
     TOPIC,
     MakeStore,
     make_v3_store,
+    make_v4_store,
     master,
     msg,
     one,
@@ -90,11 +91,24 @@ def test_an_orphan_counts_row_keeps_its_id_from_being_handed_out(
 def test_a_v3_store_is_upgraded_to_counters(store_url: str, make_store: MakeStore) -> None:
     make_v3_store(store_url, "g1", QUEUE, [msg(1), msg(2)])
     s = make_store("g1")
-    assert SCHEMA_VERSION == 4
-    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "4"
+    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") \
+        == str(SCHEMA_VERSION)
     e = s.claim_epoch("new-node")
     rec = s.recover(e)
     assert rec.counters == {}  # what went before was never counted
     assert [d.depth for d in rec.destinations] == [2]
     s.commit_batch(e, Batch(acks=[(None, 1)], counters={QUEUE.id: deltas(dequeued=1)}))
     assert sql(s, "SELECT destination_id, dequeued FROM amq_counters") == [(QUEUE.id, 1)]
+
+
+def test_a_v4_store_is_upgraded_to_count_overflow_drops(store_url: str,
+                                                       make_store: MakeStore) -> None:
+    """v5 adds ``amq_counters.overflow_dropped``: a v4 store's totals stay as they were."""
+    make_v4_store(store_url, "g1", QUEUE, [msg(1)], deltas(enqueued=1))
+    s = make_store("g1")
+    assert SCHEMA_VERSION == 5
+    e = s.claim_epoch("new-node")
+    assert s.recover(e).counters == {QUEUE.id: totals(enqueued=1)}
+    s.commit_batch(e, Batch(acks=[(None, 1)],
+                            counters={QUEUE.id: deltas(overflow_dropped=1)}))
+    assert s.recover(e).counters == {QUEUE.id: totals(enqueued=1, overflow_dropped=1)}

@@ -36,7 +36,7 @@ def test_v1_store_is_upgraded_and_keeps_its_subscriptions(store_url: str,
     make_v1_store(store_url, "g1", [SUB1, SUB2], TOPIC,
                   [msg(1, TOPIC.id, subs=(1, 2)), msg(2, TOPIC.id, subs=(1,))])
     s = make_store("g1")
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") \
         == str(SCHEMA_VERSION)
     assert "owner" in columns(s)

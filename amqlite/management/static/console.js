@@ -200,13 +200,13 @@ function destinationsTable(rows, latest = {}) {
     ["destination", "kind", { label: "waiting", num: 1 }, { label: "in flight", num: 1 },
      { label: "consumers", num: 1 }, { label: "enqueued", num: 1 }, { label: "dequeued", num: 1 },
      { label: "expired", num: 1 }, { label: "dead-lettered", num: 1 }, { label: "moved", num: 1 },
-     { label: "purged", num: 1 }, { label: "in/s", num: 1 }, { label: "out/s", num: 1 },
+     { label: "purged", num: 1 }, { label: "dropped", num: 1 }, { label: "in/s", num: 1 }, { label: "out/s", num: 1 },
      { label: "ack/s", num: 1 }],
     rows.map(d => el("tr", { "data-name": d.name },
       el("td", {}, el("a", { href: "#/" + destPath(d.name) }, d.name)),
       el("td", {}, d.kind), num(d.waiting), num(d.in_flight), num(d.consumers),
       num(d.enqueued), num(d.dequeued), num(d.expired), num(d.dead_lettered), num(d.moved),
-      num(d.purged), rate(latest[d.name]?.enqueued), rate(latest[d.name]?.delivered),
+      num(d.purged), num(d.overflow_dropped), rate(latest[d.name]?.enqueued), rate(latest[d.name]?.delivered),
       rate(latest[d.name]?.acknowledged))));
 }
 
