@@ -282,6 +282,25 @@ def test_max_length_reject_publish_refuses_the_send_with_an_error(
     assert again.listener.wait_for(lambda: bool(again.listener.errors))
 
 
+def test_a_commit_that_does_not_fit_is_refused_whole(broker: BrokerProcess,
+                                                     clients: ClientPool) -> None:
+    """Four SENDs in one transaction to a queue of max_length 3: the COMMIT gets the
+    ERROR and none of them is stored."""
+    queue = f"/queue/pol.reject.{unique('tx')}"
+    producer = clients(broker.port)
+    producer.tx("begin", "t1")
+    for i in range(4):
+        producer.conn.send(queue, f"t{i}", transaction="t1")
+    producer.conn.commit("t1", headers={"receipt": unique("r")})
+    assert producer.listener.wait_for(lambda: bool(producer.listener.errors))
+    assert "is full (max_length 3)" in producer.listener.error_texts()[0]
+    consumer = clients(broker.port)
+    consumer.subscribe(queue)
+    clients(broker.port).send(queue, "marker")
+    assert [m.body for m in consumer.listener.wait_messages(1)] == ["marker"]
+    assert consumer.listener.holds_for(lambda: consumer.listener.count() == 1, 0.5)
+
+
 def test_max_bytes_reject_publish(broker: BrokerProcess, clients: ClientPool) -> None:
     """max_bytes 10 counts body bytes: two 5-byte bodies fit, a third does not, and a
     body larger than the limit is refused on its own."""
