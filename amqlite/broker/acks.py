@@ -98,7 +98,9 @@ def ack(broker: Broker, session: Session, command: str, frame: Frame, receipt: s
     batch = broker.writes.batch
     if command == "ACK":
         broker.stats["acked"] += len(done)
-        broker.counters.add(sub.destination, Kind.DEQUEUED, len(done))
+        counters = broker.counters
+        gone = counters.settle_gone(d.ref for d in done) if counters.gone else 0
+        counters.add(sub.destination, Kind.DEQUEUED, len(done) - gone)  # gone: expired
         batch.acks.extend(d.ref for d in done if d.ref is not None)
     else:  # what went to the dead-letter queue is settled; the rest is released
         done = [d for d in done if redeliver_or_dead_letter(broker, sub.source, d, batch)]

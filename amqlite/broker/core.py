@@ -313,20 +313,26 @@ class Broker:
                 limits.forget_refs(self, refs)
         by_sub = {d.store_id: d for d in self.durables.values()}
         for did, refs in by_destination.items():
-            gone: dict[Source, set[int]] = {}
+            gone: dict[Source, dict[int, Ref]] = {}
             for sid, mid in refs:
                 source = (self.queues.get(names.get(did, "")) if sid is None
                           else by_sub.get(sid))
                 if source is not None:
-                    gone.setdefault(source, set()).add(mid)
-            for source, mids in gone.items():
-                source.drop(_among(mids))
+                    gone.setdefault(source, {})[mid] = (sid, mid)
+            for source, mine in gone.items():
+                source.drop(_among(set(mine)))
+                # In flight: its ACK (or its expiry once released) must not count again.
+                for mid in source.inflight_ids() & set(mine):
+                    self.counters.gone.add(mine[mid])
 
     def expire(self, source: Source, message: Message) -> None:
         self.stats["expired"] += 1
-        self.counters.add(source.name, Kind.EXPIRED)
         if message.persistent and source.stored:
-            self.writes.stage().acks.append(source.ref(message))
+            ref = source.ref(message)
+            self.writes.stage().acks.append(ref)
+            if self.counters.gone and self.counters.settle_gone((ref,)):
+                return  # the store's reaper counted it
+        self.counters.add(source.name, Kind.EXPIRED)
 
     def load_page(self, source: Source, limit: int) -> None:
         """Page up to ``limit`` stored messages past ``source.cursor`` into ``source``."""

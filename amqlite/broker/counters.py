@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from amqlite.validation import is_temporary
@@ -61,6 +61,9 @@ class Counters:
         self.totals: dict[Kind, defaultdict[str, int]] = {k: defaultdict(int) for k in Kind}
         #: name -> deltas per Kind since the last flush.
         self.pending: dict[str, list[int]] = {}
+        #: Deliveries in flight whose row the store's reaper deleted (and counted as
+        #: expired): their ACK, or their expiry once released, counts nothing more.
+        self.gone: set[Ref] = set()
 
     def load(self, names: dict[int, str], stored: dict[int, tuple[int, ...]]) -> None:
         """A new master starts from what the store holds (destination id -> totals)."""
@@ -106,6 +109,15 @@ class Counters:
                 for k, n in enumerate(deltas):
                     have[k] += n
         self.pending = {}
+
+    def settle_gone(self, refs: Iterable[Ref | None]) -> int:
+        """How many of ``refs`` the reaper already counted (each only once)."""
+        n = 0
+        for ref in refs:
+            if ref in self.gone:
+                self.gone.discard(ref)
+                n += 1
+        return n
 
     def forget(self, name: str) -> None:
         """A destination leaves (deleted, or out of memory): its totals go with it (its

@@ -120,3 +120,26 @@ def test_counts_survive_a_sigkill_takeover(store: str, broker_factory: BrokerFac
     clients(slave.port).send(q, "after", {"persistent": "true"})
     wait_until(lambda: new_api.destination(q)["enqueued"] == 12,  # type: ignore[index]
                what="12 enqueued")
+
+
+def test_an_in_flight_message_reaped_as_expired_counts_once(
+        broker_factory: BrokerFactory, clients: ClientPool) -> None:
+    """The store's reaper deletes an expired row even while a consumer holds it (and
+    counts it expired); the consumer's later ACK must not count it dequeued too."""
+    master, _ = pair_with_http(broker_factory, ("once-a", "once-b"), ENV, [])
+    api = Api(master.http)  # type: ignore[attr-defined]
+    q = f"/queue/{unique('once')}"
+    consumer = clients(master.port)
+    consumer.subscribe(q, ack="client-individual")
+    clients(master.port).send(q, "short", {"persistent": "true",
+                                           "expires": str(int(time.time() * 1000) + 300)})
+    [frame] = consumer.listener.wait_messages(1)
+    wait_until(lambda: (d := api.destination(q)) and d["expired"] == 1,
+               what="the in-flight message reaped")
+    consumer.ack(frame)
+    clients(master.port).send(q, "marker", {"persistent": "true"})
+    [_, marker] = consumer.listener.wait_messages(2)
+    consumer.ack(marker)
+    row = wait_until(lambda: (d := api.destination(q)) and d["dequeued"] == 1 and d,
+                     what="the marker's ACK counted")
+    assert totals(row)["expired"] == 1 and row["dequeued"] == 1 and row["enqueued"] == 2
