@@ -267,21 +267,27 @@ class Broker:
         store past what memory holds or waiting for room in it leaves memory (issue 23:
         SUBSCRIBE/UNSUBSCRIBE, or SENDs drained, on ever new names must not grow the
         broker). ``queue`` makes it again on its next use, as new: whatever is stored for
-        it later comes through ``queue``. Its totals go with it, as with a deleted queue
-        (a metrics counter that starts again at 0, which Prometheus reads as a reset),
-        and with ``[[authorization]]`` using one with no row again is creating it again.
-        A store row stays, with its id in ``destination_rows``: the row is
-        ``gc_inactive_destinations``' to delete (``inactive``), and the listing, the
-        operator API and paging go by it."""
+        it later comes through ``queue``. A store row stays, with its id in
+        ``destination_rows`` and its totals (``counters``, which the store keeps too):
+        the row is ``gc_inactive_destinations``' to delete (``inactive``), and the
+        listing, the operator API and paging go by it. A queue with no row takes its
+        totals along, as a deleted queue does (a metrics counter that starts again at
+        0, which Prometheus reads as a reset), and with ``[[authorization]]`` using it
+        again is creating it again."""
         name = q.name
         if (q.consumers or q.heap or q.pending_inserts or q.paging or q.store_has_more
                 or q.blocked_producers or self.queues.get(name) is not q
                 or is_temporary(name)):
             return
         del self.queues[name]
+        if name in self.destination_rows:
+            # Its totals mirror its store row's counters (and may wait to be written
+            # with the next batch): they stay, as the row does. Deliveries are counted
+            # in memory only, for the console's rates.
+            self.delivered.pop(name, None)
+            return
         self.forget_totals(name)
-        if name not in self.destination_rows:
-            self.known_destinations.discard(name)
+        self.known_destinations.discard(name)
 
     def forget_totals(self, name: str) -> None:
         """A destination left: its per-destination totals go with it."""

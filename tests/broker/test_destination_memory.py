@@ -95,5 +95,7 @@ def test_a_queue_with_stored_messages_stays_pages_them_back_and_leaves_drained(
             unsubscribe(broker, client, "d")
             assert "/queue/kept" not in broker.queues
             assert broker.destination_rows["/queue/kept"] == row
+            # Its totals stay with its row (the store keeps them too).
+            assert broker.enqueued["/queue/kept"] == 6
 
     run(scenario)
