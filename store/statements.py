@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -60,9 +60,29 @@ def chunks(seq: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield seq[i : i + size]
 
 
-#: Headers as compact JSON; one encoder, not one per call as json.dumps with
-#: arguments would build.
-encode_headers = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+def _headers_encoder() -> Callable[[Mapping[str, str]], str]:
+    """Headers as compact JSON, non-ASCII kept: what ``json.dumps(h, ensure_ascii=False,
+    separators=(",", ":"))`` writes. ``JSONEncoder.encode`` makes a new C encoder on
+    every call (``iterencode``); the group committer encodes one message's headers per
+    row, so the C encoder is made once here (6 headers: 3.8 µs instead of 6.3, bench/
+    README.md session 9). Without the C encoder (not CPython), the plain method."""
+    plain = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return plain.encode
+    try:  # JSONEncoder.iterencode's own call, for check_circular=False
+        encoder = make(None, plain.default, json.encoder.encode_basestring, None, ":", ",",
+                       False, False, True)
+    except TypeError:  # another signature in another Python
+        return plain.encode
+
+    def encode(headers: Mapping[str, str]) -> str:
+        return "".join(encoder(headers, 0))
+
+    return encode
+
+
+encode_headers = _headers_encoder()
 
 
 def deliverable() -> ColumnElement[bool]:
