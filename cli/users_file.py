@@ -65,6 +65,10 @@ def read_doc(path: Path) -> UsersDoc:
     if unknown:
         raise UsersFileError(f"users file {path}: {', '.join(unknown)} is not a users file "
                              "table; edit it by hand", usage=True)
+    try:  # what the broker would refuse is not edited either (its shape is known after)
+        load_users_file(str(path))
+    except AuthError as e:
+        raise UsersFileError(f"{e}; fix it by hand first", usage=True) from None
     return UsersDoc(dict(data.get("users", {})),
                     {k: list(v) for k, v in data.get("groups", {}).items()},
                     list(data.get("authorization", [])))

@@ -180,3 +180,12 @@ def test_a_container_config_with_a_store_password_is_private(tmp_path: Path) -> 
     config = home / "c1" / "config.toml"
     assert "s3cret" in config.read_text()
     assert stat.S_IMODE(os.stat(config).st_mode) == 0o600
+
+
+def test_a_users_file_the_broker_would_refuse_is_not_edited(tmp_path: Path) -> None:
+    users = tmp_path / "users.toml"
+    users.write_text("users = 5\n")
+    proc = run("user", "add", "alice", "--password-file", secret(tmp_path, "pw", "a-secret-1"),
+               "--users-file", str(users), "--data-dir", str(tmp_path), code=2)
+    assert "fix it by hand first" in one_error(proc)
+    assert users.read_text() == "users = 5\n"
