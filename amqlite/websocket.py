@@ -57,6 +57,21 @@ ANY_ORIGIN = "*"
 CLOSE_NORMAL = 1000
 
 
+#: RFC 6455 section 5.2: FIN and the data opcodes, and the payload length forms.
+OPCODE_TEXT = 0x81
+OPCODE_BINARY = 0x82
+_LEN_16, _LEN_64 = 126, 127
+
+
+def data_frame_header(opcode: int, length: int) -> bytes:
+    """The header of one final, unmasked server frame of ``length`` payload bytes."""
+    if length < _LEN_16:
+        return bytes((opcode, length))
+    if length < 1 << 16:
+        return bytes((opcode, _LEN_16)) + length.to_bytes(2, "big")
+    return bytes((opcode, _LEN_64)) + length.to_bytes(8, "big")
+
+
 class OriginError(ValueError):
     """A ``ws_allowed_origins`` entry that is no origin."""
 
@@ -256,16 +271,19 @@ class WsGate(asyncio.Protocol):
             self.raw.write(self.ws.send(event))
 
     def send_stomp(self, data: bytes) -> None:
-        """Frames (one or more, or a heart-beat EOL) as one WebSocket message."""
-        if self.state is not WsState.OPEN:
+        """Frames (one or more, or a heart-beat EOL) as one WebSocket message: framed
+        here, not by wsproto, whose send costs ~20 times as much (a data frame of ours is
+        one unfragmented, unmasked, extension-less frame: no state to keep)."""
+        if self.state is not WsState.OPEN or self.raw is None or self.raw.is_closing():
             return
+        opcode = OPCODE_BINARY
         if self.client_text:
             try:
-                self._send(TextMessage(data=data.decode()))
-                return
+                data.decode()
+                opcode = OPCODE_TEXT
             except UnicodeDecodeError:  # a binary body: this message goes as bytes
                 pass
-        self._send(BytesMessage(data=data))
+        self.raw.write(data_frame_header(opcode, len(data)) + data)
 
     def close(self) -> None:
         """Close the WebSocket (close frame, then the socket once what is queued went)."""

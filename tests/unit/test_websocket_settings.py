@@ -6,15 +6,19 @@ brokers in tests/integration/test_websocket*.py."""
 from __future__ import annotations
 
 import pytest
-from wsproto.events import Request
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, Request, TextMessage
 
 from amqlite.hosts import HostGuard
 from amqlite.settings import Settings, SettingsError, read_settings
 from amqlite.websocket import (
+    OPCODE_BINARY,
+    OPCODE_TEXT,
     OriginError,
     WsPolicy,
     choose_subprotocol,
     console_origins,
+    data_frame_header,
     parse_origins,
     versions_up_to,
 )
@@ -89,3 +93,22 @@ def test_origins_without_a_listener_warn(tmp_path: object) -> None:
                                  "data_dir": str(tmp_path)}, environ={})
     assert any(w.startswith("ws_allowed_origins") and "no WebSocket listener" in w
                for w in warnings)
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 65535, 65536, 200_000])
+def test_data_frames_read_back_by_wsproto(size: int) -> None:
+    """Our hand-made server frames, read by wsproto's client: every length form, text
+    and binary."""
+    client, server = WSConnection(ConnectionType.CLIENT), WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.send(Request(host="h", target="/ws")))
+    list(server.events())
+    client.receive_data(server.send(AcceptConnection()))
+    list(client.events())
+    payload = b"x" * size
+    client.receive_data(data_frame_header(OPCODE_TEXT, size) + payload
+                        + data_frame_header(OPCODE_BINARY, size) + payload)
+    events = list(client.events())
+    text = "".join(e.data for e in events if isinstance(e, TextMessage))
+    binary = b"".join(bytes(e.data) for e in events if isinstance(e, BytesMessage))
+    assert text == payload.decode() and binary == payload
+    assert [e.message_finished for e in events][-1]
