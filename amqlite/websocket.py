@@ -10,11 +10,12 @@ the connection's ``data_received`` and its frames back as WebSocket messages
 (``WsTransport``). Limits, logins, authorization, memory budgets, flow control and the
 RECEIPT promise are the connection's, unchanged: a paused connection pauses this socket.
 
-Why wsproto (sans-I/O, like our codec) and not aiohttp's ``WebSocketResponse``: aiohttp
-reads a whole message (up to its max_msg_size) before the handler sees a byte and owns
-the socket until the upgrade is done, so neither the pre-login budgets
-(max_handshake_bytes, connect_timeout from accept) nor the memory budget of partial
-frames could hold; wsproto hands payload over as it arrives.
+Why not aiohttp's ``WebSocketResponse``: aiohttp reads a whole message (up to its
+max_msg_size) before the handler sees a byte and owns the socket until the upgrade is
+done, so neither the pre-login budgets (max_handshake_bytes, connect_timeout from
+accept) nor the memory budget of partial frames could hold. The upgrade is read by
+wsproto (sans-I/O, on h11), the frames after it by ``amqlite.wsframes``, which hands
+payload over as it arrives; our own frames are written here.
 """
 
 from __future__ import annotations
@@ -28,22 +29,18 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
 from wsproto.events import (
     AcceptConnection,
-    BytesMessage,
-    CloseConnection,
     Event,
-    Ping,
     RejectConnection,
     RejectData,
     Request,
-    TextMessage,
 )
 from wsproto.utilities import ProtocolError as WsProtocolError
 
 from amqlite.hosts import HostGuard, MisdirectedRequest
 from amqlite.wire import SUPPORTED_VERSIONS, WS_PATH, WS_SUBPROTOCOLS
+from amqlite.wsframes import FrameError, FrameReader, Kind
 
 if TYPE_CHECKING:
     from amqlite.server import ClientConnection
@@ -60,6 +57,8 @@ CLOSE_NORMAL = 1000
 #: RFC 6455 section 5.2: FIN and the data opcodes, and the payload length forms.
 OPCODE_TEXT = 0x81
 OPCODE_BINARY = 0x82
+OPCODE_CLOSE = 0x88
+OPCODE_PONG = 0x8A
 _LEN_16, _LEN_64 = 126, 127
 
 
@@ -173,7 +172,8 @@ class WsGate(asyncio.Protocol):
         self.policy = policy
         self.behind_tls = behind_tls
         self.max_request_bytes = max_request_bytes
-        self.ws = WSConnection(ConnectionType.SERVER)
+        self.ws = WSConnection(ConnectionType.SERVER)  # the upgrade
+        self.reader = FrameReader()  # the frames after it
         self.raw: asyncio.Transport | None = None
         self.state = WsState.UPGRADING
         self.request_bytes = 0
@@ -195,40 +195,42 @@ class WsGate(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.done or self.conn.closed:
             return
-        if self.state is WsState.UPGRADING:
-            self.request_bytes += len(data)
-            if self.request_bytes > self.max_request_bytes:
-                self._reject(431, "upgrade request too large")
-                return
+        if self.state is WsState.OPEN:
+            self._frames(data)
+            return
+        self.request_bytes += len(data)
+        if self.request_bytes > self.max_request_bytes:
+            self._reject(431, "upgrade request too large")
+            return
         try:
             self.ws.receive_data(data)
             for event in self.ws.events():
-                self._on_event(event)
-                if self.done:
-                    return
+                if isinstance(event, Request):
+                    self._upgrade(event)
+                    return  # wsproto keeps no bytes behind a server's request
         except WsProtocolError as exc:
-            if self.state is WsState.UPGRADING:
-                hint = getattr(exc, "event_hint", None)
-                status = hint.status_code if isinstance(hint, RejectConnection) else 400
-                self._reject(status, str(exc))
-            else:
-                self._drop()
+            hint = getattr(exc, "event_hint", None)
+            self._reject(hint.status_code if isinstance(hint, RejectConnection) else 400,
+                         str(exc))
 
-    def _on_event(self, event: Event) -> None:
-        if isinstance(event, Request):
-            self._upgrade(event)
-        elif isinstance(event, TextMessage):
-            self.client_text = True
-            self.conn.data_received(event.data.encode())
-        elif isinstance(event, BytesMessage):
-            self.client_text = False
-            self.conn.data_received(bytes(event.data))
-        elif isinstance(event, Ping):
-            self._send(event.response())
-        elif isinstance(event, CloseConnection):
-            if self.ws.state is ConnectionState.REMOTE_CLOSING:
-                self._send(event.response())
-            self._drop()
+    def _frames(self, data: bytes) -> None:
+        """The client's frames (amqlite.wsframes): payload to the STOMP connection."""
+        try:
+            items = self.reader.feed(data)
+        except FrameError as exc:
+            log.info("closing WebSocket of %s: %s", self.conn.peer, exc)
+            self.close(exc.code)
+            return
+        for item in items:
+            if item.kind is Kind.DATA:
+                self.client_text = item.text
+                self.conn.data_received(item.payload)
+            elif item.kind is Kind.PING:
+                self._write(OPCODE_PONG, item.payload)
+            else:  # CLOSE: answered with the client's code, then the socket goes
+                self.close(item.code)
+            if self.done or self.conn.closed:
+                return
 
     def _upgrade(self, request: Request) -> None:
         refusal = self.policy.refusal(request)
@@ -267,8 +269,13 @@ class WsGate(asyncio.Protocol):
 
     # -- what WsTransport asks ----------------------------------------------------
     def _send(self, event: Event) -> None:
+        """An HTTP answer of the upgrade (wsproto's handshake)."""
         if self.raw is not None and not self.raw.is_closing():
             self.raw.write(self.ws.send(event))
+
+    def _write(self, opcode: int, payload: bytes) -> None:
+        if self.raw is not None and not self.raw.is_closing():
+            self.raw.write(data_frame_header(opcode, len(payload)) + payload)
 
     def send_stomp(self, data: bytes) -> None:
         """Frames (one or more, or a heart-beat EOL) as one WebSocket message: framed
@@ -285,11 +292,10 @@ class WsGate(asyncio.Protocol):
                 pass
         self.raw.write(data_frame_header(opcode, len(data)) + data)
 
-    def close(self) -> None:
+    def close(self, code: int | None = CLOSE_NORMAL) -> None:
         """Close the WebSocket (close frame, then the socket once what is queued went)."""
-        if self.state is WsState.OPEN and self.ws.state is ConnectionState.OPEN:
-            with contextlib.suppress(WsProtocolError):
-                self._send(CloseConnection(code=CLOSE_NORMAL))
+        if self.state is WsState.OPEN:
+            self._write(OPCODE_CLOSE, b"" if code is None else code.to_bytes(2, "big"))
         self._drop()
 
     def _drop(self) -> None:
