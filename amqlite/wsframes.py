@@ -24,6 +24,8 @@ CLOSE_INVALID_DATA = 1007
 MAX_CONTROL_PAYLOAD = 125
 
 _FIN, _RSV, _OPCODE = 0x80, 0x70, 0x0F
+#: Looked up once: a text message's UTF-8 check makes one per message.
+_UTF8_DECODER = codecs.getincrementaldecoder("utf-8")
 _MASKED, _LENGTH = 0x80, 0x7F
 _LEN_16, _LEN_64 = 126, 127
 
@@ -166,7 +168,7 @@ class FrameReader:
             raise FrameError(CLOSE_PROTOCOL_ERROR, "new message inside a fragmented one")
         else:
             self._in_message, self._text = True, op is Op.TEXT
-            self._utf8 = codecs.getincrementaldecoder("utf-8")() if self._text else None
+            self._utf8 = _UTF8_DECODER() if self._text else None
         self._key, self._offset, self._fin, self._remaining = key, 0, fin, length
         if not length:
             self._data(b"", out)
