@@ -128,6 +128,13 @@ def test_users_and_permissions_from_the_cli_reach_a_running_node(
     assert rows == [{"login": "admin", "groups": ["admins"]},
                     {"login": "alice", "groups": ["apps"]}]
 
+    # Without --data-dir the node is found where `amqlite start` would put it (the
+    # settings' data directory) and in the containers' (none here).
+    out = run("user", "groups", "admin", "admins", "apps", "--users-file", str(users),
+              env={"AMQLITE_DATA_DIR": str(data), "AMQLITE_HOME": str(tmp_path / "home")}
+              ).stdout
+    assert "reloaded by node users-node" in out
+
     # produce / consume: the passcode from a file, and from AMQLITE_PASSWORD.
     url = f"tcp://127.0.0.1:{port}"
     run("produce", "--brokerUrl", url, "--destination", "queue://orders.cli", "--count", "2",
