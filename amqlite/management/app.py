@@ -461,7 +461,7 @@ class ManagementServer:
         return web.json_response({"destinations": rows})
 
     async def _destination_row(self, name: str) -> dict[str, Any]:
-        await self.view.refresh_depths()
+        await self.view.refresh_depths(name)
         row = self.view.destination_row(name, self.view.depths)
         if row is None:
             raise ActionError(404, f"no destination {name}")

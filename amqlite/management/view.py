@@ -57,13 +57,23 @@ class NodeView:
         return (node.role == "master" and broker is not None and not broker.paused
                 and not node.lost.is_set())
 
-    async def refresh_depths(self) -> None:
-        if self.broker is None:
+    async def refresh_depths(self, name: str | None = None) -> None:
+        """Stored depths and scheduled counts (cached a second). With ``name``: read
+        again now if the broker has a committed store row of it that the cache does not
+        show yet (created within the last second), so a route that looks one
+        destination up finds every destination the store holds, in memory or not."""
+        broker = self.broker
+        if broker is None:
             self.depths = {}
             return
         try:
             self.depths = await asyncio.to_thread(self.reader.depths)
             self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts)
+            if (name is not None and name not in self.depths
+                    and name in broker.destination_rows
+                    and name not in broker.unconfirmed_destinations):
+                self.depths = await asyncio.to_thread(self.reader.depths, 0.0)
+                self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts, 0.0)
         except StoreError as e:
             log.warning("management: reading depths failed: %s", e)
 
@@ -91,8 +101,9 @@ class NodeView:
         broker = self.broker
         if broker is None:
             return []
-        names = set(depths) | set(broker.queues) | set(broker.topics) \
-            | set(broker.durables_by_topic)
+        # destination_rows: a store row the cached depths (a second old) miss yet.
+        names = set(depths) | set(broker.destination_rows) | set(broker.queues) \
+            | set(broker.topics) | set(broker.durables_by_topic)
         return [self._row(broker, name, depths.get(name), self.scheduled.get(name, 0),
                           self.reader.delayed.get(name, 0)) for name in sorted(names)]
 
@@ -101,8 +112,8 @@ class NodeView:
         """``destination_rows``' row of ``name`` alone (None when unknown), without
         building every other destination's."""
         broker = self.broker
-        if broker is None or not (name in depths or name in broker.queues
-                                  or name in broker.topics
+        if broker is None or not (name in depths or name in broker.destination_rows
+                                  or name in broker.queues or name in broker.topics
                                   or name in broker.durables_by_topic):
             return None
         return self._row(broker, name, depths.get(name), self.scheduled.get(name, 0),
