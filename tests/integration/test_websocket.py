@@ -16,15 +16,16 @@ import aiohttp
 import pytest
 import stomp
 
+from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER
 from tests.helpers.broker_proc import (
     HOST,
     WAIT,
     BrokerFactory,
     BrokerProcess,
     ClientPool,
+    RawStomp,
     password_hash,
     unique,
-    wait_one_serving,
 )
 from tests.helpers.cluster import amqlite, cluster_json, ok
 from tests.helpers.mgmt import Api
@@ -421,9 +422,10 @@ def test_wss_with_the_tls_settings(broker_factory: BrokerFactory, tmp_path: Path
 # ------------------------------------------------------------------ published URLs
 
 def test_websocket_urls_are_published(broker_factory: BrokerFactory) -> None:
-    """Two nodes of one group: the registry (cluster-list --json), /api/v1/group and
-    the CONNECTED cluster header of a WebSocket client name the ws:// URLs; a TCP
-    client's header keeps the tcp:// ones."""
+    """Two nodes of one group: a page connected to the first gets the second's ws:// URL
+    pushed when it joins (a cluster-update RECEIPT); the registry (cluster-list),
+    /api/v1/group and a new WebSocket client's CONNECTED name both ws:// URLs, this
+    node's first; a TCP client's CONNECTED keeps the tcp:// URIs."""
     shared = broker_factory.data_dir("shared")
     env = {"AMQLITE_LOCK_POLL_INTERVAL": "0.1", "AMQLITE_UPDATE_CLUSTER_CLIENTS": "true"}
     nodes = []
@@ -432,9 +434,27 @@ def test_websocket_urls_are_published(broker_factory: BrokerFactory) -> None:
         n = broker_factory.new(data_dir=shared, name=name, env=env, extra_args=[
             "--ws-bind", f"{HOST}:{ws_port}", "--http-bind", f"{HOST}:{http}"])
         n.ws_port, n.http = ws_port, f"http://{HOST}:{http}"  # type: ignore[attr-defined]
-        nodes.append(n.start())
-    master, _ = wait_one_serving(nodes)
-    urls = {ws_url(n.ws_port) for n in nodes}  # type: ignore[attr-defined]
+        nodes.append(n)
+    master, slave = nodes
+    master.start().wait_serving()
+    own = ws_url(master.ws_port)  # type: ignore[attr-defined]
+    urls = {own, ws_url(slave.ws_port)}  # type: ignore[attr-defined]
+
+    def cluster_update(client: Any) -> bool:
+        return any(f.command == "RECEIPT" and f.headers.get("receipt-id")
+                   == CLUSTER_UPDATE_RECEIPT and set(
+                       f.headers.get(CLUSTER_URIS_HEADER, "").split(",")) == urls
+                   for f in client.frames)
+
+    async def page_told() -> None:
+        client = await ws_open(url(master))
+        await client.send(connect_frame())
+        connected = await client.frame("CONNECTED")
+        assert connected.headers.get(CLUSTER_URIS_HEADER) == own
+        slave.start()  # joins as slave: the master pushes its URL
+        assert await client.until(lambda: cluster_update(client), 3 * WAIT), client.frames
+        await client.close()
+    run(page_told())
     store = f"sqlite:///{shared / 'amqlite.db'}"
 
     def listed() -> dict[str, Any] | None:
@@ -444,9 +464,9 @@ def test_websocket_urls_are_published(broker_factory: BrokerFactory) -> None:
             return views[0]
         return None
     view, _ = poll(listed, timeout=WAIT, what="both ws URLs in the registry")
-    assert view["websocket"] == [ws_url(master.ws_port)]  # type: ignore[attr-defined]
-    table = ok(amqlite("cluster-list", "--store", store))
-    assert ws_url(master.ws_port) in table  # type: ignore[attr-defined]
+    assert view["websocket"] == [own]
+    assert all(u.startswith("tcp://") for m in view["members"] for u in m["services"])
+    assert own in ok(amqlite("cluster-list", "--store", store))
     status, group, _ = Api(master.http).call("GET", "/api/v1/group")  # type: ignore[attr-defined]
     assert status == 200
     assert {u for n in group["nodes"] for u in n["websocket"]} == urls
@@ -456,10 +476,10 @@ def test_websocket_urls_are_published(broker_factory: BrokerFactory) -> None:
         await client.send(connect_frame())
         connected = await client.frame("CONNECTED")
         await client.close()
-        return connected.headers.get("amqlite.clusterURIs", "")
-    own = ws_url(master.ws_port)  # type: ignore[attr-defined]
-    ws_header, _ = poll(lambda: run(header()), lambda h: set(str(h).split(",")) == urls,
-                        timeout=WAIT, what="both ws URLs in CONNECTED")
-    ws_header = str(ws_header)
-    assert ws_header.split(",")[0] == own  # this node first
-    assert all(u.startswith("ws://") for u in ws_header.split(","))
+        return connected.headers.get(CLUSTER_URIS_HEADER, "")
+    ws_header = str(run(header())).split(",")
+    assert set(ws_header) == urls and ws_header[0] == own  # this node first
+    with RawStomp(master.port) as tcp:
+        tcp_header = tcp.connect().headers.get(CLUSTER_URIS_HEADER, "").split(",")
+    assert tcp_header[0] == f"tcp://{HOST}:{master.port}"
+    assert len(tcp_header) == 2 and all(u.startswith("tcp://") for u in tcp_header)
