@@ -63,10 +63,10 @@ class Item:
 
 def unmask(data: bytes | bytearray, key: bytes, offset: int) -> bytes:
     """``data`` XOR the masking key, starting ``offset`` bytes into it (one big-integer
-    XOR: C speed, whatever the length)."""
+    XOR: C speed, whatever the length); an empty key (unmasked frames) leaves it."""
     n = len(data)
-    if not n:
-        return b""
+    if not key or not n:
+        return bytes(data)
     rotated = key[offset:] + key[:offset]
     mask = (rotated * (n // 4 + 1))[:n]
     return (int.from_bytes(data, "little") ^ int.from_bytes(mask, "little")).to_bytes(
@@ -74,9 +74,11 @@ def unmask(data: bytes | bytearray, key: bytes, offset: int) -> bytes:
 
 
 class FrameReader:
-    """Bytes from the client in, ``Item``s out; FrameError on a violation."""
+    """Bytes from the client in, ``Item``s out; FrameError on a violation. With
+    ``masked=False`` it reads a server's frames instead (the load generator's side)."""
 
-    def __init__(self) -> None:
+    def __init__(self, masked: bool = True) -> None:
+        self.masked = masked
         self._buf = bytearray()
         self._in_message = False  # between a message's first frame and its final one
         self._text = False
@@ -135,21 +137,23 @@ class FrameReader:
         b0, b1 = buf[pos], buf[pos + 1]
         if b0 & _RSV:
             raise FrameError(CLOSE_PROTOCOL_ERROR, "reserved bits set (no extension agreed)")
-        if not b1 & _MASKED:
-            raise FrameError(CLOSE_PROTOCOL_ERROR, "client frames must be masked")
+        if bool(b1 & _MASKED) != self.masked:
+            raise FrameError(CLOSE_PROTOCOL_ERROR, "client frames must be masked, server "
+                             "frames must not")
         fin, opcode, length, size = bool(b0 & _FIN), b0 & _OPCODE, b1 & _LENGTH, 2
         if length == _LEN_16:
             size = 4
         elif length == _LEN_64:
             size = 10
-        if have < size + 4:
+        key_size = 4 if self.masked else 0
+        if have < size + key_size:
             return 0
         if size > 2:
             length = int.from_bytes(buf[pos + 2:pos + size], "big")
             if length >> 63:
                 raise FrameError(CLOSE_PROTOCOL_ERROR, "payload length out of range")
-        key = bytes(buf[pos + size:pos + size + 4])
-        size += 4
+        key = bytes(buf[pos + size:pos + size + key_size])
+        size += key_size
         try:
             op = Op(opcode)
         except ValueError:

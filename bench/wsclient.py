@@ -3,27 +3,36 @@ client side of RFC 6455 with wsproto, in front of the same callback protocols th
 runs use, so W1 over WebSocket and W1 over TCP differ in the transport alone.
 
 Each write of a peer (every frame answering one packet) goes as one text message, as
-stompjs sends; what arrives is handed over as it comes, message by message.
+stompjs sends; what arrives is handed over as it comes. wsproto does the upgrade; the
+frames after it are the broker's own framing (``amqlite.wsframes`` reading unmasked
+server frames, a masked header written here), so the generator, which shares the cores
+with the broker, costs about what the broker's side does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any
 
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Ping,
-    RejectConnection,
-    Request,
-    TextMessage,
-)
+from wsproto.events import AcceptConnection, RejectConnection, Request
 
+from amqlite.websocket import OPCODE_CLOSE, OPCODE_PONG, OPCODE_TEXT, data_frame_header
 from amqlite.wire import WS_PATH
+from amqlite.wsframes import FrameError, FrameReader, Item, Kind, unmask
+
+#: The second header byte's mask flag (RFC 6455 section 5.2).
+MASK_BIT = 0x80
+
+
+def masked_frame(opcode: int, payload: bytes) -> bytes:
+    """One final client frame: masked, as RFC 6455 requires of clients."""
+    key = os.urandom(4)
+    head = bytearray(data_frame_header(opcode, len(payload)))
+    head[1] |= MASK_BIT
+    return bytes(head) + key + unmask(payload, key, 0)
 
 
 class WsClientGate(asyncio.Protocol):
@@ -31,7 +40,8 @@ class WsClientGate(asyncio.Protocol):
 
     def __init__(self, inner: asyncio.Protocol, host: str, subprotocol: str) -> None:
         self.inner, self.host, self.subprotocol = inner, host, subprotocol
-        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.ws = WSConnection(ConnectionType.CLIENT)  # the upgrade
+        self.reader = FrameReader(masked=False)  # the server's frames after it
         self.raw: asyncio.Transport | None = None
         self.open = False
 
@@ -41,30 +51,38 @@ class WsClientGate(asyncio.Protocol):
             host=self.host, target=WS_PATH, subprotocols=[self.subprotocol])))
 
     def data_received(self, data: bytes) -> None:
+        if self.open:
+            self._frames(data)
+            return
         self.ws.receive_data(data)
         for event in self.ws.events():
             if isinstance(event, AcceptConnection):
                 self.open = True
                 self.inner.connection_made(WsClientTransport(self))
-            elif isinstance(event, TextMessage):
-                self.inner.data_received(event.data.encode())
-            elif isinstance(event, BytesMessage):
-                self.inner.data_received(bytes(event.data))
-            elif isinstance(event, Ping):
-                self.send(event.response())
-            elif isinstance(event, (CloseConnection, RejectConnection)):
-                if isinstance(event, CloseConnection) and self.ws.state.name == "REMOTE_CLOSING":
-                    self.send(event.response())
-                if self.raw is not None:
-                    self.raw.close()
+            elif isinstance(event, RejectConnection) and self.raw is not None:
+                self.raw.close()
+
+    def _frames(self, data: bytes) -> None:
+        try:
+            items = self.reader.feed(data)
+        except FrameError:
+            items = [Item(Kind.CLOSE)]
+        for item in items:
+            if item.kind is Kind.DATA:
+                self.inner.data_received(item.payload)
+            elif item.kind is Kind.PING:
+                self.write(masked_frame(OPCODE_PONG, item.payload))
+            elif self.raw is not None:  # CLOSE
+                self.write(masked_frame(OPCODE_CLOSE, b""))
+                self.raw.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.inner.connection_lost(exc or (None if self.open else ConnectionError(
             "WebSocket upgrade refused")))
 
-    def send(self, event: Any) -> None:
+    def write(self, data: bytes) -> None:
         if self.raw is not None and not self.raw.is_closing():
-            self.raw.write(self.ws.send(event))
+            self.raw.write(data)
 
 
 class WsClientTransport(asyncio.Transport):
@@ -75,7 +93,7 @@ class WsClientTransport(asyncio.Transport):
         self.gate = gate
 
     def write(self, data: Any) -> None:
-        self.gate.send(TextMessage(data=bytes(data).decode()))
+        self.gate.write(masked_frame(OPCODE_TEXT, bytes(data)))
 
     def close(self) -> None:
         if self.gate.raw is not None:

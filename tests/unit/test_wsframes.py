@@ -88,3 +88,22 @@ def test_utf8_split_across_fragments_is_fine() -> None:
     data = "é".encode()
     items = FrameReader().feed(frame(0x01, data[:1]) + frame(0x80, data[1:]))
     assert joined(items) == data
+
+
+def test_server_frames_when_not_masked() -> None:
+    """``masked=False`` reads what a server sends (bench/wsclient.py), and refuses a
+    masked frame there."""
+    from amqlite.websocket import OPCODE_TEXT, data_frame_header
+
+    payload = b"RECEIPT\nreceipt-id:1\n\n\x00" * 100
+    wire = data_frame_header(OPCODE_TEXT, len(payload)) + payload
+    assert joined(read_unmasked(wire)) == payload
+    with pytest.raises(FrameError):
+        FrameReader(masked=False).feed(frame(0x81, b"x"))
+
+
+def read_unmasked(data: bytes) -> list[Item]:
+    reader, items = FrameReader(masked=False), []
+    for i in range(0, len(data), 5):
+        items += reader.feed(data[i:i + 5])
+    return items
