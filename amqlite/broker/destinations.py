@@ -168,7 +168,8 @@ def forget_destination(broker: Broker, name: str) -> ForgottenDestination:
     gone = ForgottenDestination(name, broker.destination_rows.pop(name, None),
                                 next(broker.ids))
     broker.unconfirmed_destinations.pop(name, None)
-    broker.forget_totals(name)
+    for totals in (broker.enqueued, broker.dequeued, broker.dead_lettered):
+        totals.pop(name, None)
     broker.known_destinations.discard(name)
     q = broker.queues.get(name)
     if q is not None:

@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message
 from amqlite.broker.selector import Selector
 from amqlite.broker.session import Client
@@ -104,7 +103,7 @@ class Subscription:
                 self.source.push(message)  # not sent: another consumer takes it
                 return
             message.delivery_count += 1
-            broker.counters.add(self.destination, Kind.DEQUEUED)
+            broker.dequeued[self.destination] += 1
             if ref is not None:
                 broker.writes.stage().acks.append(ref)
             return
@@ -188,9 +187,7 @@ class Subscription:
                     f"message {message.message_id} cannot be sent to subscription "
                     f"{self.id}: {exc}")
             return False
-        broker = self.source.broker
-        broker.stats["delivered"] += 1
-        broker.delivered[self.destination] += 1
+        self.source.broker.stats["delivered"] += 1
         return True
 
 

@@ -250,7 +250,8 @@ def connection_closed(broker: Broker, conn: Client) -> None:
             for source in broker.topics.pop(made.name, ()):
                 dropped += len(source)
                 source.discard()
-        broker.forget_totals(made.name)
+        for totals in (broker.enqueued, broker.dequeued, broker.dead_lettered):
+            totals.pop(made.name, None)
         log.debug("temporary destination %s deleted with its connection (%d messages "
                   "dropped)", made.name, dropped)
 

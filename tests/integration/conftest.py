@@ -1,5 +1,4 @@
-"""Fixtures for end-to-end tests: the shared broker harness's fixtures and failure hook,
-and the console tests' browser."""
+"""Fixtures for end-to-end tests: the shared broker harness's fixtures and failure hook."""
 
 from tests.helpers.broker_fixtures import (  # noqa: F401 (fixtures and hooks, used by name)
     broker_factory,
@@ -7,4 +6,3 @@ from tests.helpers.broker_fixtures import (  # noqa: F401 (fixtures and hooks, u
     module_factory,
     pytest_runtest_makereport,
 )
-from tests.helpers.browser import browser, shots  # noqa: F401 (the console tests' fixtures)
