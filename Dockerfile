@@ -20,6 +20,8 @@ COPY lockers ./lockers
 COPY store ./store
 COPY cli ./cli
 COPY spark ./spark
+# amqlite/management/openapi.yaml (the API's description, package data) links to it.
+COPY docs/openapi.yaml ./docs/openapi.yaml
 # An unprivileged user; its home is the data directory (the embedded store, if used).
 RUN pip install . \
     && useradd --system --uid 10001 --home-dir /var/lib/amqlite --create-home amqlite

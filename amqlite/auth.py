@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import enum
 import functools
 import hashlib
 import hmac
+import itertools
 import logging
 import os
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -195,7 +197,8 @@ class CredentialCache:
         self.good: OrderedDict[str, tuple[bytes, float]] = OrderedDict()  # login -> mac
         self.bad: OrderedDict[bytes, float] = OrderedDict()  # mac -> expiry
 
-    def _mac(self, login: str, passcode: str, stored: str | None) -> bytes:
+    def key(self, login: str, passcode: str, stored: str | None) -> bytes:
+        """The entry of a login/passcode pair (an HMAC; also CheckQueue's key)."""
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
         for part in (login, stored or "", passcode):
             data = part.encode("utf-8", "surrogatepass")
@@ -205,7 +208,7 @@ class CredentialCache:
     def recall(self, login: str, passcode: str, stored: str | None) -> bool | None:
         """True/False when this answer is known and fresh, None when it must be hashed."""
         now = self.clock()
-        mac = self._mac(login, passcode, stored)
+        mac = self.key(login, passcode, stored)
         good = self.good.get(login)
         if good is not None:
             if good[1] <= now:
@@ -222,7 +225,7 @@ class CredentialCache:
         return None
 
     def remember(self, login: str, passcode: str, stored: str | None, ok: bool) -> None:
-        mac = self._mac(login, passcode, stored)
+        mac = self.key(login, passcode, stored)
         now = self.clock()
         if ok:
             self.good[login] = (mac, now + self.good_ttl)
@@ -252,6 +255,39 @@ class PendingCheck:
     cancelled: bool = False
     #: The stored hash when the check was submitted (what a cached answer is tied to).
     stored: str | None = field(default=None, repr=False)
+    #: The hash it waits for, shared with every CONNECT of the same login and passcode.
+    group: CheckGroup | None = field(default=None, repr=False)
+
+
+@dataclass(eq=False)
+class CheckGroup:
+    """One login/passcode pair to hash, and the CONNECTs waiting for its answer: the same
+    guess repeated on many sockets is one entry of the queue and one hash."""
+
+    peer: str  # the address of its first CONNECT: the queue it waits in
+    login: str | None
+    passcode: str | None = field(repr=False)
+    stored: str | None = field(repr=False)
+    key: bytes | None = field(repr=False)  # CredentialCache.key; None: no cache
+    #: Its entry in ``CheckQueue.tally``: the pair whatever its hash (a users file
+    #: reloaded does not make a flood's guesses new).
+    tally_key: bytes | None = field(repr=False)
+    #: Times this pair was tried recently when it last joined (``CheckQueue.tally``):
+    #: a passcode tried over and over while unanswered looks like a flood's guess, one
+    #: tried once or twice like a user's; the fewest tried goes first and is dropped last.
+    seen: int
+    order: int  # arrival: among equally tried, the newest goes first, the oldest is dropped
+    waiters: list[PendingCheck] = field(default_factory=list)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Serving order, lowest first; a full queue drops the highest."""
+        return self.seen, -self.order
+
+
+#: Login/passcode pairs whose recent tries are counted (least recently tried first out):
+#: as many as the credential cache holds.
+TALLY_SIZE = CREDENTIAL_CACHE_SIZE
 
 
 class CheckQueue:
@@ -262,13 +298,18 @@ class CheckQueue:
 
     - at most ``threads`` checks run at once, on our own pool (not the default executor
       that the store's blocking calls use);
-    - waiting checks are kept per peer address and served round-robin across addresses,
-      newest first within an address: a flooder's backlog delays only itself, and a fresh
-      login behind a flood from its own address is the next one that address gets;
-    - a check whose socket closed is removed at once and never runs (``cancel``);
-    - waiting is bounded per login, per address and in total; past a bound the oldest
-      waiting check (of that login, of that address, or of the address with most waiting)
-      is answered BUSY, so the newcomer is always queued;
+    - CONNECTs with the same login and passcode share one check (``CheckGroup``) while it
+      waits or runs: a flood repeating a guess takes one place in the queue and one hash;
+    - waiting checks are kept per peer address and served round-robin across addresses;
+      within an address the passcode tried the fewest times recently goes first (a
+      flood's guesses come back again and again, a user's passcode once), newest first
+      among equals: a flooder's backlog delays only itself, and a fresh login behind a
+      flood from its own address is the next one that address gets;
+    - a check whose sockets all closed is removed at once and never runs (``cancel``);
+    - waiting is bounded per login, per address and in total; past a bound the most
+      tried waiting check (the oldest among equals) of that login, of that address, or
+      of the address with most waiting is answered BUSY (the newcomer itself when it is
+      the most tried);
     - with a ``cache`` (CredentialCache), an answer known from a recent check is given
       without queueing (a login that verified recently gets in whatever the flood), and a
       waiting check whose answer became known meanwhile does not run either.
@@ -285,13 +326,17 @@ class CheckQueue:
         self.max_per_peer = max_per_peer
         self.max_per_login = max_per_login
         self.cache = cache
-        self.waiting: dict[str, deque[PendingCheck]] = {}  # insertion order = round-robin
-        self.by_login: dict[str, deque[PendingCheck]] = {}  # the same checks, per login
-        self.pending = 0
-        self.running: set[PendingCheck] = set()
+        self.waiting: dict[str, list[CheckGroup]] = {}  # insertion order = round-robin
+        self.by_login: dict[str, list[CheckGroup]] = {}  # the same checks, per login
+        self.by_key: dict[bytes, CheckGroup] = {}  # waiting or running, by cache key
+        #: Recent tries per login/passcode pair (by cache key), bounded (TALLY_SIZE).
+        self.tally: OrderedDict[bytes, int] = OrderedDict()
+        self.pending = 0  # waiting checks (groups)
+        self.running: set[CheckGroup] = set()
+        self.arrivals = itertools.count()
         #: Since the last take_counts(): checks hashed, dropped unrun because their socket
         #: closed, answered BUSY from a full queue (what an operator sees of a flood), and
-        #: answered from the cache without hashing.
+        #: answered from the cache without hashing (sockets, except "run").
         self.counts = {"run": 0, "dropped": 0, "busy": 0, "cached": 0}
         self._executor: ThreadPoolExecutor | None = None
         self.closed = False
@@ -303,30 +348,72 @@ class CheckQueue:
         users = self.auth.users
         stored = users.get(login or "") if users is not None else None
         check = PendingCheck(peer, login, passcode, done, stored=stored)
-        known = self._recall(check)
+        loop = asyncio.get_running_loop()
+        known = self._recall(check.login, check.passcode, stored)
         if known is not None:
-            asyncio.get_running_loop().call_soon(self._answer, check, known)
+            loop.call_soon(self._answer, check, known)
             return check
-        same_login = self.by_login.get(login or "")
-        if same_login is not None and len(same_login) >= self.max_per_login:
-            self._drop(same_login[0])
-        else:
-            queue = self.waiting.get(peer)
-            if queue is not None and len(queue) >= self.max_per_peer:
-                self._drop(queue[0])
-            elif self.pending >= self.max_pending:
-                fullest = max(self.waiting, key=lambda p: len(self.waiting[p]))
-                self._drop(self.waiting[fullest][0])
-        self.waiting.setdefault(peer, deque()).append(check)
-        self.by_login.setdefault(login or "", deque()).append(check)
+        key: bytes | None = None
+        tally_key: bytes | None = None
+        if self.cache is not None:
+            key = self.cache.key(login or "", passcode or "", stored)
+            tally_key = self.cache.key(login or "", passcode or "", None)
+        seen = self._tried(tally_key)
+        group = self.by_key.get(key) if key is not None else None
+        if group is not None:  # the same pair waits or runs: its answer is this one's
+            group.seen = seen
+            group.waiters.append(check)
+            check.group = group
+            return check
+        group = CheckGroup(peer, login, passcode, stored, key, tally_key, seen,
+                           next(self.arrivals))
+        group.waiters.append(check)
+        check.group = group
+        victim = self._victim(group)
+        if victim is group:  # tried more than everything waiting: refused, not queued
+            self.counts["busy"] += 1
+            check.group = None
+            loop.call_soon(self._refuse, check)
+            return check
+        if victim is not None:
+            self._drop(victim)
+        self.waiting.setdefault(peer, []).append(group)
+        self.by_login.setdefault(login or "", []).append(group)
+        if key is not None:
+            self.by_key[key] = group
         self.pending += 1
         self._start_next()
         return check
 
-    def _recall(self, check: PendingCheck) -> bool | None:
+    def _tried(self, key: bytes | None) -> int:
+        """Count one more try of the pair ``key``; how many were counted recently."""
+        if key is None:
+            return 1
+        seen = self.tally.pop(key, 0) + 1
+        self.tally[key] = seen
+        if len(self.tally) > TALLY_SIZE:
+            self.tally.popitem(last=False)
+        return seen
+
+    def _victim(self, newcomer: CheckGroup) -> CheckGroup | None:
+        """The waiting check to answer BUSY to make room for ``newcomer`` (maybe itself),
+        or None when it fits: the bounds per login, per address, then in total."""
+        same_login = self.by_login.get(newcomer.login or "")
+        if same_login is not None and len(same_login) >= self.max_per_login:
+            return max([*same_login, newcomer], key=lambda g: g.rank)
+        queue = self.waiting.get(newcomer.peer)
+        if queue is not None and len(queue) >= self.max_per_peer:
+            return max([*queue, newcomer], key=lambda g: g.rank)
+        if self.pending >= self.max_pending:
+            fullest = max(self.waiting, key=lambda p: len(self.waiting[p]))
+            return max([*self.waiting[fullest], newcomer], key=lambda g: g.rank)
+        return None
+
+    def _recall(self, login: str | None, passcode: str | None,
+                stored: str | None) -> bool | None:
         if self.cache is None or self.auth.users is None:
             return None
-        return self.cache.recall(check.login or "", check.passcode or "", check.stored)
+        return self.cache.recall(login or "", passcode or "", stored)
 
     def _answer(self, check: PendingCheck, ok: bool) -> None:
         """A cached answer, given a loop iteration after submit (unless cancelled since)."""
@@ -334,25 +421,39 @@ class CheckQueue:
             self.counts["cached"] += 1
             self._notify(check, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
 
+    def _refuse(self, check: PendingCheck) -> None:
+        """A newcomer refused by a full queue, a loop iteration after submit."""
+        if not check.cancelled and not self.closed:
+            self._notify(check, CheckOutcome.BUSY)
+
     def cancel(self, check: PendingCheck) -> None:
         """The socket went: the check must not run (if it already runs, its result is dropped)."""
         if check.cancelled:
             return
         check.cancelled = True
-        queue = self.waiting.get(check.peer)
-        if queue is not None and check in queue:
-            self._unqueue(check)
+        group, check.group = check.group, None
+        if group is None:
+            return
+        with contextlib.suppress(ValueError):
+            group.waiters.remove(check)
+        if not group.waiters and group not in self.running and self._queued(group):
+            self._unqueue(group)
             self.counts["dropped"] += 1
+
+    def _queued(self, group: CheckGroup) -> bool:
+        queue = self.waiting.get(group.peer)
+        return queue is not None and group in queue
 
     def close(self) -> None:
         self.closed = True
-        for queue in self.waiting.values():
-            for check in queue:
-                check.cancelled = True
-        for check in self.running:
-            check.cancelled = True
+        for groups in (*self.waiting.values(), self.running):
+            for group in groups:
+                for check in group.waiters:
+                    check.cancelled = True
         self.waiting.clear()
         self.by_login.clear()
+        self.by_key.clear()
+        self.tally.clear()
         self.pending = 0
         if self.cache is not None:
             self.cache.clear()
@@ -364,19 +465,30 @@ class CheckQueue:
         counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
         return counts
 
-    def _unqueue(self, check: PendingCheck) -> None:
+    def _unqueue(self, group: CheckGroup) -> None:
         """Take a waiting check out of its address's and its login's queue."""
-        for table, key in ((self.waiting, check.peer), (self.by_login, check.login or "")):
+        for table, key in ((self.waiting, group.peer), (self.by_login, group.login or "")):
             queue = table[key]
-            queue.remove(check)  # bounded: at most max_per_peer / max_per_login entries
+            queue.remove(group)  # bounded: at most max_per_peer / max_per_login entries
             if not queue:
                 del table[key]
+        if group.key is not None and self.by_key.get(group.key) is group:
+            del self.by_key[group.key]
         self.pending -= 1
 
-    def _drop(self, check: PendingCheck) -> None:
-        self._unqueue(check)
-        self.counts["busy"] += 1
-        self._notify(check, CheckOutcome.BUSY)
+    def _drop(self, group: CheckGroup) -> None:
+        self._unqueue(group)
+        self._answer_all(group, CheckOutcome.BUSY)
+
+    def _answer_all(self, group: CheckGroup, outcome: CheckOutcome) -> None:
+        waiters, group.waiters = group.waiters, []
+        for check in waiters:
+            if check.cancelled:
+                continue
+            check.group = None
+            if outcome is CheckOutcome.BUSY:
+                self.counts["busy"] += 1
+            self._notify(check, outcome)
 
     @staticmethod
     def _notify(check: PendingCheck, outcome: CheckOutcome) -> None:
@@ -391,31 +503,36 @@ class CheckQueue:
         loop = asyncio.get_running_loop()
         while not self.closed and len(self.running) < self.threads and self.waiting:
             peer, queue = next(iter(self.waiting.items()))
-            check = queue[-1]  # newest first
-            self._unqueue(check)
+            group = min(queue, key=lambda g: g.rank)  # fewest tried, newest first
+            self._unqueue(group)
             if peer in self.waiting:  # to the back of the round
                 self.waiting[peer] = self.waiting.pop(peer)
-            known = self._recall(check)  # answered while it waited (the same guess ran)
-            if known is not None:
-                self.counts["cached"] += 1
-                self._notify(check, CheckOutcome.ACCEPTED if known else CheckOutcome.DENIED)
+            known = self._recall(group.login, group.passcode, group.stored)
+            if known is not None:  # answered while it waited (the same guess ran)
+                self.counts["cached"] += len(group.waiters)
+                self._answer_all(group, CheckOutcome.ACCEPTED if known else CheckOutcome.DENIED)
                 continue
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.threads,
                                                     thread_name_prefix="amqlite-auth")
-            self.running.add(check)
+            self.running.add(group)
+            if group.key is not None:
+                self.by_key[group.key] = group  # later CONNECTs of the pair join it
             self.counts["run"] += 1
-            future = loop.run_in_executor(self._executor, self.auth.check, check.login,
-                                          check.passcode)
-            future.add_done_callback(functools.partial(self._finished, check))
+            future = loop.run_in_executor(self._executor, self.auth.check, group.login,
+                                          group.passcode)
+            future.add_done_callback(functools.partial(self._finished, group))
 
-    def _finished(self, check: PendingCheck, future: asyncio.Future[bool]) -> None:
-        self.running.discard(check)
+    def _finished(self, group: CheckGroup, future: asyncio.Future[bool]) -> None:
+        self.running.discard(group)
+        if group.key is not None and self.by_key.get(group.key) is group:
+            del self.by_key[group.key]
         hashed = not future.cancelled() and future.exception() is None
         ok = hashed and future.result()
         if hashed and self.cache is not None and not self.closed:
-            self.cache.remember(check.login or "", check.passcode or "", check.stored, ok)
-        if not check.cancelled:
-            self._notify(check, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
+            self.cache.remember(group.login or "", group.passcode or "", group.stored, ok)
+            if ok and group.tally_key is not None:
+                self.tally.pop(group.tally_key, None)
         if not self.closed:
+            self._answer_all(group, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
             self._start_next()

@@ -27,7 +27,7 @@ from amqlite import activation, pidfile
 from amqlite.activation import ActivationAborted, ActivationGuard
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
-from amqlite.broker import Broker, inactive
+from amqlite.broker import Broker, inactive, limits
 from amqlite.listen import bound_sockets
 from amqlite.management import ManagementServer
 from amqlite.name_check import refuse_duplicate_name
@@ -43,6 +43,7 @@ from amqlite.registry import (
 from amqlite.replication import ReplicationMonitor
 from amqlite.server import StompServer
 from amqlite.settings import Settings, SettingsError
+from amqlite.websocket import console_origins
 from lockers import Locker, LockerError, LockLost, LockState, open_locker
 from store import GroupCommitter, Store, StoreError, StoreRejected, StoreUnusable, open_store
 
@@ -177,7 +178,8 @@ class Node:
         log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
                  store.description, locker.description)
         pid_info = pidfile.PidInfo(pid=os.getpid(), name=s.name, group=s.group,
-                                   stomp=s.advertise)
+                                   stomp=s.advertise, users_file=os.path.abspath(
+                                       s.users_file) if s.users_file else None)
         pidfile.write(pid_info, s.data_dir)
         try:
             if not await self._open_store(store):
@@ -423,7 +425,15 @@ class Node:
         if self.users_file is not None and self.users_file.policy.enabled:
             broker.authz = self.users_file.policy
         server = StompServer(s, broker, auth)
+        if self.management is not None and self.management.url:  # ws_allowed_origins' default
+            server.console_origins = console_origins(self.management.url,
+                                                     self.management.hosts.names)
         broker.pause()  # nothing dispatched or committed until the last check below
+        try:
+            await limits.load(broker)  # bounded queues' ledgers, before any SEND
+        except StoreError as exc:
+            log.warning("node %s: bounded queues count from empty: reading them failed: %s",
+                        s.name, exc)
         try:
             await guard.pass_gate("listen")
             await guard.confirm("before listening")
@@ -596,11 +606,14 @@ class Node:
             ]
             own = s.advertise_uris
             uris = [*own, *dict.fromkeys(u for u in others if u not in own)]
-            if uris != known:
-                added = set(uris) - set(known)
-                removed = set(known) - set(uris)
+            ws_uris = [*s.websocket_uris, *dict.fromkeys(
+                u for m in sorted(members, key=lambda m: m.name) if m.name != s.name
+                for u in m.websocket if u not in s.websocket_uris)]
+            if (uris, ws_uris) != (known, server.ws_cluster_uris):
+                was = {*known, *server.ws_cluster_uris}
+                added, removed = {*uris, *ws_uris} - was, was - {*uris, *ws_uris}
                 push = bool(added) or (bool(removed) and s.update_cluster_clients_on_remove)
-                server.set_cluster_uris(uris, push)
+                server.set_cluster_uris(uris, push, ws_uris)
                 log.info("cluster URIs now %s%s", ",".join(uris), " (pushed)" if push else "")
                 known = uris
             await asyncio.sleep(CLUSTER_POLL_INTERVAL)
@@ -615,7 +628,10 @@ class Node:
                 continue
             now = int(time.time() * 1000)
             try:
-                await committer.call(store.reap_expired, epoch, now, REAP_BATCH)
+                reaped = await committer.call(store.reap_expired_counted, epoch, now,
+                                              REAP_BATCH)
+                if reaped and self.broker is not None:
+                    self.broker.reaped(reaped)
                 await committer.call(store.prune_dedup, epoch, now - int(s.dedup_window * 1000),
                                      PRUNE_BATCH)
             except StoreRejected as exc:  # not a lost store: try again next time

@@ -31,6 +31,8 @@ class PidInfo:
     group: str
     stomp: str
     http: str | None = None
+    #: The node's users file (absolute), so ``amqlite user`` knows whom to tell of a change.
+    users_file: str | None = None
     path: str = ""
 
     @property
@@ -65,7 +67,8 @@ def _read(path: Path) -> PidInfo | None:
     try:
         data = json.loads(path.read_text())
         return PidInfo(pid=int(data["pid"]), name=str(data["name"]), group=str(data["group"]),
-                       stomp=str(data.get("stomp", "")), http=data.get("http"), path=str(path))
+                       stomp=str(data.get("stomp", "")), http=data.get("http"),
+                       users_file=data.get("users_file"), path=str(path))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

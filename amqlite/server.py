@@ -25,10 +25,12 @@ from amqlite import __version__
 from amqlite.auth import CheckOutcome, CheckQueue, CredentialCache, PendingCheck
 from amqlite.broker import Broker, BrokerError
 from amqlite.codec import Frame, Limits, ProtocolError
+from amqlite.hosts import HostGuard
 from amqlite.listen import STOMP_BACKLOG, listening_sockets
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
 from amqlite.settings import default_max_unauthenticated
 from amqlite.validation import check_connect
+from amqlite.websocket import WsGate, WsPolicy, parse_origins
 from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER, REBALANCE_HEADER
 
 if TYPE_CHECKING:
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 #: StompServer._sweep): one timer for the server, not one per partial read on the hot path.
 SWEEP_INTERVAL_MAX = 1.0
 SWEEP_INTERVAL_MIN = 0.05
+#: Sockets not logged in looked at (oldest first) for one to close past
+#: max_unauthenticated (``StompServer._crowded_out``): a bounded scan per refused socket.
+EVICTION_SCAN = 64
 #: Transport write buffer limits: above HIGH we stop dispatching to this
 #: client (its socket is slow), below LOW we resume.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
@@ -75,6 +80,11 @@ class StompServer:
         self.session_ids = itertools.count(1)
         self.session_prefix = uuid.uuid4().hex[:8]
         self.cluster_uris: list[str] = settings.advertise_uris
+        #: The same for pages on the WebSocket listeners: the group's ws(s):// URLs.
+        self.ws_cluster_uris: list[str] = settings.websocket_uris
+        #: Origins allowed on the WebSocket listeners when ws_allowed_origins is empty:
+        #: the management console's (the node sets them once its HTTP listener is up).
+        self.console_origins: list[str] = []
 
     async def start(self) -> None:
         """Listen on ``bind`` and/or ``ssl_bind``; OSError (with the address in
@@ -86,7 +96,16 @@ class StompServer:
         if s.ssl_address is not None:
             listeners.append((s.ssl_bind, s.ssl_address, s.ssl_context()))
         loop = asyncio.get_running_loop()
-        for name, (host, port), context in listeners:
+        factories: list[Callable[[], asyncio.BaseProtocol]] = [
+            functools.partial(ClientConnection, self) if context is None
+            else functools.partial(self._tls_protocol, context)
+            for _, _, context in listeners]
+        for scheme, address in s.ws_listeners:  # STOMP over WebSocket (amqlite.websocket)
+            context = s.ssl_context() if scheme == "wss" else None
+            listeners.append((getattr(s, f"{scheme}_bind"), address, context))
+            factories.append(functools.partial(self._ws_protocol, self._ws_policy(
+                address[0], tls=context is not None), context))
+        for (name, (host, port), _), factory in zip(listeners, factories, strict=True):
             # TLS listeners accept plain TCP and run TLS in a TlsGate, so a socket still
             # in its handshake is counted (max_connections, max_unauthenticated) and
             # timed (connect_timeout) like any before CONNECT.
@@ -94,9 +113,6 @@ class StompServer:
             try:
                 socks = await asyncio.to_thread(listening_sockets, host, port, STOMP_BACKLOG)
                 while socks:  # handed over one by one: a failure closes the rest here
-                    factory: Callable[[], asyncio.BaseProtocol] = (
-                        functools.partial(ClientConnection, self) if context is None
-                        else functools.partial(self._tls_protocol, context))
                     self.servers.append(await loop.create_server(
                         factory, sock=socks[0], backlog=STOMP_BACKLOG))
                     socks.pop(0)
@@ -114,6 +130,21 @@ class StompServer:
         return TlsGate(asyncio.get_running_loop(), ClientConnection(self, tls=True), context,
                        ssl_handshake_timeout=self.settings.connect_timeout)
 
+    def _ws_policy(self, bind_host: str, tls: bool) -> WsPolicy:
+        s = self.settings
+        origins = parse_origins(s.ws_allowed_origins) or self.console_origins
+        return WsPolicy(HostGuard(bind_host, s.http_allowed_hosts.split(",")), origins, tls=tls)
+
+    def _ws_protocol(self, policy: WsPolicy,
+                     context: ssl.SSLContext | None) -> asyncio.BaseProtocol:
+        conn = ClientConnection(self, tls=context is not None, websocket=True)
+        gate = WsGate(conn, policy, behind_tls=context is not None,
+                      max_request_bytes=self.settings.max_handshake_bytes)
+        if context is None:
+            return gate
+        return TlsGate(asyncio.get_running_loop(), conn, context, app=gate,
+                       ssl_handshake_timeout=self.settings.connect_timeout)
+
     def stop_accepting(self) -> None:
         for server in self.servers:
             server.close()
@@ -124,16 +155,31 @@ class StompServer:
 
     # -- limits on unauthenticated and slow sockets ------------------------------------
     def admit_unauthenticated(self, conn: ClientConnection) -> None:
-        """Count a new socket as unauthenticated; past the cap the oldest one goes, so a
-        socket flood cannot lock out a client that is connecting now."""
+        """Count a new socket as unauthenticated; past the cap an old one goes, so a
+        socket flood cannot lock out a client that is connecting now (``_crowded_out``)."""
         limit = self.max_unauthenticated
         while len(self.unauthenticated) >= limit:
-            oldest = next(iter(self.unauthenticated))
+            oldest = self._crowded_out()
             del self.unauthenticated[oldest]
             self.refused[f"max_unauthenticated={limit} reached"] += 1
             oldest.close_with_error(
                 "server busy", f"too many connections still logging in (limit {limit}); retry")
         self.unauthenticated[conn] = None
+
+    def _crowded_out(self) -> ClientConnection:
+        """The socket to close for a newcomer past ``max_unauthenticated``: among the
+        oldest EVICTION_SCAN, the first waiting for a passcode tried again and again
+        (a flood's guess: its answer is the same for every socket that tries it, see
+        ``CheckQueue``), else the oldest. A user's login waiting for its check is not
+        pushed out by the flood of guesses for its login."""
+        oldest = None
+        for conn in itertools.islice(self.unauthenticated, EVICTION_SCAN):
+            oldest = oldest or conn
+            group = conn.check.group if conn.check is not None else None
+            if group is not None and group.seen > 1:
+                return conn
+        assert oldest is not None
+        return oldest
 
     def _schedule_sweep(self) -> None:
         interval = min(SWEEP_INTERVAL_MAX,
@@ -170,26 +216,34 @@ class StompServer:
             conn.pause_reading("stopping")
 
     # -- cluster URIs pushed to clients (ActiveMQ's updateClusterClients) ------------
-    def cluster_headers(self, rebalance: bool = False) -> dict[str, str]:
-        if not self.settings.update_cluster_clients or not self.cluster_uris:
+    def cluster_headers(self, rebalance: bool = False,
+                        websocket: bool = False) -> dict[str, str]:
+        """The cluster header for a client of the TCP/TLS listeners, or with
+        ``websocket`` for a page, which can only open ws(s):// URLs."""
+        uris = self.ws_cluster_uris if websocket else self.cluster_uris
+        if not self.settings.update_cluster_clients or not uris:
             return {}
-        headers = {CLUSTER_URIS_HEADER: ",".join(self.cluster_uris)}
+        headers = {CLUSTER_URIS_HEADER: ",".join(uris)}
         if rebalance:
             headers[REBALANCE_HEADER] = "true"
         return headers
 
-    def set_cluster_uris(self, uris: list[str], push: bool) -> None:
-        """Remember the group's client URIs (master first); with ``push``, tell
-        every connected client now, on a RECEIPT no client asked for (the only
-        server frame STOMP allows outside a request; stomp.py ignores it)."""
+    def set_cluster_uris(self, uris: list[str], push: bool,
+                         ws_uris: list[str] | None = None) -> None:
+        """Remember the group's client URIs (master first) and WebSocket URLs; with
+        ``push``, tell every connected client now, on a RECEIPT no client asked for (the
+        only server frame STOMP allows outside a request; stomp.py ignores it)."""
         self.cluster_uris = list(uris)
+        if ws_uris is not None:
+            self.ws_cluster_uris = list(ws_uris)
         if not push or not self.settings.update_cluster_clients:
             return
-        headers = {"receipt-id": CLUSTER_UPDATE_RECEIPT,
-                   **self.cluster_headers(self.settings.rebalance_cluster_clients)}
+        rebalance = self.settings.rebalance_cluster_clients
         for conn in list(self.connections):
             if conn.connected:
-                conn.write_frame(Frame("RECEIPT", dict(headers)))
+                conn.write_frame(Frame("RECEIPT", {
+                    "receipt-id": CLUSTER_UPDATE_RECEIPT,
+                    **self.cluster_headers(rebalance, websocket=conn.websocket)}))
 
     def close_all(self, reason: str) -> None:
         for conn in list(self.connections):
@@ -204,18 +258,20 @@ class StompServer:
 class TlsGate(sslproto.SSLProtocol):
     """The TLS layer of one accepted socket, which tells its ClientConnection of the TCP
     connection before the handshake (so it is counted and timed from then on) and of its
-    loss if the handshake never completed (the app protocol hears of nothing then).
+    loss if the handshake never completed (the app protocol hears of nothing then). The
+    app protocol is the connection itself, or (wss://) the ``WsGate`` in front of it.
 
     asyncio's own SSLProtocol, also under uvloop: ``loop.start_tls`` on a uvloop server
     transport delivered the ClientHello to the old protocol (uvloop 0.23)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, conn: ClientConnection,
-                 context: ssl.SSLContext, *, ssl_handshake_timeout: float) -> None:
+                 context: ssl.SSLContext, *, ssl_handshake_timeout: float,
+                 app: asyncio.Protocol | None = None) -> None:
         # Nobody waits for the handshake: its outcome reaches conn; the exception of a
         # failed one is taken here so asyncio does not log it as never retrieved.
         waiter = loop.create_future()
         waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
-        super().__init__(loop, conn, context, waiter, server_side=True,
+        super().__init__(loop, app or conn, context, waiter, server_side=True,
                          ssl_handshake_timeout=math.ceil(ssl_handshake_timeout))
         self.conn = conn
 
@@ -232,8 +288,12 @@ class TlsGate(sslproto.SSLProtocol):
 class ClientConnection(asyncio.Protocol):
     """One client socket."""
 
-    def __init__(self, server: StompServer, tls: bool = False) -> None:
+    def __init__(self, server: StompServer, tls: bool = False, websocket: bool = False) -> None:
         self.server = server
+        #: Behind a WsGate: its transport is the WebSocket (amqlite.websocket).
+        self.websocket = websocket
+        #: connection_lost ran (a TlsGate and a WsGate may both report one loss).
+        self.lost = False
         #: Behind a TlsGate; ``handshaking`` while its handshake runs (the transport is
         #: then the raw TCP one: nothing STOMP may be written to it).
         self.tls = tls
@@ -363,7 +423,9 @@ class ClientConnection(asyncio.Protocol):
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        if self.lost:
+            return
+        self.lost = self.closed = True
         if self.partial_held:
             self._hold_partial(0)
         self._forget_handshake()
@@ -539,7 +601,7 @@ class ClientConnection(asyncio.Protocol):
                 frame,
                 server_heartbeat=self.server.settings.heartbeat_ms,
                 extra_headers={"server": f"amqlite/{__version__}", "session": session,
-                               **self.server.cluster_headers()},
+                               **self.server.cluster_headers(websocket=self.websocket)},
             )
         except ProtocolError as exc:
             self._protocol_failed(exc)

@@ -32,6 +32,8 @@ from amqlite.codec import (
     DEFAULT_MAX_HEADER_LENGTH,
     ProtocolError,
 )
+from amqlite.hosts import is_loopback
+from amqlite.policy import DestinationPolicy, Policies, PolicyEntry, PolicyError, take_policies
 from amqlite.protocol import MAX_HEARTBEAT_MS, parse_heartbeat
 from amqlite.setting_domains import (
     BYTES,
@@ -48,7 +50,7 @@ from amqlite.setting_domains import (
     described,
 )
 from amqlite.tls import TlsError, check_pair, server_context
-from amqlite.wire import DEFAULT_STOMP_PORT
+from amqlite.wire import DEFAULT_STOMP_PORT, DEFAULT_WS_PORT, DEFAULT_WSS_PORT, WS_PATH
 from lockers import DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_POLL_INTERVAL, GROUP_NAME
 
 #: Listen on loopback unless told otherwise: security by default.
@@ -140,8 +142,10 @@ def _destination_ok(value: str) -> bool:
 
 DESTINATION = described("a destination /queue/NAME or /topic/NAME", _destination_ok)
 
-#: Keys of a field's metadata (see ``doc``).
+#: Keys of a field's metadata (see ``doc``). ``FILE_ONLY``: a field only the config file
+#: sets (tables, not one value): no option, no environment variable.
 HELP, ORIGIN, DOMAIN, METAVAR, DERIVED = "help", "origin", "domain", "metavar", "derived"
+FILE_ONLY = "file_only"
 
 
 def doc(text: str, origin: str = "", *, domain: Domain | None = None, metavar: str = "",
@@ -183,6 +187,18 @@ class Settings:
     ssl_ca: str = field(default="", metadata=doc(
         "PEM CA certificates: TLS clients must present a certificate one signed.",
         metavar="FILE", derived="none"))
+    ws_bind: str = field(default="", metadata=doc(
+        f"STOMP over WebSocket listener HOST:PORT (ws://HOST:PORT{WS_PATH}).",
+        f"a port left out is {DEFAULT_WS_PORT}, RabbitMQ Web-STOMP's", metavar="HOST:PORT",
+        derived="none"))
+    wss_bind: str = field(default="", metadata=doc(
+        f"STOMP over secure WebSocket listener HOST:PORT (wss://HOST:PORT{WS_PATH}); needs "
+        "--ssl-cert and --ssl-key.", f"a port left out is {DEFAULT_WSS_PORT}, RabbitMQ "
+        "Web-STOMP's TLS port", metavar="HOST:PORT", derived="none"))
+    ws_allowed_origins: str = field(default="", metadata=doc(
+        "Origins (scheme://host:port) whose pages may open a WebSocket, comma-separated, "
+        "or '*' for any; others get 403 (cross-site WebSocket hijacking defence).",
+        metavar="ORIGINS", derived="the management console's own origin"))
     http_ssl: bool = field(default=True, metadata=doc(
         "With --ssl-cert, serve the management API over HTTPS with the same certificate "
         "settings (--ssl-ca included); off keeps it plain HTTP."))
@@ -311,8 +327,16 @@ class Settings:
     update_cluster_filter: str = field(default="", metadata=doc(
         "With --update-cluster-clients, a regular expression of the node names to tell "
         "clients about (updateClusterFilter).", metavar="REGEX", derived="all nodes"))
+    policies: tuple[PolicyEntry, ...] = field(default=(), metadata={
+        HELP: "[[policy]] tables of the config file (amqlite.policy)", FILE_ONLY: True})
 
     # -- derived ----------------------------------------------------------
+    def destination_policies(self) -> Policies:
+        """The per-destination policies, the broker-wide settings as their defaults."""
+        defaults = DestinationPolicy(dead_letter_queue=self.dead_letter_queue,
+                                     max_redeliveries=self.max_redeliveries)
+        return Policies(self.policies, defaults)
+
     @property
     def plain_enabled(self) -> bool:
         return self.bind.strip().lower() != BIND_OFF
@@ -328,6 +352,20 @@ class Settings:
     @property
     def ssl_address(self) -> tuple[str, int] | None:
         return parse_bind(self.ssl_bind, DEFAULT_SSL_PORT) if self.ssl_bind else None
+
+    @property
+    def ws_listeners(self) -> list[tuple[str, tuple[str, int]]]:
+        """(scheme, address) of the WebSocket listeners that are on: ws and/or wss."""
+        return [(scheme, parse_bind(bind, port, f"--{scheme}-bind"))
+                for scheme, bind, port in (("ws", self.ws_bind, DEFAULT_WS_PORT),
+                                           ("wss", self.wss_bind, DEFAULT_WSS_PORT)) if bind]
+
+    @property
+    def websocket_uris(self) -> list[str]:
+        """The URLs a page opens to reach this node's WebSocket listeners (registry,
+        cluster-list, CONNECTED's cluster header); a wildcard bind names the host."""
+        return [f"{scheme}://{_shown_host(host)}:{port}{WS_PATH}"
+                for scheme, (host, port) in self.ws_listeners]
 
     @property
     def advertise_uris(self) -> list[str]:
@@ -377,7 +415,7 @@ class Settings:
             check_pair(s.ssl_cert, s.ssl_key, "--ssl-cert (ssl_cert)", "--ssl-key (ssl_key)")
         except TlsError as e:
             raise SettingsError(str(e)) from None
-        if (s.ssl_bind or s.ssl_ca) and not s.ssl_cert:
+        if (s.ssl_bind or s.wss_bind or s.ssl_ca) and not s.ssl_cert:
             raise SettingsError("TLS needs both ssl_cert and ssl_key (--ssl-cert, --ssl-key)")
         if s.ssl_cert:
             s.ssl_context()  # a bad file stops the start here, in one line
@@ -386,12 +424,12 @@ class Settings:
             listeners.append(("tcp", parse_bind(s.bind)))
         if s.ssl_bind:
             listeners.append(("ssl", parse_bind(s.ssl_bind, DEFAULT_SSL_PORT, "--ssl-bind")))
-        for scheme, (host, port) in listeners:
-            option = "bind" if scheme == "tcp" else "ssl_bind"
+        for scheme, (host, port) in [*listeners, *s.ws_listeners]:
+            option = {"tcp": "bind", "ssl": "ssl_bind"}.get(scheme, f"{scheme}_bind")
             if port == 0:  # any free port: nothing a client or the registry could name
                 raise SettingsError(f"{option}: port 0 is no address clients can use", option)
             # As http_bind below: no logins (a client certificate is one) stays on loopback.
-            anonymous = not s.users_file and not (scheme == "ssl" and s.ssl_ca)
+            anonymous = not s.users_file and not (scheme in ("ssl", "wss") and s.ssl_ca)
             if anonymous and not s.allow_anonymous_remote and not is_loopback(host):
                 raise SettingsError(
                     f"{option} {getattr(s, option)}: without a users_file STOMP stays on "
@@ -400,10 +438,16 @@ class Settings:
         if not s.advertise:
             uris = []
             for scheme, (host, port) in listeners:
-                host = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
-                uris.append(f"{scheme}://{host}:{port}")
+                uris.append(f"{scheme}://{_shown_host(host)}:{port}")
             s.advertise = ",".join(uris)
         check_advertise(s.advertise_uris)
+        if s.ws_allowed_origins:
+            from amqlite.websocket import OriginError, parse_origins
+
+            try:
+                parse_origins(s.ws_allowed_origins)
+            except OriginError as e:
+                raise SettingsError(f"ws_allowed_origins: {e}", "ws_allowed_origins") from None
         if s.max_unauthenticated == 0:
             s.max_unauthenticated = default_max_unauthenticated(s.max_connections)
         if not 0 < s.max_unauthenticated <= s.max_connections:
@@ -425,6 +469,11 @@ class Settings:
                     f"http_bind {s.http_bind}: without a users_file the management API stays "
                     "on loopback; set http_allow_remote = true to expose it anyway", "http_bind")
         return s
+
+
+def _shown_host(host: str) -> str:
+    """A bind host as clients should name it: a wildcard is this machine's name."""
+    return host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
 
 
 def check_advertise(uris: list[str]) -> None:
@@ -464,19 +513,8 @@ def parse_bind(bind: str, default_port: int = DEFAULT_STOMP_PORT,
     return host, p
 
 
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost (names are not resolved)."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+#: The settings an option, a variable or a config key sets (not the file's tables).
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if not f.metadata.get(FILE_ONLY)}
 #: A field's type, from its annotation (a string under ``from __future__ import annotations``).
 _KINDS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 
@@ -520,7 +558,7 @@ def definitions() -> list[Definition]:
     return [Definition(name=f.name, kind=_KINDS[str(f.type)], help=f.metadata.get(HELP, ""),
                        origin=f.metadata.get(ORIGIN, ""), metavar=f.metadata.get(METAVAR, ""),
                        default=_shown(f))
-            for f in dataclasses.fields(Settings)]
+            for f in _FIELDS.values()]
 
 
 def check_backends(s: Settings) -> None:
@@ -537,42 +575,6 @@ def check_backends(s: Settings) -> None:
                     session_timeout=s.zk_session_timeout, keepalive_interval=s.lock_keepalive)
     except LockerError as e:
         raise SettingsError(f"locker: {e}", "locker") from None
-
-
-def _scheme(url: str) -> str:
-    scheme = url.split("://", 1)[0].lower()
-    return "postgresql" if scheme.startswith("postgres") else scheme
-
-
-def unused(s: Settings, given: Mapping[str, str]) -> list[str]:
-    """Warnings for the settings in ``given`` (name -> where it was set) that do not apply
-    to this node's store, locker or other settings and are ignored."""
-    locker, store = _scheme(s.locker), _scheme(s.store)
-    not_cluster = None if s.update_cluster_clients else "update_cluster_clients is off"
-    why = {
-        "lock_lease": None if locker == "postgresql"
-        else f"only the PostgreSQL locker has a lease, the locker is {locker}://",
-        "zk_session_timeout": None if locker == "zk"
-        else f"only the ZooKeeper locker has a session, the locker is {locker}://",
-        "lock_poll_interval": None if locker == "file"
-        else f"only the file locker polls, the {locker}:// locker waits on its server",
-        "allow_fsync_off": None if store == "postgresql"
-        else f"only a PostgreSQL store's fsync is checked, the store is {store}://",
-        "allow_async_replication": None if store == "postgresql"
-        else f"only a PostgreSQL store's replication is checked, the store is {store}://",
-        "http_ssl": None if s.ssl_cert else "without ssl_cert the management API is HTTP",
-        "rebalance_cluster_clients": not_cluster,
-        "update_cluster_clients_on_remove": not_cluster,
-        "update_cluster_filter": not_cluster,
-    }
-    warnings = [f"{name} ({given[name]}) does not apply and is ignored: {reason}"
-                for name, reason in why.items() if reason and name in given]
-    if s.ssl_cert and not s.ssl_bind:
-        https = s.http_bind.lower() != HTTP_OFF and s.http_ssl
-        warnings.append(f"ssl_cert is set but there is no TLS STOMP listener (ssl_bind): "
-                        f"STOMP clients connect in plain text on {s.bind}; "
-                        + ("only the management API uses it" if https else "nothing uses it"))
-    return warnings
 
 
 #: How a wrong-type TOML value is explained.
@@ -621,6 +623,10 @@ def _read_config(config_file: str) -> dict[str, Any]:
         raise SettingsError(f"--config: cannot read {config_file}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise SettingsError(f"--config: {config_file} is not valid TOML: {e}") from None
+    try:  # [[policy]] tables, at top level beside [broker] or inside it
+        data, policies = take_policies(data, BROKER_TABLE, config_file)
+    except PolicyError as e:
+        raise SettingsError(f"--config: {e}", "policies") from None
     if BROKER_TABLE in data:
         outside = sorted(k for k in data if k != BROKER_TABLE)
         if outside:
@@ -635,7 +641,10 @@ def _read_config(config_file: str) -> dict[str, Any]:
     for key in data:
         if key.replace("-", "_") not in _FIELDS:
             raise SettingsError(f"--config: unknown setting {key!r} in {config_file}")
-    return {key.replace("-", "_"): value for key, value in data.items()}
+    values = {key.replace("-", "_"): value for key, value in data.items()}
+    if policies is not None:
+        values["policies"] = policies
+    return values
 
 
 def read_settings(
@@ -652,7 +661,7 @@ def read_settings(
         if config_file:
             for key, value in _read_config(config_file).items():
                 given[key] = f"in {config_file}"
-                values[key] = _coerce(key, value, config_file)
+                values[key] = value if key == "policies" else _coerce(key, value, config_file)
         env = os.environ if environ is None else environ
         for key in _FIELDS:
             env_name = f"AMQLITE_{key.upper()}"
@@ -669,6 +678,8 @@ def read_settings(
         if e.setting in given and given[e.setting] not in str(e):
             raise SettingsError(f"{e} ({given[e.setting]})", e.setting) from None
         raise
+    from amqlite.setting_warnings import unused  # its own room, which imports this one
+
     return settings, unused(settings, given)
 
 

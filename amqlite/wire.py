@@ -23,6 +23,8 @@ __all__ = [
     "CLUSTER_UPDATE_RECEIPT",
     "CLUSTER_URIS_HEADER",
     "DEFAULT_STOMP_PORT",
+    "DEFAULT_WSS_PORT",
+    "DEFAULT_WS_PORT",
     "DELIVERY_COUNT_HEADER",
     "OMITTED_HEADERS_HEADER",
     "ORIGINAL_DESTINATION",
@@ -33,6 +35,8 @@ __all__ = [
     "STOMP_1_1",
     "STOMP_1_2",
     "SUPPORTED_VERSIONS",
+    "WS_PATH",
+    "WS_SUBPROTOCOLS",
 ]
 
 # -- protocol versions (the ``accept-version`` / ``version`` values) -------------------
@@ -89,6 +93,15 @@ CLUSTER_UPDATE_RECEIPT = "amqlite.cluster-update"
 DEFAULT_STOMP_PORT = 61613
 #: The management HTTP listener: ActiveMQ's web console port, on loopback.
 DEFAULT_HTTP_PORT = 8161
+#: STOMP over WebSocket: RabbitMQ Web-STOMP's ports (15674 ws://, 15673 wss://) and
+#: path, so a page written for RabbitMQ (``ws://host:15674/ws``) needs no change but the
+#: host (docs/websocket.md). ActiveMQ's 61614 serves any path.
+DEFAULT_WS_PORT = 15674
+DEFAULT_WSS_PORT = 15673
+WS_PATH = "/ws"
+#: WebSocket subprotocols (Sec-WebSocket-Protocol) -> the STOMP version each names, as
+#: stompjs, RabbitMQ and ActiveMQ spell them.
+WS_SUBPROTOCOLS = {"v10.stomp": STOMP_1_0, "v11.stomp": STOMP_1_1, "v12.stomp": STOMP_1_2}
 
 # -- management HTTP API -----------------------------------------------------------------
 #: Header a state-changing request must carry: a cross-site form or image cannot set it,

@@ -54,7 +54,15 @@ from amqlite.wire import (  # noqa: E402
     PRODUCER_SEQ_HEADER,
     STOMP_1_2,
 )
-from bench.peers import SPAWN_KINDS, PeerSet, tree_cpu_seconds, tree_rss_bytes  # noqa: E402
+from bench.peers import (  # noqa: E402
+    SPAWN_KINDS,
+    PeerSet,
+    thread_cpu_seconds,
+    tree_cpu_seconds,
+    tree_rss_bytes,
+)
+from bench.scrape import Scraper  # noqa: E402
+from bench.wsclient import ws_factory  # noqa: E402
 from tests.helpers.servers import free_port  # noqa: E402
 
 QUEUE = "/queue/bench"
@@ -68,13 +76,28 @@ PREFETCH = "500"
 DRAIN_TIMEOUT = 30.0
 #: Set by setup_tls() (--tls): every connection of this process goes over TLS.
 TLS: ssl.SSLContext | None = None
+#: Set by setup_tls() for a run over WebSocket (--transport ws|both; bench/wsclient.py).
+WS = False
+#: Set by setup_tls(): part of every producer identity, new for each run and process.
+RUN_TAG = ""
 
 
 def setup_tls(opts: argparse.Namespace) -> None:
     """In each process that opens connections (producer workers are spawned)."""
-    global TLS
+    global TLS, WS, RUN_TAG
     if opts.tls:
         TLS = client_context(opts.ssl_ca or "")
+    WS = getattr(opts, "run_ws", False)
+    RUN_TAG = os.urandom(4).hex()
+
+
+async def open_peer(make: Any, port: int) -> Any:
+    """A callback peer connected to ``port`` over TCP, TLS or (WS) a WebSocket."""
+    loop = asyncio.get_running_loop()
+    factory, made = ws_factory(make, f"127.0.0.1:{port}") if WS else (make, [])
+    _, proto = await asyncio.wait_for(loop.create_connection(factory, "127.0.0.1", port,
+                                                             **tls_kwargs()), 30)
+    return made[0] if WS else proto
 
 
 def tls_kwargs() -> dict[str, Any]:
@@ -196,7 +219,8 @@ class _ReceiptProducer(_Peer):
                  headers: dict[str, str], pid: int, parts: int = 0) -> None:
         super().__init__()
         self.body, self.stop, self.latencies = body, stop, latencies
-        self.headers, self.pid = headers, f"bench-{pid}"
+        # A fresh identity per run: the dedup window would drop a second run's copies.
+        self.headers, self.pid = headers, f"bench-{RUN_TAG}-{pid}"
         self.parts = parts
         self.sent = 0
         self.t = 0.0
@@ -236,11 +260,8 @@ async def producer(port: int, body: bytes, stop: float, latencies: list[float],
     if omit_persistent_header and not persistent:
         del headers["persistent"]
     if receipts:
-        loop = asyncio.get_running_loop()
-        _, p = await asyncio.wait_for(loop.create_connection(
-            lambda: _ReceiptProducer(body, stop, latencies, headers, pid, parts), "127.0.0.1",
-            port,
-            **tls_kwargs()), 30)
+        p = await open_peer(lambda: _ReceiptProducer(body, stop, latencies, headers, pid,
+                                                     parts), port)
         await p.ended
         return p.sent
     c = await Conn.open(port)
@@ -323,10 +344,8 @@ class _Consumer(_Peer):
 async def consumer(port: int, ack: str, counter: list[int], done: asyncio.Event,
                    e2e: list[float], ready: asyncio.Event | None = None,
                    destination: str = QUEUE, selector: str | None = None) -> None:
-    loop = asyncio.get_running_loop()
-    _, c = await asyncio.wait_for(loop.create_connection(
-        lambda: _Consumer(destination, ack, counter, e2e, ready, selector), "127.0.0.1", port,
-        **tls_kwargs()), 30)
+    c = await open_peer(lambda: _Consumer(destination, ack, counter, e2e, ready, selector),
+                        port)
     # Producers start only once every SUBSCRIBE is confirmed (RabbitMQ drops
     # SENDs to a queue nobody declared yet).
     await asyncio.wait_for(c.subscribed, 30)
@@ -485,6 +504,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
             for k, r in enumerate(readies)]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
         broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
+        threads0 = thread_cpu_seconds(broker_pid) if broker_pid else {}
         store_cpu0 = tree_cpu_seconds(store_pid) if store_pid else 0.0
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
@@ -508,6 +528,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
     if broker_pid:
         broker = {"broker_cpu_s": round(tree_cpu_seconds(broker_pid) - broker_cpu0, 2),
                   "broker_rss_mb": round(tree_rss_bytes(broker_pid) / 2**20, 1)}
+        threads = thread_cpu_seconds(broker_pid)
     if store_pid:
         broker["store_cpu_s"] = round(tree_cpu_seconds(store_pid) - store_cpu0, 2)
     done.set()
@@ -521,6 +542,9 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
              "loadgen": cpu}
     per_msg = {k: round(1e6 * v / done_msgs, 1) for k, v in cpu_s.items()
                if v is not None and done_msgs}
+    if broker_pid and done_msgs:
+        broker["broker_threads_us_per_msg"] = split_threads(broker_pid, threads0, threads,
+                                                            done_msgs)
     return {
         "sent": sent,
         "received": received[0],
@@ -535,6 +559,19 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
         "cpu_us_per_msg": per_msg,
         **broker,
     }
+
+
+def split_threads(pid: int, before: dict[int, float], after: dict[int, float],
+                  msgs: int) -> dict[str, float]:
+    """The broker's CPU per message by thread: its main thread (amqlite's event
+    loop), its busiest other thread (amqlite's group committer) and the rest."""
+    spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    main_s = spent.pop(pid, 0.0)
+    others = sorted(spent.values(), reverse=True)
+    busiest = others[0] if others else 0.0
+    rest = sum(others[1:])
+    return {k: round(1e6 * v / msgs, 1)
+            for k, v in (("main", main_s), ("busiest_other", busiest), ("rest", rest))}
 
 
 def main() -> int:
@@ -572,7 +609,16 @@ def main() -> int:
                     help="every connection over TLS (W1 over TLS beside W1 in plain text)")
     ap.add_argument("--ssl-ca", help="with --tls and --port: CA file of the broker's "
                                      "certificate (default: the system's)")
+    ap.add_argument("--transport", choices=("tcp", "ws", "both"), default="tcp",
+                    help="STOMP over TCP, over WebSocket (ws_bind; wss with --tls), or both "
+                         "one after the other against the same broker (W1 over WebSocket "
+                         "beside W1 over TCP)")
+    ap.add_argument("--ws-port", type=int, help="with --port: the broker's ws_bind port")
     opts = ap.parse_args()
+    if opts.transport != "tcp" and (opts.no_receipts or (opts.port and not opts.ws_port)
+                                    or (opts.spawn and opts.spawn not in ("postgres", "sqlite"))):
+        ap.error("--transport ws|both: amqlite (--spawn postgres|sqlite, or --port with "
+                 "--ws-port), with receipts")
     if opts.selectors and opts.parts != opts.consumers:
         ap.error("--selectors: give --parts equal to --consumers (one part per consumer)")
     if not opts.port and not opts.spawn:
@@ -597,6 +643,10 @@ def main() -> int:
                            "AMQLITE_SSL_CERT": str(pki.server_cert),
                            "AMQLITE_SSL_KEY": str(pki.server_key),
                            "AMQLITE_HTTP_SSL": "false"})
+    if opts.transport != "tcp" and opts.spawn:
+        opts.ws_port = free_port()
+        os.environ["AMQLITE_WSS_BIND" if opts.tls else "AMQLITE_WS_BIND"] = \
+            f"127.0.0.1:{opts.ws_port}"
     setup_tls(opts)
     if opts.spawn == "rabbitmq":
         opts.omit_persistent_header = True
@@ -610,7 +660,12 @@ def main() -> int:
         if opts.scrape_interval > 0:
             url = opts.scrape_url or broker_config["http"] + "/metrics"
             scraper = Scraper(url, opts.scrape_interval)
-        result = asyncio_run(run(opts, port, pid, store_pid))
+        result: dict[str, Any] = {}
+        for transport in ("tcp", "ws") if opts.transport == "both" else (opts.transport,):
+            opts.run_ws = transport == "ws"  # read by setup_tls, here and in workers
+            setup_tls(opts)
+            one = asyncio_run(run(opts, opts.ws_port if opts.run_ws else port, pid, store_pid))
+            result = one if opts.transport != "both" else {**result, transport: one}
         if scraper is not None:
             result["scrapes"] = scraper.stop()
     out = {
@@ -621,40 +676,6 @@ def main() -> int:
     }
     print(json.dumps(out))
     return 0
-
-
-class Scraper:
-    """A Prometheus stand-in: GET the metrics URL every ``interval`` seconds in a thread
-    (for W1 with and without scrapes: the broker's hot path must not notice)."""
-
-    def __init__(self, url: str, interval: float) -> None:
-        import threading
-
-        self.url, self.interval = url, interval
-        self.count, self.failures, self.seconds = 0, 0, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import urllib.request
-
-        while not self._stop.wait(self.interval):
-            started = time.perf_counter()
-            try:
-                with urllib.request.urlopen(self.url, timeout=10) as resp:
-                    resp.read()
-                self.count += 1
-                self.seconds += time.perf_counter() - started
-            except OSError:
-                self.failures += 1
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        self._thread.join(timeout=15)
-        mean = self.seconds / self.count if self.count else None
-        return {"url": self.url, "count": self.count, "failures": self.failures,
-                "mean_ms": round(mean * 1000, 2) if mean is not None else None}
 
 
 def asyncio_run(coro: Coroutine[Any, Any, T]) -> T:

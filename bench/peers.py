@@ -153,6 +153,21 @@ def tree_cpu_seconds(pid: int) -> float:
     return total / ticks
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU of each thread of one process, by thread id (the main
+    thread's id is ``pid``): which of amqlite's threads (event loop, committer)
+    spent a run's CPU."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -360,7 +375,11 @@ class Amqlite(PeerProcess):
         self.config["http"] = f"http://127.0.0.1:{self.http_port}"
 
     def start(self) -> None:
-        self._spawn([sys.executable, "-m", "cli", "start", "--group", self.group,
+        # AMQLITE_BENCH_PROFILE=DIR: every thread of the node under cProfile (bench only).
+        profile = os.environ.get("AMQLITE_BENCH_PROFILE")
+        runner = ([str(ROOT / "bench" / "profile_node.py"), profile] if profile
+                  else ["-m", "cli"])
+        self._spawn([sys.executable, *runner, "start", "--group", self.group,
                      "--name", self.name, "--bind", f"127.0.0.1:{self.port}",
                      "--log-level", self.log_level, "--http", f"127.0.0.1:{self.http_port}",
                      *self.store_args], cwd=ROOT)

@@ -38,6 +38,7 @@ from amqlite.client.discovery import waiting_for
 from amqlite.client.uri import URIError
 from amqlite.tls import ClientTls, TlsError
 from amqlite.wire import ACK_AUTO, ACK_MODES, DEFAULT_STOMP_PORT
+from cli.private_file import read_password_file
 
 __all__ = ["consume", "produce", "register"]
 
@@ -51,6 +52,8 @@ DEFAULT_COUNT = 1000
 #: messages arrived), and for errors (bad URL, no broker).
 EXIT_INCOMPLETE = 1
 EXIT_ERROR = 1
+#: Usage that cannot work (a password file that cannot be read): the README's exit codes.
+EXIT_USAGE = 2
 #: Conventional exit status after Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 
@@ -205,8 +208,13 @@ _common = [
                  help="queue://NAME, topic://NAME, /queue/NAME or /topic/NAME."),
     click.option("--count", default=DEFAULT_COUNT, show_default=True,
                  type=click.IntRange(min=0), help="Messages to handle (consume: 0 = no limit)."),
-    click.option("--user", default=None, help="STOMP login."),
-    click.option("--password", default=None, help="STOMP passcode."),
+    click.option("--user", default=None, envvar="AMQLITE_USER", help="STOMP login."),
+    click.option("--password", default=None, envvar="AMQLITE_PASSWORD",
+                 help="STOMP passcode; better --password-file or AMQLITE_PASSWORD (a "
+                      "command line is visible to every user of the machine). Prompted "
+                      "for when --user is given without one on a terminal."),
+    click.option("--password-file", default=None, metavar="FILE",
+                 help="Read the passcode from this file (its first line)."),
     click.option("--client-id", default=None, help="STOMP client-id (durable subscriptions)."),
     click.option("--json", "as_json", is_flag=True,
                  help="Print a JSON summary on stdout (per-message lines go to stderr)."),
@@ -223,13 +231,34 @@ _tls_options = [
 ]
 
 
+def _passcode(user: str | None, given: str | None, password_file: str | None) -> str | None:
+    """--password (or AMQLITE_PASSWORD), --password-file, or a prompt on a terminal."""
+    if password_file:
+        if given is not None:
+            click.echo("amqlite: error: give --password-file or --password (AMQLITE_PASSWORD),"
+                       " not both", err=True)
+            sys.exit(EXIT_USAGE)
+        try:
+            return read_password_file(password_file)
+        except OSError as exc:
+            click.echo(f"amqlite: error: --password-file {password_file}: {exc.strerror}",
+                       err=True)
+        except ValueError as exc:
+            click.echo(f"amqlite: error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    if given is None and user is not None and sys.stdin.isatty():
+        return str(click.prompt(f"passcode for {user}", hide_input=True, err=True))
+    return given
+
+
 def _with_common(fn: Any) -> Any:
     """The shared options; the TLS ones arrive in ``fn`` as one ``tls`` context (None
     when none was given), built here so a bad file is one line before any connect."""
 
     @functools.wraps(fn)
     def wrapper(ssl_ca: str | None, ssl_cert: str | None, ssl_key: str | None,
-                no_verify_hostname: bool, **kwargs: Any) -> Any:
+                no_verify_hostname: bool, password_file: str | None, **kwargs: Any) -> Any:
+        kwargs["password"] = _passcode(kwargs["user"], kwargs["password"], password_file)
         tls = None
         if ssl_ca or ssl_cert or ssl_key or no_verify_hostname:
             try:

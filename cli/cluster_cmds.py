@@ -95,7 +95,8 @@ def format_table(views: list[GroupView]) -> str:
     """Fabric's layout, one row per group and registry: columns of at least 30
     characters, wider when a cell is longer; the registry last."""
     header = ["[cluster]", "[masters]", "[slaves]", "[services]", "[registry]"]
-    rows = [[v.group, *_role_cells(v), _cell(v.services), v.registry or "-"] for v in views]
+    rows = [[v.group, *_role_cells(v), _cell([*v.services, *v.websocket]), v.registry or "-"]
+            for v in views]
     widths = [max([COLUMN_WIDTH] + [len(r[i]) for r in rows]) for i in range(len(header) - 1)]
     lines = []
     for r in [header, *rows]:

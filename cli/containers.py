@@ -21,7 +21,6 @@ Failures raise ``ContainerError`` with a one-line message for the user.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import os
@@ -48,7 +47,8 @@ from amqlite.registry import (
     read_members,
     registry_url,
 )
-from amqlite.settings import Settings, SettingsError, load_settings
+from amqlite.settings import Settings, SettingsError, definitions, load_settings
+from cli.private_file import write_private
 
 HOME_ENV = "AMQLITE_HOME"
 CONFIG_FILE = "config.toml"
@@ -224,7 +224,7 @@ def _default_locker(store: str) -> str:
 def _extra_settings(extra: tuple[str, ...] | list[str]) -> dict[str, str]:
     """``KEY=VALUE`` items of ``--set``: known settings that create does not manage."""
     extras: dict[str, str] = {}
-    fields = {f.name for f in dataclasses.fields(Settings)}
+    fields = {d.name for d in definitions()}
     for item in extra:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -296,8 +296,9 @@ def create_containers(home: Path, names: list[str], *, group: str, store: str | 
     for c, values in configs:
         (c.dir / DATA_DIR).mkdir(parents=True)
         body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
-        c.config.write_text(f"# amqlite container {c.name}: `amqlite start --config "
-                            f"{c.config}`\n[broker]\n{body}")
+        # 0600: the store URL may carry its password
+        write_private(c.config, f"# amqlite container {c.name}: `amqlite start --config "
+                                f"{c.config}`\n[broker]\n{body}")
         created.append((c, values["bind"]))
     return created
 
@@ -306,7 +307,7 @@ def create_containers(home: Path, names: list[str], *, group: str, store: str | 
 
 
 def _spawn(c: Container) -> subprocess.Popen[bytes]:
-    fields = {f"AMQLITE_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+    fields = {d.env for d in definitions()}
     env = {k: v for k, v in os.environ.items() if k not in fields}
     env["PYTHONUNBUFFERED"] = "1"
     argv = [sys.executable, "-m", "cli", "start", "--config", str(c.config)]

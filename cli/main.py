@@ -168,13 +168,30 @@ def passwd(password: str) -> None:
     click.echo(hash_password(password))
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of the YAML file.")
+def openapi(as_json: bool) -> None:
+    """Print the management API's OpenAPI document (docs/openapi.yaml), as installed:
+    no node and no network needed (a node serves the same at /api/v1/openapi.yaml)."""
+    from amqlite.management.document import DocumentMissing, OpenApiDocument
+
+    document = OpenApiDocument()
+    try:
+        text = document.as_json() if as_json else document.as_yaml().decode("utf-8")
+    except DocumentMissing as exc:
+        fail(str(exc), EXIT_FAILED)
+    click.echo(text, nl=as_json)
+
+
 def _register_commands() -> None:
     """Sub-commands that live in their own modules (and import what they need lazily)."""
-    from cli import client_cmds, mgmt_cmds
+    from cli import client_cmds, mgmt_cmds, subscription_cmds, user_cmds
     from cli.audit_cmd import audit
 
     client_cmds.register(cli)
     mgmt_cmds.register(cli)
+    subscription_cmds.register(cli)
+    user_cmds.register(cli)
     cluster_cmds.register(cli)
     cli.add_command(audit)
 

@@ -286,14 +286,23 @@ def queue() -> None:
 @target_options
 def queue_list(url: str | None, group: str | None, registry: str | None, user: str | None,
                as_json: bool) -> None:
-    """Every destination: waiting, in flight, consumers, totals."""
+    """Every destination: waiting, in flight, consumers, totals, and the policy that
+    applies (its pattern; --json has every value)."""
     t = _target(url, group, registry, user)
     data = _run(lambda: t.call("GET", "/api/v1/destinations"))["destinations"]
     _emit(as_json, data, lambda: table(
         ("destination", "waiting", "in-flight", "consumers", "enqueued", "dequeued",
-         "dead-lettered"),
+         "expired", "dead-lettered", "moved", "purged", "dropped", "policy"),
         [(d["name"], d["waiting"], d["in_flight"], d["consumers"], d["enqueued"],
-          d["dequeued"], d["dead_lettered"]) for d in data]))
+          d["dequeued"], d["expired"], d["dead_lettered"], d["moved"], d["purged"],
+          d["overflow_dropped"], _policy_cell(d.get("policy"))) for d in data]))
+
+
+def _policy_cell(policy: dict[str, Any] | None) -> str:
+    """``queue list``'s policy column: the matching pattern and what it sets."""
+    if not policy or not policy.get("pattern"):
+        return "-"
+    return f"{policy['pattern']}: {policy.get('summary', '')}"
 
 
 @queue.command("browse")
@@ -305,8 +314,14 @@ def queue_list(url: str | None, group: str | None, registry: str | None, user: s
 def queue_browse(destination: str, after: int, limit: int, url: str | None,
                  group: str | None, registry: str | None, user: str | None,
                  as_json: bool) -> None:
-    """Show a queue's messages without consuming them."""
+    """Show a queue's messages without consuming them (of a topic: its durable
+    subscriptions, which hold what `queue list` counts as its waiting messages)."""
     t = _target(url, group, registry, user)
+    if destination.startswith("/topic/"):
+        from cli.subscription_cmds import browse_topic
+
+        browse_topic(t, destination, as_json)
+        return
     data = _run(lambda: t.call(
         "GET", f"/api/v1/messages{_dest_path(destination)}?after={after}&limit={limit}"))
 

@@ -112,6 +112,11 @@ class ScheduledRow:
     enqueued_at: int
     deliver_at: int
     schedule: str | None
+    #: A delayed redelivery's (``Batch.delays``): deliveries so far and its expiry.
+    delivery_count: int = 0
+    expires_at: int = 0
+    producer_id: str | None = None
+    producer_seq: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,9 +162,9 @@ class Batch:
     """Writes committed together in one fenced transaction.
 
     Order of application inside the transaction: destinations, subscriptions
-    (created), subscriptions (claimed), inserts, schedule steps, undeliveries,
-    deliveries, releases, moves, acks, subscriptions (removed). An insert whose
-    ``dedup_key`` is already in the dedup window (or earlier in the same batch)
+    (created), subscriptions (claimed), inserts, schedule steps, redeliveries,
+    undeliveries, deliveries, releases, delays, moves, acks, subscriptions (removed).
+    An insert whose ``dedup_key`` is already in the dedup window (or earlier in the same batch)
     is skipped and reported in ``BatchResult.duplicates``.
 
     Because of that fixed order, one batch must not release or move a message
@@ -197,6 +202,19 @@ class Batch:
     #: Scheduled messages whose due occurrence this batch makes deliverable (applied
     #: with the inserts of their copies, so a takeover delivers each occurrence once).
     schedule_steps: list[ScheduleStep] = field(default_factory=list)
+    #: Per-destination totals to add (``schema.counters``): destination id -> one
+    #: delta per ``schema.COUNTER_KINDS``. The broker fills it from what it counted
+    #: since the last flush (``amqlite.broker.counters``), so the totals commit with
+    #: the writes they count: one row per destination touched, not per message.
+    counters: dict[int, list[int]] = field(default_factory=dict)
+    #: Queue messages NACKed under a redelivery delay (``amqlite.policy``): (message id,
+    #: due ms, plan JSON): out of flight and scheduled in place (``deliver_at``), still
+    #: counted in the queue's depth. The scheduler's timer brings them back
+    #: (``redeliveries``), on this master or the next.
+    delays: list[tuple[int, int, str]] = field(default_factory=list)
+    #: Delayed redeliveries that are due: deliverable again (``deliver_at`` cleared), the
+    #: same row with its delivery count.
+    redeliveries: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
@@ -212,6 +230,9 @@ class Batch:
             + len(self.removed_subscriptions)
             + len(self.claimed_subscriptions)
             + len(self.schedule_steps)
+            + len(self.counters)
+            + len(self.delays)
+            + len(self.redeliveries)
         )
 
     def extend(self, other: Batch) -> None:
@@ -227,6 +248,10 @@ class Batch:
         self.removed_subscriptions += other.removed_subscriptions
         self.claimed_subscriptions += other.claimed_subscriptions
         self.schedule_steps += other.schedule_steps
+        if other.counters:
+            add_counts(self.counters, other.counters)
+        self.delays += other.delays
+        self.redeliveries += other.redeliveries
 
     def carve(self, spans: list[UnitSpan]) -> tuple[Batch, list[Batch]]:
         """Split into the part outside every span and one batch per span
@@ -261,7 +286,19 @@ class Batch:
             return True
         undone = set(self.releases)
         undone.update((None, mid) for mid, _ in self.moves)
+        undone.update((None, mid) for mid, _, _ in self.delays)
         return undone.isdisjoint(later.deliveries)
+
+
+def add_counts(into: dict[int, list[int]], more: dict[int, list[int]]) -> None:
+    """Add the per-destination deltas ``more`` to ``into`` (``Batch.counters``)."""
+    for did, deltas in more.items():
+        have = into.get(did)
+        if have is None:
+            into[did] = list(deltas)
+        else:
+            for k, n in enumerate(deltas):
+                have[k] += n
 
 
 #: The lists of a ``Batch`` a ``UnitSpan`` indexes, in its order (``acks``
@@ -321,6 +358,9 @@ class Recovery:
     next_message_id: int
     next_destination_id: int
     next_subscription_id: int
+    #: Per-destination totals (``schema.counters``): destination id -> one value per
+    #: ``schema.COUNTER_KINDS``.
+    counters: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class Store(abc.ABC):
@@ -387,6 +427,11 @@ class Store(abc.ABC):
         Without a filter of its own, a store returns the plain page."""
         return self.load_page(destination_id, after_id, limit)
 
+    def queue_members(self, destination_id: int) -> list[tuple[int, int]]:
+        """(id, body bytes) of a queue's deliverable messages, by id (a bounded queue's
+        count at activation); a store without it reports none."""
+        return []
+
     @abc.abstractmethod
     def load_subscription_page(
         self, subscription_id: int, after_id: int, limit: int
@@ -396,6 +441,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reap_expired(self, epoch: int, now_ms: int, limit: int) -> list[Ref]:
         """Delete up to ``limit`` expired rows (fenced); return what went."""
+
+    def reap_expired_counted(self, epoch: int, now_ms: int,
+                             limit: int) -> dict[int, list[Ref]]:
+        """``reap_expired``, by destination id (the store counted them in its totals
+        with the delete; the broker adds them to its own). A store that cannot tell
+        the destinations reaps and says nothing went."""
+        self.reap_expired(epoch, now_ms, limit)
+        return {}
 
     @abc.abstractmethod
     def prune_dedup(self, epoch: int, older_than_ms: int, limit: int) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, insert, text
 
-from store import pg_batch, schema
+from store import pg_arrays, pg_batch, schema
 from store.api import (
     Batch,
     BatchResult,
@@ -61,6 +61,7 @@ class BatchCommitting(FencedStore):
                 proxy = self.engine.raw_connection()
                 writer = proxy.driver_connection
                 proxy.detach()  # ours for good: no pool reset between batches
+                pg_arrays.register(writer)
                 self._writer = writer
             result = pg_batch.commit(self._writer, self.group, epoch, batch, now_ms(),
                                      encode_headers)
@@ -103,12 +104,17 @@ class BatchCommitting(FencedStore):
                 self._insert(conn, epoch, inserts, batch.identities, now, result, ch)
             if batch.schedule_steps:
                 self._step_schedules(conn, batch.schedule_steps, ch)
+            for chunk in chunks(batch.redeliveries, self._chunk):
+                conn.execute(self._st.redeliver, {"g": self.group, "ids": chunk})
             for chunk in chunks(batch.undeliveries, self._chunk):
                 conn.execute(self._st.undeliver_q, {"g": self.group, "ids": chunk})
             if batch.deliveries:
                 self._deliver(conn, epoch, batch, ch)
             if batch.releases:
                 self._release(conn, batch.releases)
+            if batch.delays:
+                conn.execute(self._st.delay, [{"g": self.group, "i": i, "at": at, "plan": plan}
+                                              for i, at, plan in batch.delays])
             if batch.moves:
                 self._move(conn, batch.moves, ch)
             if queue_acks:
@@ -117,8 +123,16 @@ class BatchCommitting(FencedStore):
                 self._ack_subscriptions(conn, batch.acks, ch)
             if batch.removed_subscriptions:
                 self._remove_subscriptions(conn, batch.removed_subscriptions, ch)
+            if batch.counters:
+                self._add_counts(conn, batch.counters)
             self._write_counters(conn, ch, predicted, batch.removed_subscriptions)
         return result
+
+    def _add_counts(self, conn: Connection, counts: dict[int, list[int]]) -> None:
+        """One upsert per destination touched (``schema.counters``)."""
+        g = self.group
+        conn.exec_driver_sql(self._st.add_counts,
+                             [(g, did, *deltas) for did, deltas in counts.items()])
 
     def _analyze_once(self) -> None:
         """See ANALYZE_AFTER_ROWS. Best effort: plans, not correctness, depend on it."""

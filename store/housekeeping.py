@@ -37,9 +37,16 @@ class Housekeeping(FencedStore):
     ``prune_dedup``."""
 
     def reap_expired(self, epoch: int, now_ms: int, limit: int) -> list[Ref]:
-        """Expired messages go whether in flight or not; a later ACK of one is a no-op."""
+        return [r for refs in self.reap_expired_counted(epoch, now_ms, limit).values()
+                for r in refs]
+
+    def reap_expired_counted(self, epoch: int, now_ms: int,
+                             limit: int) -> dict[int, list[Ref]]:
+        """Expired messages go whether in flight or not; a later ACK of one is a no-op.
+        Each destination's ``expired`` total grows in the same transaction. What went,
+        by destination id."""
         ch = Changes()
-        refs: list[Ref] = []
+        by_dest: defaultdict[int, list[Ref]] = defaultdict(list)
         with self._tx("reap_expired") as conn:
             self._fence(conn, epoch)
             ids = conn.scalars(self._st.expired, {"g": self.group, "now": now_ms, "n": limit}).all()
@@ -53,13 +60,20 @@ class Housekeeping(FencedStore):
                     self._st.reap_messages, {"g": self.group, "ids": chunk}
                 ):
                     ch.deleted_messages((dest,))
+                    refs = by_dest[dest]
                     subs = owed.get(mid)
                     if subs:
                         refs.extend((sid, mid) for sid in subs)
                     else:
                         refs.append((None, mid))
             self._write_counters(conn, ch, 0)
-        return refs
+            if by_dest:  # the destinations' totals, in the same transaction
+                kinds = schema.COUNTER_KINDS
+                conn.exec_driver_sql(self._st.add_counts, [
+                    (self.group, dest, *(len({m for _, m in refs}) if k == "expired" else 0
+                                          for k in kinds))
+                    for dest, refs in by_dest.items()])
+        return dict(by_dest)
 
     def holds_messages(self, destination_id: int) -> bool:
         """One probe of the destination index: any row, in flight or scheduled."""
@@ -76,6 +90,7 @@ class Housekeeping(FencedStore):
             self._fence(conn, epoch)
             if conn.execute(self._st.delete_destination, params).rowcount == 0:
                 return DeletedDestination(existed=False)
+            conn.execute(self._st.delete_counters, params)
             sids = conn.scalars(self._st.destination_subs, params).all()
             for chunk in chunks(sids, self._chunk):
                 subs = {"g": self.group, "subs": list(chunk)}

@@ -47,6 +47,20 @@ def _add_scheduling(conn: Connection) -> None:
     schema.DUE_INDEX.create(conn, checkfirst=True)
 
 
+def _add_counters(conn: Connection) -> None:
+    """v3 -> v4: ``amq_counters``. ``create_all`` has made the table; existing
+    destinations start at zero (what went before was never counted in the store)."""
+
+
+def _add_overflow_dropped(conn: Connection) -> None:
+    """v4 -> v5: ``amq_counters.overflow_dropped``; existing rows start at zero (the
+    column is added nullable, and the totals add to it: NULL would stay NULL). The
+    table has a row per destination, not per message: the UPDATE is small."""
+    column = schema.counters.c.overflow_dropped
+    _add_column(conn, column)
+    conn.execute(update(schema.counters).where(column.is_(None)).values({column: 0}))
+
+
 def _add_column(conn: Connection, column: Any) -> None:
     """ALTER TABLE ... ADD COLUMN unless it is there (a store a newer amqlite
     began to upgrade, or a table ``create_all`` has just made with it). Both
@@ -70,6 +84,8 @@ def _add_column(conn: Connection, column: Any) -> None:
 UPGRADES: dict[int, Callable[[Connection], None]] = {
     1: _add_subscription_owner,
     2: _add_scheduling,
+    3: _add_counters,
+    4: _add_overflow_dropped,
 }
 
 

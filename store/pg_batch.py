@@ -30,6 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 from store.api import Batch, BatchResult, NewMessage
+from store.pg_arrays import PackedArray, byteas, int2s, int4s, int8s, texts
+from store.schema import COUNTER_KINDS
 
 #: SQLSTATE division_by_zero: only the fence divides, so it means "fenced".
 FENCED_SQLSTATE = "22012"
@@ -111,10 +113,26 @@ WITH del AS (
 UPDATE amq_groups SET msg_count = msg_count - (SELECT count(*) FROM del) WHERE grp = %(g)s"""
 
 
+#: The destinations' totals (``Batch.counters``): one row per destination touched.
+COUNT = (
+    f"INSERT INTO amq_counters (grp, destination_id, {', '.join(COUNTER_KINDS)})\n"
+    f"SELECT %(g)s, u.* FROM unnest(%(d)b::int8[], "
+    + ", ".join(f"%({k})b::int8[]" for k in COUNTER_KINDS)
+    + ") AS u\nON CONFLICT (grp, destination_id) DO UPDATE SET "
+    + ", ".join(f"{k} = amq_counters.{k} + excluded.{k}" for k in COUNTER_KINDS)
+)
+#: ACK and COUNT as one statement (a W1 commit has both): one statement less in the
+#: pipeline saves the store thread most of what the totals cost (bench/counters_bench.py).
+#: The fence ran before (its own statement), so the row locks come in the same order.
+ACK_COUNT = ACK.replace("\nUPDATE amq_groups", f",\ncnt AS (\n{COUNT}\n)\nUPDATE amq_groups")
+assert ACK_COUNT != ACK
+
+
 def fits(batch: Batch) -> bool:
     """True when every write of ``batch`` has a statement here."""
     if (batch.destinations or batch.subscriptions or batch.moves or batch.removed_subscriptions
-            or batch.claimed_subscriptions or batch.schedule_steps):
+            or batch.claimed_subscriptions or batch.schedule_steps or batch.delays
+            or batch.redeliveries):
         return False
     size = 0
     for x in batch.inserts:
@@ -153,13 +171,19 @@ def commit(conn: Any, group: str, epoch: int, batch: Batch, now: int,
             arrays = _insert_arrays(inserts, identities, now, encode_headers)
             dup_cur.execute(INSERT, {**base, **arrays})
         if batch.undeliveries:
-            cur.execute(UNDELIVER, {**base, "id": batch.undeliveries})
+            cur.execute(UNDELIVER, {**base, "id": int8s(batch.undeliveries)})
         if deliveries:
-            cur.execute(DELIVER, {**base, "id": list(deliveries), "n": list(deliveries.values())})
+            cur.execute(DELIVER, {**base, "id": int8s(list(deliveries)),
+                                  "n": int4s(list(deliveries.values()))})
         if batch.releases:
-            cur.execute(RELEASE, {**base, "id": [mid for _, mid in batch.releases]})
-        if acked:
-            cur.execute(ACK, {**base, "id": list(acked)})
+            cur.execute(RELEASE, {**base, "id": int8s([mid for _, mid in batch.releases])})
+        if acked and batch.counters:
+            cur.execute(ACK_COUNT, {**base, "id": int8s(list(acked)),
+                                    **_count_arrays(batch.counters)})
+        elif acked:
+            cur.execute(ACK, {**base, "id": int8s(list(acked))})
+        elif batch.counters:
+            cur.execute(COUNT, {**base, **_count_arrays(batch.counters)})
         conn.commit()
     if dup_cur is not None:
         row = dup_cur.fetchone()
@@ -167,6 +191,14 @@ def commit(conn: Any, group: str, epoch: int, batch: Batch, now: int,
             result.duplicates.add(key)
             result.duplicate_ids.add(ids_by_key[key])
     return result
+
+
+def _count_arrays(counts: dict[int, list[int]]) -> dict[str, PackedArray]:
+    """``Batch.counters`` as one array per column (``COUNT``, ``store.pg_arrays``)."""
+    arrays: dict[str, PackedArray] = {"d": int8s(list(counts))}
+    for k, kind in enumerate(COUNTER_KINDS):
+        arrays[kind] = int8s([deltas[k] for deltas in counts.values()])
+    return arrays
 
 
 def _dedup_in_batch(
@@ -192,28 +224,28 @@ def _dedup_in_batch(
     return kept[0], kept[1], ids_by_key
 
 
-def _columns(names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
-    """Rows to one list per column (the arrays ``unnest`` takes apart again)."""
-    cols = zip(*rows, strict=True) if rows else [()] * len(names)
-    return {name: list(col) for name, col in zip(names, cols, strict=True)}
-
-
 def _insert_arrays(inserts: list[NewMessage], identities: list[NewMessage], now: int,
-                   encode_headers: Any) -> dict[str, list[Any]]:
-    """Column arrays for INSERT: a dedup row per key (an identity's names no
-    message), and the message rows."""
-    dedup: list[tuple[str | None, str | None, int | None, int | None]] = [
-        (x.dedup_key, x.producer_id, x.producer_seq, x.id) for x in inserts
-        if x.dedup_key is not None]
-    dedup += [(x.dedup_key, x.producer_id, x.producer_seq, None) for x in identities]
-    rows = [
-        (x.id, x.destination_id, x.message_id, x.producer_id, x.producer_seq, x.dedup_key,
-         x.priority, x.expires_at, x.enqueued_at or now, x.delivery_count,
-         encode_headers(x.headers), x.body)
-        for x in inserts
-    ]
+                   encode_headers: Any) -> dict[str, PackedArray]:
+    """Column arrays for INSERT (``store.pg_arrays``): a dedup row per key (an
+    identity's names no message), and the message rows."""
+    keyed = [x for x in inserts if x.dedup_key is not None]
+    keyed += identities
+    n_keyed = len(keyed) - len(identities)
     return {
-        **_columns(("dk", "dp", "ds", "di"), dedup),
-        **_columns(("id", "dst", "mid", "pid", "pseq", "k", "prio", "exp", "enq", "dc", "h",
-                    "b"), rows),
+        "dk": texts([x.dedup_key for x in keyed]),
+        "dp": texts([x.producer_id for x in keyed]),
+        "ds": int8s([x.producer_seq for x in keyed]),
+        "di": int8s([x.id if i < n_keyed else None for i, x in enumerate(keyed)]),
+        "id": int8s([x.id for x in inserts]),
+        "dst": int8s([x.destination_id for x in inserts]),
+        "mid": texts([x.message_id for x in inserts]),
+        "pid": texts([x.producer_id for x in inserts]),
+        "pseq": int8s([x.producer_seq for x in inserts]),
+        "k": texts([x.dedup_key for x in inserts]),
+        "prio": int2s([x.priority for x in inserts]),
+        "exp": int8s([x.expires_at for x in inserts]),
+        "enq": int8s([x.enqueued_at or now for x in inserts]),
+        "dc": int4s([x.delivery_count for x in inserts]),
+        "h": texts([encode_headers(x.headers) for x in inserts]),
+        "b": byteas([x.body for x in inserts]),
     }

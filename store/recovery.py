@@ -33,7 +33,7 @@ from store.api import (
     SubscriptionRow,
 )
 from store.fencing import FencedStore
-from store.statements import now_ms
+from store.statements import deliverable, now_ms
 
 #: The store's log lines keep the logger name they always had (``store.sql``),
 #: whichever of its modules writes them.
@@ -72,6 +72,14 @@ class Recovering(FencedStore):
                     .order_by(s.c.id)
                 )
             ]
+            c = schema.counters
+            counts = {
+                int(r[0]): tuple(int(v) for v in r[1:])
+                for r in conn.execute(
+                    select(c.c.destination_id, *(c.c[k] for k in schema.COUNTER_KINDS))
+                    .where(c.c.grp == self.group)
+                )
+            }
             # Newest id by the primary key index (one descent, O(log n)).
             top = conn.scalar(
                 select(m.c.id).where(m.c.grp == self.group).order_by(m.c.id.desc()).limit(1)
@@ -84,8 +92,11 @@ class Recovering(FencedStore):
             destinations=dests,
             subscriptions=subs,
             next_message_id=next_msg,
-            next_destination_id=max((x.id for x in dests), default=0) + 1,
+            # A counters row may outlive a destination row its batch did not create
+            # (refused by the store): its id is never handed out again.
+            next_destination_id=max((*(x.id for x in dests), *counts), default=0) + 1,
             next_subscription_id=max((x.id for x in subs), default=0) + 1,
+            counters=counts,
         )
 
     def check_integrity(self, epoch: int) -> Integrity:
@@ -189,3 +200,14 @@ class Recovering(FencedStore):
         params = {"g": self.group, "s": subscription_id, "after": after_id, "n": limit}
         with self._tx("load_subscription_page", write=False) as conn:
             return self._stored(conn.execute(self._st.sub_page, params))
+
+    def queue_members(self, destination_id: int) -> list[tuple[int, int]]:
+        """(id, body bytes) of a queue's deliverable messages by id, bodies unread: what a
+        bounded queue (``amqlite.policy``) counts at activation. As long as the queue, which
+        its policy bounds."""
+        m = schema.messages
+        query = (select(m.c.id, func.length(m.c.body))
+                 .where(m.c.grp == self.group, m.c.destination_id == destination_id,
+                        deliverable()).order_by(m.c.id))
+        with self._tx("queue_members", write=False) as conn:
+            return [(int(r[0]), int(r[1] or 0)) for r in conn.execute(query)]

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 
+from sqlalchemy import select
+
+from store import schema
 from store.api import ScheduledRow
 from store.fencing import FencedStore
 
@@ -31,14 +34,23 @@ class Scheduling(FencedStore):
             rows = conn.execute(self._st.due, params).all()
         return [ScheduledRow(r.id, r.destination_id, r.name, r.kind, r.message_id,
                              json.loads(r.headers), bytes(r.body), r.priority, r.enqueued_at,
-                             r.deliver_at, r.schedule) for r in rows]
+                             r.deliver_at, r.schedule, r.delivery_count or 0,
+                             r.expires_at or 0, r.producer_id, r.producer_seq) for r in rows]
 
     def cancel_scheduled(self, epoch: int, message_id: int) -> bool:
         """Only a scheduled row: an ordinary message with that id is left alone."""
+        m = schema.messages
         with self._tx("cancel_scheduled") as conn:
             self._fence(conn, epoch)
+            # A delayed redelivery (delivered before: delivery_count > 0) is still in its
+            # queue's depth, unlike a scheduled SEND's row: it leaves the depth too.
+            row = conn.execute(select(m.c.destination_id, m.c.delivery_count).where(
+                m.c.grp == self.group, m.c.id == message_id)).first()
             gone = conn.scalars(self._st.delete_scheduled,
                                 {"g": self.group, "ids": [message_id]}).all()
             if gone:
                 conn.execute(self._st.count_fix, {"g": self.group, "delta": -len(gone)})
+                if row is not None and row.delivery_count:
+                    conn.execute(self._st.depth, [{"g": self.group, "i": row.destination_id,
+                                                   "n": -1}])
         return bool(gone)

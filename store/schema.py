@@ -30,7 +30,9 @@ from sqlalchemy import (
 #: Bumped whenever a table or column changes; ``store`` upgrades older stores
 #: (``store.migrations.UPGRADES``). v2: ``amq_subscriptions.owner``. v3:
 #: ``amq_messages.deliver_at`` and ``schedule`` (scheduled delivery) and their index.
-SCHEMA_VERSION = 3
+#: v4: ``amq_counters`` (per-destination totals that survive a takeover). v5: its
+#: ``overflow_dropped`` (a bounded queue's drop-head).
+SCHEMA_VERSION = 5
 
 # Column sizes that bound what a client may send. The broker validates every
 # frame against these (amqlite/validation.py) so that a value the store cannot
@@ -154,6 +156,24 @@ Index(
     messages.c.expires_at,
     postgresql_where=messages.c.expires_at > 0,
     sqlite_where=messages.c.expires_at > 0,
+)
+
+#: The names of ``counters``' columns, in the order ``Batch.counters`` lists them.
+COUNTER_KINDS = ("enqueued", "dequeued", "expired", "dead_lettered", "moved", "purged",
+                 "overflow_dropped")
+
+#: Per-destination totals since the destination was made (ActiveMQ's EnqueueCount,
+#: DequeueCount, ExpiredCount...): every way a message enters or leaves it. Kept by
+#: the same fenced transaction as the writes they count, one row per destination a
+#: commit touched (``Batch.counters``), so a new master starts from them. Goes with
+#: its destination's row (``delete_destination``).
+counters = Table(
+    "amq_counters",
+    metadata,
+    Column("grp", String(200), nullable=False),
+    Column("destination_id", BigInteger, nullable=False),
+    *(Column(kind, BigInteger, nullable=False, default=0) for kind in COUNTER_KINDS),
+    PrimaryKeyConstraint("grp", "destination_id"),
 )
 
 #: Durable topic subscriptions.

@@ -114,11 +114,17 @@ class WriteBuffer(Generic[C]):
         #: Called with the destination rows that committed, so the broker
         #: stops staging them (see ``Broker._destination_id``).
         self.on_destinations: Callable[[list[DestinationRow]], None] | None = None
+        #: Called with each batch as it goes to the committer (the broker's bounded
+        #: queues forget what its acks settle: ``amqlite.broker.limits``).
+        self.on_flush: Callable[[Batch], None] | None = None
         #: Management metrics: called once per committed batch with (seconds the commit
         #: took, seconds since the batch's first write was staged: the longest any
         #: RECEIPT in it waited). None costs one attribute test per batch.
         self.observer: Callable[[float, float], None] | None = None
         self._first_staged = 0.0
+        #: Called with the batch as it is flushed, to add what it carries besides the
+        #: staged writes (the broker's per-destination totals, ``Batch.counters``).
+        self.before_flush: Callable[[Batch], None] | None = None
 
     def stage(self, callback: StagedCallback | None = None) -> Batch:
         if callback is not None:
@@ -180,6 +186,8 @@ class WriteBuffer(Generic[C]):
         self._flush_scheduled = False
         if self.held:
             return
+        if self.before_flush is not None:
+            self.before_flush(self.batch)
         batch, callbacks, units = self.batch, self.callbacks, self.units
         if not len(batch) and not callbacks:
             self.units = []
@@ -198,6 +206,8 @@ class WriteBuffer(Generic[C]):
                 cb(empty)
             return
         self.inflight_batches += 1
+        if self.on_flush is not None:
+            self.on_flush(batch)
         spans = [u.end(batch) for u in units] if units else None
         future = self.committer.submit(batch, spans)
         future.add_done_callback(lambda f: self._done(f, batch, units, callbacks))

@@ -30,8 +30,12 @@ One concern a module:
   remove a durable subscription, close a connection, send, list and cancel scheduled
   messages): the only way the management API changes anything.
 
+* ``limits`` -- bounded queues of a policy (max_length, max_bytes, overflow) and the TTL
+  a policy gives a SEND;
+* ``redelivery`` -- a NACKed message's redelivery delay (back-off), stored as a due time.
+
 Destination wildcards (``amqlite.wildcard``) sit one floor down: authorization shares
-them.
+them, and so do the policies per destination (``amqlite.policy``: which one applies).
 """
 
 from amqlite.broker.core import Broker

@@ -2,8 +2,9 @@
 
 An ACK inside a transaction frees its prefetch slot at once (ActiveMQ) and applies
 at COMMIT; after ABORT the messages stay with the consumer, acknowledgeable under
-their ack ids. A message NACKed more than ``max_redeliveries`` times moves to the
-dead-letter queue in the same commit that settles it.
+their ack ids. A message NACKed more than its policy's ``max_redeliveries`` times moves to its
+dead-letter queue in the same commit that settles it; one NACKed fewer times comes back
+after the policy's redelivery delay, if any (``amqlite.broker.redelivery``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from amqlite.broker import destinations, receipts, routing
+from amqlite.broker import destinations, receipts, redelivery, routing
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import message_size, now_ms
 from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.codec import Frame
-from amqlite.validation import BrokerError, parse_ack_key
+from amqlite.validation import BrokerError, check_destination, parse_ack_key
 from amqlite.wire import ORIGINAL_DESTINATION, STOMP_1_1, STOMP_1_2
 from store.api import Batch, NewMessage
 
@@ -96,7 +98,9 @@ def ack(broker: Broker, session: Session, command: str, frame: Frame, receipt: s
     batch = broker.writes.batch
     if command == "ACK":
         broker.stats["acked"] += len(done)
-        broker.dequeued[sub.destination] += len(done)
+        counters = broker.counters
+        gone = counters.settle_gone(d.ref for d in done) if counters.gone else 0
+        counters.add(sub.destination, Kind.DEQUEUED, len(done) - gone)  # gone: expired
         batch.acks.extend(d.ref for d in done if d.ref is not None)
     else:  # what went to the dead-letter queue is settled; the rest is released
         done = [d for d in done if redeliver_or_dead_letter(broker, sub.source, d, batch)]
@@ -108,19 +112,26 @@ def ack(broker: Broker, session: Session, command: str, frame: Frame, receipt: s
 
 
 def redeliver_or_dead_letter(broker: Broker, source: Source, d: Delivery, batch: Batch,
-                             dead_letter: bool = True) -> bool:
-    """Back to ``source``, or past ``max_redeliveries`` (unless not ``dead_letter``)
-    to the dead-letter queue. True when it went there (only then is it settled:
-    gone from ``source``)."""
+                             dead_letter: bool = True, delayed: bool = True) -> bool:
+    """Back to ``source`` (after the policy's redelivery delay unless not ``delayed``),
+    or past the policy's ``max_redeliveries`` (unless not ``dead_letter``) to its
+    dead-letter queue. True when it went there (only then is it settled: gone from
+    ``source``)."""
     m = d.message
-    if not dead_letter or m.delivery_count <= broker.settings.max_redeliveries:
+    policy = broker.policies.resolve(m.destination)
+    if not dead_letter or m.delivery_count <= policy.max_redeliveries:
+        wait = policy.redelivery_delay_ms(m.delivery_count) if delayed else 0
+        if wait > 0:
+            redelivery.delay(broker, source, d, wait)
+            return False
         if d.ref is not None:
             broker.writes.stage_releases([d.ref])
         source.push(m)
         return False
     broker.stats["dead_lettered"] += 1
-    broker.dead_lettered[m.destination] += 1
-    dlq = broker.settings.dead_letter_queue
+    dlq = dead_letter_queue(broker, m.destination)
+    broker.counters.add(m.destination, Kind.DEAD_LETTERED)
+    broker.counters.add(dlq, Kind.ENQUEUED)  # what enters the dead-letter queue
     copy = m.copy()
     copy.id = next(broker.ids)
     copy.message_id = m.message_id
@@ -156,6 +167,19 @@ def redeliver_or_dead_letter(broker: Broker, source: Source, d: Delivery, batch:
     log.info("message %s moved to %s after %d deliveries", m.message_id, dlq,
              m.delivery_count)
     return True
+
+
+def dead_letter_queue(broker: Broker, destination: str) -> str:
+    """Where ``destination``'s dead letters go (its policy); the broker-wide
+    ``dead_letter_queue`` when an individual one's name would be too long."""
+    dlq = broker.policies.resolve(destination).dead_letter_for(destination)
+    try:
+        check_destination(dlq)
+    except BrokerError:
+        log.warning("dead-letter queue %r of %s is not a usable name; using %s",
+                    dlq[:80], destination, broker.settings.dead_letter_queue)
+        return broker.settings.dead_letter_queue
+    return dlq
 
 
 def hold(sub: Subscription, message_id: str, tx: Transaction) -> None:
@@ -206,13 +230,16 @@ def unsettle(broker: Broker, settled: list[Settled]) -> None:
         acked = command == "ACK"
         if acked:
             broker.stats["acked"] -= len(done)
-            broker.dequeued[sub.destination] -= len(done)
+            broker.counters.add(sub.destination, Kind.DEQUEUED, -len(done))
         else:  # dead-lettered; a memory-only copy was routed at once: it stays so
             done = [d for d in done if d.message.persistent]
             broker.stats["dead_lettered"] -= len(done)
-            broker.dead_lettered[sub.destination] -= len(done)
+            broker.counters.add(sub.destination, Kind.DEAD_LETTERED, -len(done))
+            broker.counters.add(dead_letter_queue(broker, sub.destination), Kind.ENQUEUED,
+                                -len(done))
         if not done or (sub.closed and isinstance(sub.source, TopicSubscriptionSource)):
             continue  # nothing, or memory-only copies for a subscriber that is gone
         for d in done:
-            redeliver_or_dead_letter(broker, sub.source, d, broker.writes.batch, acked)
+            redeliver_or_dead_letter(broker, sub.source, d, broker.writes.batch, acked,
+                                     delayed=False)
         routing.dispatch_logged(sub.source)

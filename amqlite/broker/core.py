@@ -18,7 +18,8 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
-from amqlite.broker import destinations, selective, send, temporary, wildcard_queues
+from amqlite.broker import destinations, limits, selective, send, temporary, wildcard_queues
+from amqlite.broker.counters import Counters, Kind
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
 from amqlite.broker.message import Message
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from amqlite.settings import Settings
-    from store.api import DestinationRow, Recovery, StoredMessage
+    from store.api import DestinationRow, Recovery, Ref, StoredMessage
     from store.group_commit import GroupCommitter
 
 log = logging.getLogger("amqlite.broker")
@@ -83,14 +84,28 @@ class Broker:
         self.temporary = temporary.Temporaries()
         self.clients_by_id: dict[str, Client] = {}
         self.stats = {"sent": 0, "delivered": 0, "acked": 0, "duplicates": 0, "expired": 0,
-                      "dead_lettered": 0, "dropped": 0}
+                      "dead_lettered": 0, "dropped": 0, "overflow_dropped": 0}
+        #: Policies per destination (``amqlite.policy``): resolved once per name.
+        self.policies = settings.destination_policies()
+        #: Messages of bounded queues by id (``amqlite.broker.limits``): what an ack
+        #: settles leaves its queue's ledger through it. Empty without bounded queues.
+        self.bounded: dict[int, Source] = {}
+        if self.policies.limits_queues:
+            self.writes.on_flush = lambda batch: limits.forget_acked(self, batch)
         #: Byte budgets and the producers held back for them (``memory``).
         self.memory = MemoryBudget(settings.max_memory, settings.max_destination_memory)
-        #: Per-destination totals since this node became master, for the management
-        #: metrics (one dict increment per message; read only when scraped).
-        self.enqueued: defaultdict[str, int] = defaultdict(int)
-        self.dequeued: defaultdict[str, int] = defaultdict(int)
-        self.dead_lettered: defaultdict[str, int] = defaultdict(int)
+        self.memory.reclaim = self.reclaim
+        #: Per-destination totals, kept in the store with the writes they count so a
+        #: new master starts from them (``counters``); the three most read by name.
+        self.counters = Counters(loop, self.destination_rows, self.writes.stage)
+        self.writes.before_flush = self.counters.take
+        self.enqueued = self.counters.totals[Kind.ENQUEUED]
+        self.dequeued = self.counters.totals[Kind.DEQUEUED]
+        self.dead_lettered = self.counters.totals[Kind.DEAD_LETTERED]
+        #: Handed to a consumer (a redelivery counts again), for the console's rates
+        #: (in memory only: a rate starts again at a takeover).
+        self.delivered: defaultdict[str, int] = defaultdict(int)
+        self.overflow_dropped = self.counters.totals[Kind.OVERFLOW_DROPPED]
         #: The users file's [[authorization]] entries; None when there are none (then
         #: every authenticated login may do everything, and frames pay no check).
         self.authz: Policy | None = None
@@ -103,8 +118,9 @@ class Broker:
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
             if d.kind == "queue":
-                self.queues[d.name] = Source(self, d.name, d.id, stored=True)
+                self.queues[d.name] = self._new_queue(d.name, d.id)
         names = {d.id: d.name for d in recovery.destinations}
+        self.counters.load(names, recovery.counters)
         for s in recovery.subscriptions:
             topic = names.get(s.destination_id, f"/topic/unknown-{s.destination_id}")
             destinations.add_durable(self, DurableSource(
@@ -114,6 +130,21 @@ class Broker:
         #: messages in the store as soon as the loop runs (``amqlite.broker.scheduler``).
         self.scheduler = Scheduler(self)
         self.scheduler.start()
+
+    def reclaim(self, want: int) -> int:
+        """Give back up to ``want`` bytes of stored messages waiting in memory, from the
+        fullest sources first (``Source.evict``): held bytes need the room."""
+        sources: list[Source] = [*self.queues.values(), *self.durables.values()]
+        sources.sort(key=lambda s: s.bytes, reverse=True)
+        freed = 0
+        for source in sources:
+            if freed >= want or not source.bytes:
+                break
+            freed += source.evict(want - freed)
+        if freed:
+            log.info("memory budget: %d bytes of stored messages given back to the store "
+                     "for open transactions and partial frames", freed)
+        return freed
 
     # -- the memory budget's figures, as the metrics and tests read them ----------------
     @property
@@ -198,47 +229,70 @@ class Broker:
                               f"permission on {destination}")
         if destination in self.known_destinations:
             return
-        if (destination not in self.destination_rows and destination not in self.queues
-                and destination not in self.topics
-                and not policy.may_create(login, destination, permission)):
+        if not self.exists(destination) and not policy.may_create(login, destination,
+                                                                   permission):
             log.info("denied: login %r may not create %s", login, destination)
             raise BrokerError(f"permission denied: login {login!r} has no admin permission on "
                               f"{destination}, needed to create it")
         self.known_destinations.add(destination)
 
     # -- destinations and messages ------------------------------------------------
+    def exists(self, destination: str) -> bool:
+        """Is ``destination`` there already (using it is not creating it)?"""
+        return (destination in self.destination_rows or destination in self.queues
+                or destination in self.topics)
+
     def queue(self, name: str) -> Source:
         """The queue ``name``, made in memory if new (its row comes with its first write)."""
         q = self.queues.get(name)
         if q is None:
             if is_temporary(name):  # gone with its connection: what comes is dropped
                 return temporary.gone_queue(self, name)
-            q = Source(self, name, self.destination_rows.get(name), stored=True)
+            q = self._new_queue(name, self.destination_rows.get(name))
             q.store_has_more = False  # new: nothing stored yet
             self.queues[name] = q
             if self.queue_patterns:
                 wildcard_queues.queue_created(self, name)
         return q
 
+    def _new_queue(self, name: str, store_id: int | None) -> Source:
+        q = Source(self, name, store_id, stored=True)
+        policy = self.policies.resolve(name)
+        if policy.limited:
+            q.ledger = limits.Ledger(policy)
+        return q
+
     def queue_left(self, q: Source) -> None:
-        """A consumer left ``q``: a queue with no store row and nothing in it, on its way
-        into it or waiting for room in it leaves memory (issue 23: SUBSCRIBE/UNSUBSCRIBE
-        on ever new names must not grow the broker). ``queue`` makes it again on its next
-        use, as new. Its totals go with it, as with a deleted queue (a metrics counter
-        that starts again at 0, which Prometheus reads as a reset), and with
-        ``[[authorization]]`` using it again is creating it again. A queue with a row
-        stays, whatever the store holds: the row is ``gc_inactive_destinations``' to
-        delete (``inactive``), and the listing, the operator API and paging go by it."""
+        """A consumer left ``q``: a queue with nothing in it, on its way into it, in the
+        store past what memory holds or waiting for room in it leaves memory (issue 23:
+        SUBSCRIBE/UNSUBSCRIBE, or SENDs drained, on ever new names must not grow the
+        broker). ``queue`` makes it again on its next use, as new: whatever is stored for
+        it later comes through ``queue``. A store row stays, with its id in
+        ``destination_rows`` and its totals (``counters``, which the store keeps too):
+        the row is ``gc_inactive_destinations``' to delete (``inactive``), and the
+        listing, the operator API and paging go by it. A queue with no row takes its
+        totals along, as a deleted queue does (a metrics counter that starts again at
+        0, which Prometheus reads as a reset), and with ``[[authorization]]`` using it
+        again is creating it again."""
         name = q.name
         if (q.consumers or q.heap or q.pending_inserts or q.paging or q.store_has_more
-                or q.blocked_producers or q.store_id is not None
-                or name in self.destination_rows or self.queues.get(name) is not q
+                or q.blocked_producers or self.queues.get(name) is not q
                 or is_temporary(name)):
             return
         del self.queues[name]
-        for totals in (self.enqueued, self.dequeued, self.dead_lettered):
-            totals.pop(name, None)
+        if name in self.destination_rows:
+            # Its totals mirror its store row's counters (and may wait to be written
+            # with the next batch): they stay, as the row does. Deliveries are counted
+            # in memory only, for the console's rates.
+            self.delivered.pop(name, None)
+            return
+        self.forget_totals(name)
         self.known_destinations.discard(name)
+
+    def forget_totals(self, name: str) -> None:
+        """A destination left: its per-destination totals go with it."""
+        self.delivered.pop(name, None)
+        self.counters.forget(name)
 
     def topic_left(self, name: str) -> None:
         """The last non-durable subscriber of topic ``name`` left: the topic leaves memory
@@ -255,10 +309,36 @@ class Broker:
         m.message_id = f"ID:{self.group}:{mid}"
         return m
 
+    def reaped(self, by_destination: dict[int, list[Ref]]) -> None:
+        """The store's reaper deleted these expired rows (and counted them): what of
+        them waits in memory goes without being counted again."""
+        names = {did: name for name, did in self.destination_rows.items()}
+        self.counters.reaped(names, by_destination)
+        if self.bounded:  # out of the bounded queues' ledgers too
+            for refs in by_destination.values():
+                limits.forget_refs(self, refs)
+        by_sub = {d.store_id: d for d in self.durables.values()}
+        for did, refs in by_destination.items():
+            gone: dict[Source, dict[int, Ref]] = {}
+            for sid, mid in refs:
+                source = (self.queues.get(names.get(did, "")) if sid is None
+                          else by_sub.get(sid))
+                if source is not None:
+                    gone.setdefault(source, {})[mid] = (sid, mid)
+            for source, mine in gone.items():
+                source.drop(_among(set(mine)))
+                # In flight: its ACK (or its expiry once released) must not count again.
+                for mid in source.inflight_ids() & set(mine):
+                    self.counters.gone.add(mine[mid])
+
     def expire(self, source: Source, message: Message) -> None:
         self.stats["expired"] += 1
         if message.persistent and source.stored:
-            self.writes.stage().acks.append(source.ref(message))
+            ref = source.ref(message)
+            self.writes.stage().acks.append(ref)
+            if self.counters.gone and self.counters.settle_gone((ref,)):
+                return  # the store's reaper counted it
+        self.counters.add(source.name, Kind.EXPIRED)
 
     def load_page(self, source: Source, limit: int) -> None:
         """Page up to ``limit`` stored messages past ``source.cursor`` into ``source``."""
@@ -308,3 +388,8 @@ class Broker:
             return
         for sub in list(session.all_subscriptions()):
             sub.source.dispatch()
+
+
+def _among(ids: set[int]) -> Callable[[Message], bool]:
+    """A ``Source.drop`` predicate: the messages with these ids."""
+    return lambda m: m.id in ids

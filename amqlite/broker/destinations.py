@@ -168,8 +168,7 @@ def forget_destination(broker: Broker, name: str) -> ForgottenDestination:
     gone = ForgottenDestination(name, broker.destination_rows.pop(name, None),
                                 next(broker.ids))
     broker.unconfirmed_destinations.pop(name, None)
-    for totals in (broker.enqueued, broker.dequeued, broker.dead_lettered):
-        totals.pop(name, None)
+    broker.forget_totals(name)
     broker.known_destinations.discard(name)
     q = broker.queues.get(name)
     if q is not None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission
-from amqlite.broker import acks, receipts, send, subscribe
+from amqlite.broker import acks, limits, receipts, send, subscribe
 from amqlite.broker import temporary as temporaries
 from amqlite.broker.message import checked_send
 from amqlite.broker.session import MAX_OPEN_TRANSACTIONS, Session, Transaction
@@ -110,6 +110,8 @@ def on_commit(broker: Broker, session: Session, frame: Frame) -> None:
     # transaction stays open and is aborted when the ERROR closes the connection.
     acks.check_commit(session, tx)
     temporaries.check_sends(broker, tx.sends)
+    if tx.sends and broker.policies.any:  # a full queue refuses the COMMIT whole
+        limits.check_send(broker, tx.sends)
     del session.transactions[name]
     broker.memory.release_transaction(session, tx.size)
     send.commit(broker, session, tx, frame.headers.get("receipt"))

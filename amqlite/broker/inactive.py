@@ -13,9 +13,10 @@ The queues are looked at every quarter of the timeout (ActiveMQ looks every
 ``schedulePeriodForDestinationPurge``), so a queue goes between 1 and 1.25 timeouts
 after it was last used. A consumer that comes and goes between two looks, with no message,
 goes unseen: deleting an empty, unused queue loses nothing. Temporary destinations go
-with their connection, and topics are not deleted here. A queue with no store row
-leaves memory with its last consumer when nothing is in it (``Broker.queue_left``,
-issue 23), without this setting: what is looked at here has a row or something in it.
+with their connection, and topics are not deleted here. A queue leaves memory with its
+last consumer when nothing is in it (``Broker.queue_left``, issue 23), without this
+setting; one with a store row keeps the row (and its id in ``destination_rows``) until
+it is deleted here, so the stored queues out of memory are looked at too.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amqlite.broker.operations import OperationError, Operations
-from amqlite.validation import is_temporary
+from amqlite.validation import destination_kind, is_temporary
 from store.api import StoreError
 
 if TYPE_CHECKING:
@@ -67,20 +68,31 @@ def _mark(broker: Broker, name: str) -> tuple[int, int]:
 def due(broker: Broker, seen: dict[str, _Idle], timeout: float, now: float) -> list[str]:
     """One look: update ``seen`` (queues idle, since when) and return the queues idle
     for ``timeout`` seconds."""
-    ready = []
+    ready: list[str] = []
     for name, q in broker.queues.items():
         if is_temporary(name) or not idle(q):
             seen.pop(name, None)
             continue
-        mark = _mark(broker, name)
-        was = seen.get(name)
-        if was is None or was.mark != mark:
-            seen[name] = _Idle(now, mark)
-        elif now - was.since >= timeout:
-            ready.append(name)
-    for name in [n for n in seen if n not in broker.queues]:
+        _look(broker, seen, name, timeout, now, ready)
+    # Stored queues out of memory (Broker.queue_left) are idle: nothing is in them.
+    for name in broker.destination_rows:
+        if name not in broker.queues and destination_kind(name) == "queue":
+            _look(broker, seen, name, timeout, now, ready)
+    for name in [n for n in seen
+                 if n not in broker.queues and n not in broker.destination_rows]:
         del seen[name]
     return ready
+
+
+def _look(broker: Broker, seen: dict[str, _Idle], name: str, timeout: float, now: float,
+          ready: list[str]) -> None:
+    """``name`` is idle now: since when (a SEND or a delivery since restarts it)."""
+    mark = _mark(broker, name)
+    was = seen.get(name)
+    if was is None or was.mark != mark:
+        seen[name] = _Idle(now, mark)
+    elif now - was.since >= timeout:
+        ready.append(name)
 
 
 async def collect(broker: Broker, timeout: float) -> None:
@@ -101,27 +113,33 @@ async def _delete(broker: Broker, operations: Operations, name: str,
                   seen: dict[str, _Idle]) -> None:
     """Delete ``name`` if the store holds nothing of it and nothing used it meanwhile."""
     q, was = broker.queues.get(name), seen.get(name)
-    if q is None or was is None:
-        return
     did = broker.destination_rows.get(name)
+    if was is None or (q is None and did is None):
+        return
     if did is not None and broker.committer is not None:
         # From here on what commits into the queue lands in memory, where the check
-        # after the read sees it; the pager is told again if the store has some.
-        had_more, q.store_has_more = q.store_has_more, False
+        # after the read sees it; the pager is told again if the store has some. (A
+        # queue out of memory has nothing stored: what comes is made through
+        # Broker.queue, and the check after the read sees it.)
+        had_more = q is not None and q.store_has_more
+        if q is not None:
+            q.store_has_more = False
         committer = broker.committer
         try:  # scheduled messages count: paging does not see them, a delete would
             holds = await committer.call(committer.store.holds_messages, did)
         except StoreError as e:
-            q.store_has_more = had_more
+            if q is not None:
+                q.store_has_more = had_more
             log.warning("inactive queue %s: reading the store failed: %s", name, e)
             return
         if holds:  # messages nobody consumes (yet): look again a timeout later
-            q.store_has_more = True
             seen[name] = _Idle(time.monotonic(), was.mark)
-            q.dispatch()  # a consumer that came meanwhile pages them in
+            if q is not None:
+                q.store_has_more = True
+                q.dispatch()  # a consumer that came meanwhile pages them in
             return
-    if (broker.paused or broker.queues.get(name) is not q or not idle(q)
-            or _mark(broker, name) != was.mark):
+    if (broker.paused or broker.queues.get(name) is not q
+            or (q is not None and not idle(q)) or _mark(broker, name) != was.mark):
         return  # used meanwhile: the next look starts its time again
     try:
         await operations.delete_idle(name)

@@ -8,12 +8,16 @@ and subtract ``Message.size`` as messages wait (``Source.bytes``, and
 store, producers of non-persistent messages are paused (flow control) until below
 ``RESUME_FRACTION`` of it, and a slow non-durable topic subscriber misses messages.
 
-What a client makes the broker hold for it counts too (``held_bytes``, a ledger of
-its own bounded by ``max_memory``, so messages and held bytes together stay under
-twice the budget plus a frame per reading connection):
+What a client makes the broker hold for it counts too (``held_bytes``), in the same
+budget: waiting messages and held bytes together (``used``) stay within ``max_memory``
+plus a frame per reading connection. When held bytes need room that waiting messages
+take, stored messages waiting in memory are given back to the store (``reclaim``,
+``Source.evict``: the newest first, paged in again later), so a transaction is refused
+only when what fills the budget cannot be given back (non-persistent messages, other
+transactions, partial frames):
 
 * transaction contents (``hold_transaction``): a SEND, ACK or NACK in a transaction
-  past the broker-wide budget or the connection's share (``max_memory //
+  past the broker-wide budget (after ``reclaim``) or the connection's share (``max_memory //
   CONNECTION_SHARE_DIVISOR``) is an ERROR naming the limit, nothing applied; COMMIT,
   ABORT and the connection's end release them (``release_transaction``);
 * partial frames, bytes received but not yet a frame (``partial_changed``): past the
@@ -32,6 +36,7 @@ twice the budget plus a frame per reading connection):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from amqlite.validation import BrokerError
@@ -84,16 +89,41 @@ class MemoryBudget:
         self.partial_paused: set[Client] = set()
         #: Past the budget, the one connection still read from for its partial frame.
         self.partial_reader: Client | None = None
+        #: Gives back up to N bytes of stored messages waiting in memory (they stay in
+        #: the store and are paged in again); returns the bytes freed. Set by the broker.
+        self.reclaim: Callable[[int], int] | None = None
+        #: ``waiting_bytes`` when a reclaim last fell short: nothing more can be given
+        #: back until more stored messages came into memory (saves a walk per chunk).
+        self.reclaim_exhausted_at = -1
+
+    @property
+    def used(self) -> int:
+        """Bytes counted against ``max_memory``: waiting messages and held bytes."""
+        return self.waiting_bytes + self.held_bytes
+
+    def make_room(self, size: int) -> bool:
+        """Whether ``size`` more bytes fit in the budget, after giving back stored
+        messages waiting in memory if need be (``reclaim``)."""
+        over = self.used + size - self.memory_budget
+        if over <= 0:
+            return True
+        if self.reclaim is None or self.waiting_bytes <= self.reclaim_exhausted_at:
+            return False
+        freed = self.reclaim(over)
+        if freed < over:
+            self.reclaim_exhausted_at = self.waiting_bytes
+            return False
+        return True
 
     def full(self, source_bytes: int) -> bool:
         """A source holding ``source_bytes``, or the whole broker, is at its budget."""
         return (source_bytes >= self.destination_budget
-                or self.waiting_bytes >= self.memory_budget)
+                or self.used >= self.memory_budget)
 
     def room(self, source_bytes: int) -> int:
         """Bytes a source holding ``source_bytes`` may still take (maybe negative)."""
         return min(self.destination_budget - source_bytes,
-                   self.memory_budget - self.waiting_bytes)
+                   self.memory_budget - self.used)
 
     def released(self, source: Source, size: int) -> None:
         """``size`` bytes left ``source``: let producers held back for it (or for the
@@ -106,8 +136,18 @@ class MemoryBudget:
                 self._unblocked(producer, source)
                 producer.resume_reading(f"flow:{source.name}")
             source.blocked_producers.clear()
-        if self.blocked_producers and self.waiting_bytes <= self.memory_resume:
+        self._maybe_resume()
+
+    def _maybe_resume(self) -> None:
+        """Below the resume level: paused producers and partial frames read again."""
+        if self.used > self.memory_resume:
+            return
+        if self.blocked_producers:
             self.resume_producers()
+        if self.partial_paused:
+            paused, self.partial_paused = self.partial_paused, set()
+            for c in paused:
+                c.resume_reading(PARTIAL_REASON)
 
     def block_producer(self, producer: Client, source: Source) -> None:
         """Stop reading from a producer whose message put ``source`` or the broker
@@ -121,11 +161,11 @@ class MemoryBudget:
             source.blocked_producers.add(producer)
             reasons.add(source)
             producer.pause_reading(f"flow:{source.name}")
-        if self.waiting_bytes >= self.memory_budget and producer not in self.blocked_producers:
+        if self.used >= self.memory_budget and producer not in self.blocked_producers:
             self.blocked_producers.add(producer)
             reasons.add(None)
-            log.info("memory budget reached (%d bytes waiting): pausing producers",
-                     self.waiting_bytes)
+            log.info("memory budget reached (%d bytes waiting, %d held): pausing producers",
+                     self.waiting_bytes, self.held_bytes)
             producer.pause_reading("memory")
         if not reasons:
             del self.blocked_producers_all[producer]
@@ -152,10 +192,11 @@ class MemoryBudget:
             raise BrokerError(
                 f"transactions hold more than this connection's share of max_memory: "
                 f"{self.connection_share} bytes (1/{CONNECTION_SHARE_DIVISOR}); commit or abort")
-        if self.held_bytes + size > self.memory_budget:
+        if not self.make_room(size):
             raise BrokerError(
                 f"the broker's memory budget (max_memory, {self.memory_budget} bytes) is "
-                f"held by open transactions and partial frames; commit or abort")
+                f"full: {self.held_bytes} bytes held by open transactions and partial "
+                f"frames, {self.waiting_bytes} by waiting messages; commit or abort")
         session.tx_bytes += size
         self.held_bytes += size
 
@@ -163,6 +204,7 @@ class MemoryBudget:
         """A transaction holding ``size`` bytes was committed, aborted or dropped."""
         session.tx_bytes -= size
         self.held_bytes -= size
+        self._maybe_resume()
 
     def partial_changed(self, conn: Client, old: int, new: int) -> None:
         """``conn`` now buffers ``new`` bytes of a partial frame instead of ``old``
@@ -175,11 +217,11 @@ class MemoryBudget:
             partial.pop(conn, None)
         paused = self.partial_paused
         if new > old:
-            if self.held_bytes > self.memory_budget:
+            if self.used > self.memory_budget:
                 # One connection reads on: the largest partial frame (when the total
                 # crosses the budget, every other one is stopped at once; later ones
                 # at their next chunk). Ties would let a symmetric flood read on.
-                crossed = self.held_bytes - (new - old) <= self.memory_budget
+                crossed = self.used - (new - old) <= self.memory_budget
                 reader = self.partial_reader
                 if crossed or reader is None:
                     reader = self.partial_reader = max(partial, key=partial.__getitem__)
@@ -196,7 +238,7 @@ class MemoryBudget:
         if not paused:
             return
         paused.discard(conn)
-        if self.held_bytes <= self.memory_resume:
+        if self.used <= self.memory_resume:
             self.partial_paused = set()
             for c in paused:
                 c.resume_reading(PARTIAL_REASON)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from amqlite.broker import destinations, routing
 from amqlite.broker import send as send_path
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, checked_send, now_ms
 from amqlite.broker.session import Client, Session
 from amqlite.codec import Frame
@@ -226,11 +227,12 @@ class Operations:
             raise OperationError(ErrorKind.BAD_REQUEST,
                                  f"{name} is a topic: this action is for queues")
         q = self.broker.queues.get(name)
-        if q is None or self.broker.destination_rows.get(name) is None:
+        if self.broker.destination_rows.get(name) is None:
             if q is not None and len(q):
                 return q  # memory-only messages, never stored
             raise OperationError(ErrorKind.NOT_FOUND, f"no destination {name}")
-        return q
+        # A stored queue nobody used lately is out of memory (Broker.queue_left): back.
+        return q if q is not None else self.broker.queue(name)
 
     # -- purge -----------------------------------------------------------------------------
     async def purge(self, name: str) -> Purged:
@@ -243,6 +245,8 @@ class Operations:
         in_memory = q.drop(lambda m: True)
         acks = [(None, m.id) for m in in_memory if m.persistent]
         purged += len(in_memory) - len(acks)  # memory-only: nothing to write
+        count = self.broker.counters.add
+        count(name, Kind.PURGED, purged)
         seen = {m.id for m in in_memory if m.persistent}
         after = 0
         while True:
@@ -260,6 +264,7 @@ class Operations:
                 q.drop(paged_in)  # paged in while we read
             if acks:
                 self.broker.writes.stage().acks.extend(acks)
+                count(name, Kind.PURGED, len(acks))  # committed with the acks
                 await self._commit()
                 purged += len(acks)
                 acks = []
@@ -366,6 +371,7 @@ class Operations:
                                  "ACK or NACK settles it")
         q.drop(lambda m: m.id == message_id)
         self.broker.writes.stage().acks.append((None, message_id))
+        self.broker.counters.add(row["destination"], Kind.PURGED)  # removed by an operator
         await self._commit()
         return {"destination": row["destination"], "deleted": 1, "id": message_id}
 
@@ -460,6 +466,8 @@ class Operations:
                 priority=copy.priority, expires_at=copy.expires_at,
                 enqueued_at=copy.enqueued_at))
             batch.acks.append((None, r["id"]))
+            broker.counters.add(source, Kind.MOVED)
+            broker.counters.add(dest, Kind.ENQUEUED)
             broker.queue(dest).pending_inserts += 1  # no hand-over may overtake it
             copies.append(copy)
             tally.targets[dest] = tally.targets.get(dest, 0) + 1
@@ -571,7 +579,10 @@ class Operations:
         client = _OperatorClient(outcome)
         session = Session(client)
         try:
-            send_path.send(self.broker, session, [message], OPERATOR_RECEIPT)
+            try:
+                send_path.send(self.broker, session, [message], OPERATOR_RECEIPT)
+            except BrokerError as e:  # a policy refused it (a full queue: reject-publish)
+                raise OperationError(ErrorKind.CONFLICT, str(e)) from None
             # Idle once the write's outcome is in: by the next loop step the RECEIPT
             # or the ERROR has come, or neither (the store failed: the node demotes).
             session.when_idle(lambda: self.broker.loop.call_soon(_unanswered, outcome))

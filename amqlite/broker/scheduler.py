@@ -31,7 +31,8 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
-from amqlite.broker import routing, send
+from amqlite.broker import redelivery, routing, send
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, now_ms
 from amqlite.broker.schedule import JOB_ID_HEADER, Plan, ScheduleError, next_occurrence
 from amqlite.validation import destination_kind
@@ -186,19 +187,31 @@ class Scheduler:
         broker = self.broker
         batch = broker.writes.stage()
         copies: list[_Copy] = []
+        back: list[ScheduledRow] = []  # delayed redeliveries due (amqlite.broker.redelivery)
         for row in rows:
+            if redelivery.is_redelivery(row.schedule):
+                if row.destination is None:  # its queue was deleted meanwhile
+                    batch.schedule_steps.append(ScheduleStep(row.id))
+                else:
+                    batch.redeliveries.append(row.id)
+                    back.append(row)
+                continue
             step, copy = self._occurrence(row, now)
             batch.schedule_steps.append(step)
             if copy is not None:
                 copies.append(self._stage(copy, batch))
         ok = await self._commit()
+        for row in back if ok else ():
+            try:
+                redelivery.due(broker, row)
+            except Exception:  # stored and deliverable: a restart delivers it at worst
+                log.exception("redelivering message %s failed", row.message_id)
         for c in copies:
             m = c.message
             if c.queue:
                 broker.queue(m.destination).pending_inserts -= 1
             if not ok:
                 continue
-            broker.enqueued[m.destination] += 1
             try:
                 if c.queue or c.durables:
                     routing.route_committed(broker, m, c.durables)
@@ -262,6 +275,7 @@ class Scheduler:
         """A queue's copy is stored (no hand-over may overtake it while it commits); a
         topic's for its durable subscriptions, if any wants it."""
         broker = self.broker
+        broker.counters.add(m.destination, Kind.ENQUEUED)  # with the copy's insert
         if destination_kind(m.destination) == "queue":
             batch.inserts.append(send.new_row(broker, m, batch))
             broker.queue(m.destination).pending_inserts += 1

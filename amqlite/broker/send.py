@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from amqlite.broker import acks, destinations, receipts, routing
+from amqlite.broker import acks, destinations, limits, receipts, routing
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message, now_ms
 from amqlite.broker.schedule import ScheduleError
 from amqlite.broker.subscription import Delivery, Settled, Subscription
@@ -41,9 +42,12 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
     whole or refuses it whole; its non-persistent messages are routed only
     once the unit committed; a refusal undoes the ACKs (``acks.unsettle``)."""
     conn = session.conn
+    if ack_frames is None and broker.policies.any:  # a COMMIT's: checked in on_commit
+        limits.check_send(broker, checked)  # BrokerError: refused whole, nothing done
     messages = [broker.number(m) for m in checked]
+    bounded = broker.policies.limits_queues
     broker.stats["sent"] += len(messages)
-    enqueued = broker.enqueued
+    count = broker.counters.add
     to_store: list[tuple[Message, list[DurableSource]]] = []  # no durables: a queue's
     identity_only: list[Message] = []  # nothing to keep but who sent it
     in_memory: list[Message] = []  # nothing to keep (no durable subscriber)
@@ -52,7 +56,11 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         if m.plan is not None:
             scheduled.append(m)  # enqueued when a copy is due, not now
             continue
-        enqueued[m.destination] += 1
+        count(m.destination, Kind.ENQUEUED)
+        if bounded and destination_kind(m.destination) == "queue":
+            q = broker.queue(m.destination)
+            if q.ledger is not None:
+                limits.make_room(broker, q, m)
         if not m.persistent:
             in_memory.append(m)
         elif destination_kind(m.destination) == "queue":
@@ -103,6 +111,12 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
         for m, durables, hand in stored:
             if hand is None and not durables:
                 broker.queue(m.destination).pending_inserts -= 1
+        if bounded:  # what was not stored (or routed) leaves the ledgers it entered
+            limits.forget_refs(broker, [
+                (None, m.id) for m, durables, _ in stored
+                if not durables and (result is None or m.id in result.duplicate_ids)])
+            if result is None:
+                limits.forget_refs(broker, [(None, m.id) for m in in_memory])
         if result is None:
             if unit.rejected is not None:  # nothing was stored
                 for _, _, hand in stored:
@@ -173,6 +187,7 @@ def hand_over(broker: Broker, m: Message,
     # Nothing is ahead of it (hand_over_to), so the pager's cursor may pass it: a
     # later page must not load it again while it is in flight (a second delivery).
     q.cursor = max(q.cursor, m.id)
+    q.taken_max = max(q.taken_max, m.id)
     return sub, delivery
 
 

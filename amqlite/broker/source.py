@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from amqlite.broker import choice, memory, selective
+from amqlite.broker import choice, limits, memory, selective
 from amqlite.broker.message import Message, now_ms
 from amqlite.wildcard import Pattern
 from amqlite.wire import ACK_AUTO, AMQ_GROUP_ID
@@ -100,12 +100,20 @@ class Source:
         #: Stored ids past ``cursor`` a selective scan brought in (in memory or in
         #: flight): the pager steps over them until its cursor passes them.
         self.ahead: set[int] = set()
+        #: The highest stored id that left the heap (delivered, dropped, handed over):
+        #: ``evict`` gives back only newer ones, so a page cannot load again what is in
+        #: flight or acknowledged.
+        self.taken_max = 0
+        #: A bounded queue's ledger (``amqlite.broker.limits``); None: not bounded.
+        self.ledger: limits.Ledger | None = None
 
     # Queues store with ref (None, id); durable subscriptions with (sub_id, id).
     def ref(self, message: Message) -> Ref:
         return (None, message.id)
 
     def push(self, message: Message) -> None:
+        if self.ledger is not None:
+            limits.admit(self.broker, self, message)
         heapq.heappush(self.heap, (-message.priority, message.id, message))
         if (not self.groups_seen and AMQ_GROUP_ID in message.headers
                 and self.SELECTS_AT_DISPATCH):
@@ -125,6 +133,8 @@ class Source:
     def append_committed(self, message: Message) -> None:
         """A freshly committed message: keep it in memory unless the store pages
         (it does once this destination or the broker is out of bytes)."""
+        if self.ledger is not None and limits.dropped_meanwhile(self, message):
+            return  # drop-head took it while it committed (its ack deletes the row)
         if self.store_has_more or (
             self.in_memory_stored >= MIN_IN_MEMORY
             and (self.in_memory_stored >= MAX_IN_MEMORY or self.over_budget())
@@ -149,10 +159,14 @@ class Source:
         if not self.heap:
             return None
         message = heapq.heappop(self.heap)[2]
+        if message.id > self.taken_max:
+            self.taken_max = message.id
         if message.persistent:
             self._released(message.size, 1, 0)
         else:
             self._released(message.size, 0, 1)
+            if self.ledger is not None:
+                limits.forget(self.broker, self, message.id)
         return message
 
     def _released(self, size: int, stored: int, nonpersistent: int) -> None:
@@ -295,11 +309,45 @@ class Source:
         """Remove one heap ``entry`` (``selective.dispatch`` walks the heap itself) and
         give its bytes back, as ``pop`` does."""
         message = entry[2]
+        if message.id > self.taken_max:
+            self.taken_max = message.id
         if message.persistent:
             self._released(message.size, 1, 0)
         else:
             self._released(message.size, 0, 1)
+            if self.ledger is not None:
+                limits.forget(self.broker, self, message.id)
         return message
+
+    def evict(self, want: int) -> int:
+        """Give back up to ``want`` bytes (``MemoryBudget.reclaim``) of stored messages
+        waiting in memory, the newest ids first, keeping MIN_IN_MEMORY: they stay in the
+        store, and the pager's cursor goes back to below them so a consumer pages them
+        in again. Only ids past ``taken_max`` (none of them was delivered or acked), and
+        not while a page or a selective scan is under way (it would move the cursor), nor
+        from a bounded queue (its policy's ledger bounds it; drop-head takes its head)."""
+        if (not self.stored or self.store_id is None or self.paging or self.ahead
+                or self.selective or self.pending_inserts or self.ledger is not None
+                or self.in_memory_stored <= MIN_IN_MEMORY):
+            return 0
+        floor = self.taken_max
+        newest = sorted((e[2] for e in self.heap if e[2].persistent and e[2].id > floor),
+                        key=lambda m: m.id, reverse=True)
+        chosen: set[int] = set()
+        freed = 0
+        for m in newest[:self.in_memory_stored - MIN_IN_MEMORY]:
+            if freed >= want:
+                break
+            chosen.add(m.id)
+            freed += m.size
+        if not chosen:
+            return 0
+        floor_kept = self.taken_max
+        self.drop(lambda m: m.id in chosen)
+        self.taken_max = floor_kept  # given back, not taken: they may be again
+        self.cursor = min(chosen) - 1  # every older one is in the heap or was taken
+        self.store_has_more = True
+        return freed
 
     # -- the operator API (amqlite.broker.operations) ------------------------------------------
     def drop(self, predicate: Callable[[Message], bool]) -> list[Message]:
@@ -315,6 +363,11 @@ class Source:
         heapq.heapify(kept)
         self.heap = kept
         messages = [e[2] for e in dropped]
+        self.taken_max = max(self.taken_max, max(m.id for m in messages))
+        if self.ledger is not None:
+            for m in messages:
+                if not m.persistent:
+                    limits.forget(self.broker, self, m.id)
         stored = sum(1 for m in messages if m.persistent)
         self._released(sum(m.size for m in messages), stored, len(messages) - stored)
         return messages

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message
 from amqlite.broker.selector import Selector
 from amqlite.broker.session import Client
@@ -103,7 +104,7 @@ class Subscription:
                 self.source.push(message)  # not sent: another consumer takes it
                 return
             message.delivery_count += 1
-            broker.dequeued[self.destination] += 1
+            broker.counters.add(self.destination, Kind.DEQUEUED)
             if ref is not None:
                 broker.writes.stage().acks.append(ref)
             return
@@ -187,7 +188,9 @@ class Subscription:
                     f"message {message.message_id} cannot be sent to subscription "
                     f"{self.id}: {exc}")
             return False
-        self.source.broker.stats["delivered"] += 1
+        broker = self.source.broker
+        broker.stats["delivered"] += 1
+        broker.delivered[self.destination] += 1
         return True
 
 

@@ -250,8 +250,7 @@ def connection_closed(broker: Broker, conn: Client) -> None:
             for source in broker.topics.pop(made.name, ()):
                 dropped += len(source)
                 source.discard()
-        for totals in (broker.enqueued, broker.dequeued, broker.dead_lettered):
-            totals.pop(made.name, None)
+        broker.forget_totals(made.name)
         log.debug("temporary destination %s deleted with its connection (%d messages "
                   "dropped)", made.name, dropped)
 

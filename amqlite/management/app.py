@@ -7,6 +7,7 @@ a slave or a demoting node says 503 and where the master is (from the registry).
 Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destination):
 
     GET    /healthz  /readyz  /metrics
+    GET    /api/v1/openapi.json  /api/v1/openapi.yaml   this API, described (docs/openapi.yaml)
     GET    /api/v1/node                       this node: role, epoch, readiness
     GET    /api/v1/group                      every node of the group (registry)
     GET    /api/v1/destinations               name, kind, waiting, in flight, consumers...
@@ -24,6 +25,11 @@ Routes (``{kind}`` is ``queue`` or ``topic``, ``{name}`` the rest of the destina
     DELETE /api/v1/subscriptions/{client_id}/{name}
     GET    /api/v1/scheduled?destination=D&limit=N   scheduled messages, earliest due first
     DELETE /api/v1/scheduled/{id}             cancel one (Operations.cancel_scheduled)
+    GET    /api/v1/rates                      the node's last minutes (``rates``), and
+                                              each destination's last sample
+    GET    /api/v1/rates/{kind}/{name}        one destination's last minutes
+    POST   /api/v1/send/{kind}/{name}         {"body": "...", "headers": {..},
+                                              "persistent": true} (Operations.send)
 
 What an action does is the broker's operator API (``amqlite.broker.operations``);
 here: parsing, logins and permissions, the HTTP status of its errors, and the log of
@@ -49,7 +55,8 @@ import json
 import logging
 import socket
 import ssl
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,9 +69,12 @@ from amqlite.broker.operations import Connection, OperationError, Operations
 from amqlite.listen import HTTP_BACKLOG, listening_sockets
 from amqlite.management import inputs
 from amqlite.management.actions import ActionError
+from amqlite.management.document import YAML_TYPE, DocumentMissing, OpenApiDocument
+from amqlite.management.httplog import server_logger
 from amqlite.management.inputs import MAX_BODY_BYTES
 from amqlite.management.metrics import Metrics
 from amqlite.management.origin import HostGuard, MisdirectedRequest
+from amqlite.management.rates import Sampler
 from amqlite.management.security import (
     REALM,
     Access,
@@ -72,7 +82,9 @@ from amqlite.management.security import (
     Throttled,
     Unauthorized,
 )
+from amqlite.management.tls_gate import GatedHttpsSite
 from amqlite.management.view import NodeView
+from amqlite.registry import group_views
 from amqlite.settings import HTTP_OFF, parse_bind
 from amqlite.wire import DEFAULT_HTTP_PORT, DEFAULT_STOMP_PORT
 from store import StoreError
@@ -92,10 +104,14 @@ AUTO_PORT_TRIES = 50
 #: the broker's own store page (broker.PAGE_SIZE).
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+#: The OpenAPI document's paths (``document``): public, it is the one in docs/.
+DOCUMENT_PATHS = frozenset({f"{API}/openapi.json", f"{API}/openapi.yaml"})
 #: Paths a slave answers; the rest needs the master.
-SLAVE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", f"{API}/node", f"{API}/group"})
-#: Paths anyone may read even with a users file: health checks carry no credentials.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+SLAVE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", f"{API}/node", f"{API}/group",
+                         *DOCUMENT_PATHS})
+#: Paths anyone may read even with a users file: health checks carry no credentials, and
+#: the API's description is the one published with the source.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", *DOCUMENT_PATHS})
 STATIC = Path(__file__).with_name("static")
 
 
@@ -107,9 +123,16 @@ def _destination_scoped(request: web.Request) -> bool:
             or request.path.startswith((f"{API}/message/", f"{API}/scheduled/")))
 
 
-def _error(status: int, message: str, **extra: Any) -> web.Response:
-    headers = {"WWW-Authenticate": f'Basic realm="{REALM}"'} if status == 401 else None
-    return web.json_response({"error": message, **extra}, status=status, headers=headers)
+#: Headers of aiohttp's own errors kept in our JSON answer (405 lists what is allowed).
+KEPT_ERROR_HEADERS = ("Allow",)
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None,
+           **extra: Any) -> web.Response:
+    out = dict(headers or {})
+    if status == 401:
+        out["WWW-Authenticate"] = f'Basic realm="{REALM}"'
+    return web.json_response({"error": message, **extra}, status=status, headers=out or None)
 
 
 class ManagementServer:
@@ -121,6 +144,7 @@ class ManagementServer:
         self.view = NodeView(node)
         self.access = Access.from_users_file(node.users_file)
         self.metrics = Metrics(self.view)
+        self.rates = Sampler(self.view)
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -129,6 +153,11 @@ class ManagementServer:
         self.hosts = HostGuard(parse_bind(bind)[0] if bind else "127.0.0.1",
                                s.http_allowed_hosts.split(","))
         self._scrape_token = self._read_token(s.metrics_token_file)
+        self.document = OpenApiDocument()
+        #: The console's files by name: only these are served (no path from a request
+        #: ever reaches the file system).
+        self.static = ({p.name: p for p in STATIC.iterdir() if p.is_file()}
+                       if STATIC.is_dir() else {})
         self.app = self._make_app()
 
     @staticmethod
@@ -154,7 +183,8 @@ class ManagementServer:
             return None
         #: HTTPS with the STOMP listener's certificate settings (issue 16).
         self._ssl = s.ssl_context() if s.ssl_cert and s.http_ssl else None
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                     logger=server_logger())
         await self._runner.setup()
         if s.http_bind:
             host, port = parse_bind(s.http_bind)
@@ -173,6 +203,7 @@ class ManagementServer:
         shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
         self.hosts.allow(shown)
         self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}"
+        self.rates.start()
         log.info("management API on %s (%s)", self.url,
                  "login required" if self.access.enabled else "no users file: no login")
         return self.url
@@ -189,13 +220,17 @@ class ManagementServer:
                     await self.stop()
                     raise
                 continue
-            sites = [web.SockSite(self._runner, sock, ssl_context=self._ssl) for sock in socks]
+            sites = [web.SockSite(self._runner, sock) if self._ssl is None
+                     else GatedHttpsSite(self._runner, sock, self._ssl,
+                                         self.settings.connect_timeout, HTTP_BACKLOG)
+                     for sock in socks]
             for site in sites:
                 await site.start()
             return True
         return False
 
     async def stop(self) -> None:
+        await self.rates.stop()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             with contextlib.suppress(Exception):
@@ -204,19 +239,27 @@ class ManagementServer:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.view.reader.close)
 
-    def observer(self) -> Any:
-        return self.metrics.observer()
+    def observer(self) -> Callable[[float, float], None]:
+        """The write buffer's observer: the latency histograms and the rates' sample."""
+        histograms, sampled = self.metrics.observer(), self.rates.observe_commit
+
+        def observe(commit_s: float, receipt_s: float) -> None:
+            histograms(commit_s, receipt_s)
+            sampled(commit_s)
+
+        return observe
 
     # -- app ---------------------------------------------------------------------------
     def _make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/", self.console)
-        if STATIC.is_dir():
-            r.add_static("/static/", STATIC)
+        r.add_get("/static/{filename}", self.static_file)
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics_page)
+        r.add_get(f"{API}/openapi.json", self.openapi_json)
+        r.add_get(f"{API}/openapi.yaml", self.openapi_yaml)
         r.add_get(f"{API}/node", self.node_info)
         r.add_get(f"{API}/group", self.group)
         r.add_get(f"{API}/destinations", self.destinations)
@@ -234,6 +277,9 @@ class ManagementServer:
         r.add_delete(API + "/subscriptions/{client_id}/{name:.+}", self.remove_subscription)
         r.add_get(f"{API}/scheduled", self.scheduled)
         r.add_delete(API + "/scheduled/{id}", self.cancel_scheduled)
+        r.add_get(f"{API}/rates", self.rates_page)
+        r.add_get(API + "/rates/{kind}/{name:.+}", self.destination_rates)
+        r.add_post(API + "/send/{kind}/{name:.+}", self.send)
         return app
 
     @web.middleware
@@ -249,11 +295,17 @@ class ManagementServer:
                 login = await self.access.login(request.headers.get("Authorization"),
                                                 request.remote or "")
             request["login"] = login
-            if request.method not in ("GET", "HEAD"):
+            # An unknown path or method (404/405) changes nothing: it is not refused as
+            # a state change (a TRACE is told what is allowed, not that it needs a CSRF
+            # header), but an unknown path still needs the login any other does.
+            routed = request.match_info.http_exception is None
+            if request.method not in ("GET", "HEAD") and routed:
                 if not (self.access.per_destination and _destination_scoped(request)):
                     self.access.require_admin(login)  # else the handler checks per destination
                 self.hosts.check_origin(request)
-            if path.startswith(API) and path not in SLAVE_PATHS and not self.view.serving:
+            # A wrong path or method is 404/405 from any node, as the master would say.
+            if (routed and path.startswith(API) and path not in SLAVE_PATHS
+                    and not self.view.serving):
                 return await self._not_master()
             return await handler(request)
         except MisdirectedRequest as e:
@@ -272,7 +324,8 @@ class ManagementServer:
             return await self._failed(e)
         except web.HTTPException as e:
             if e.status >= 400:
-                return _error(e.status, e.reason)
+                return _error(e.status, e.reason, {h: e.headers[h] for h in KEPT_ERROR_HEADERS
+                                                   if h in e.headers})
             raise
         except asyncio.CancelledError:
             raise
@@ -321,6 +374,12 @@ class ManagementServer:
             return web.Response(text="amqlite management API: see /api/v1/node\n")
         return web.FileResponse(index)
 
+    async def static_file(self, request: web.Request) -> web.StreamResponse:
+        path = self.static.get(request.match_info["filename"])
+        if path is None:
+            raise ActionError(404, f"no such file: {request.path[:100]}")
+        return web.FileResponse(path)
+
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "role": self.node.role,
                                   "name": self.settings.name})
@@ -353,6 +412,20 @@ class ManagementServer:
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def openapi_json(self, request: web.Request) -> web.Response:
+        try:
+            text = await asyncio.to_thread(self.document.as_json)
+        except DocumentMissing as e:
+            raise ActionError(404, str(e)) from None
+        return web.Response(text=text, content_type="application/json")
+
+    async def openapi_yaml(self, request: web.Request) -> web.Response:
+        try:
+            body = await asyncio.to_thread(self.document.as_yaml)
+        except DocumentMissing as e:
+            raise ActionError(404, str(e)) from None
+        return web.Response(body=body, content_type=YAML_TYPE, charset="utf-8")
+
     # -- reads ----------------------------------------------------------------------------
     async def node_info(self, request: web.Request) -> web.Response:
         node, broker = self.node, self.view.broker
@@ -360,6 +433,7 @@ class ManagementServer:
             "name": self.settings.name, "group": self.settings.group, "role": node.role,
             "ready": self.view.serving, "epoch": broker.epoch if broker is not None else None,
             "stomp": self.settings.advertise, "http": self.url,
+            "websocket": self.settings.websocket_uris,
             "takeovers": node.takeovers, "master_since": node.master_since,
             "master": None if self.view.serving else await self.view.master(),
         })
@@ -367,8 +441,16 @@ class ManagementServer:
     async def group(self, request: web.Request) -> web.Response:
         members = await self.view.group()
         replication = self.node.replication.to_json()  # as this node last read it
+        now = int(time.time() * 1000)
+        views = group_views(members, now_ms=now)  # who is master, which entry is stale
+        view = views[0] if views else None
+        stale = set(view.stale) if view is not None else set()
+        nodes = [{**m.to_json(), "stale": m.name in stale,
+                  "heartbeat_age_ms": None if m.heartbeat_at is None
+                  else max(0, now - m.heartbeat_at)} for m in members]
         return web.json_response({"group": self.settings.group,
-                                  "nodes": [m.to_json() for m in members],
+                                  "master": view.masters[0] if view and view.masters else None,
+                                  "nodes": nodes,
                                   **({"replication": replication} if replication else {})})
 
     async def destinations(self, request: web.Request) -> web.Response:
@@ -379,7 +461,7 @@ class ManagementServer:
         return web.json_response({"destinations": rows})
 
     async def _destination_row(self, name: str) -> dict[str, Any]:
-        await self.view.refresh_depths()
+        await self.view.refresh_depths(name)
         row = self.view.destination_row(name, self.view.depths)
         if row is None:
             raise ActionError(404, f"no destination {name}")
@@ -551,3 +633,40 @@ class ManagementServer:
         result = await self._operations().cancel_scheduled(
             mid, lambda destination: self._require(request, destination))
         return self._logged(request, f"cancel scheduled message {mid}", result)
+
+    # -- the console's charts and its send form -------------------------------------------
+    async def rates_page(self, request: web.Request) -> web.Response:
+        """The node's history; with [[authorization]] entries a login that is not an
+        administrator gets the sums over the destinations it may read, and only those."""
+        login = request["login"]
+        readable = None
+        if self.access.per_destination and login not in self.access.admins:
+            def readable(name: str) -> bool:
+                return self._may(request, name, Permission.READ)
+        return web.json_response(self.rates.node_json(readable))
+
+    async def destination_rates(self, request: web.Request) -> web.Response:
+        name = self._destination(request)
+        self._require(request, name, Permission.READ)
+        data = self.rates.destination_json(name)
+        if data is None:
+            raise ActionError(404, f"no rates of {name} (unknown, not sampled yet, or past "
+                                   f"the {self.rates.max_destinations} charted destinations)")
+        return web.json_response(data)
+
+    async def send(self, request: web.Request) -> web.Response:
+        """A message through the clients' SEND path (``Operations.send``): numbered,
+        stored, fenced, counted. Needs write permission on the destination (with
+        [[authorization]] entries; creating it, what a client would need too), else an
+        administrator."""
+        name = self._destination(request)
+        body = await inputs.json_body(request)
+        text, headers, persistent = inputs.message(body)
+        if self.access.per_destination:
+            self._require(request, name, Permission.WRITE)
+            broker, login = self.view.broker, request["login"]
+            if (broker is not None and not broker.exists(name)
+                    and not self.access.policy.may_create(login, name, Permission.WRITE)):
+                raise Forbidden(f"permission denied: login {login!r} may not create {name}")
+        result = await self._operations().send(name, text.encode(), headers, persistent)
+        return self._logged(request, f"send to {name}", result)

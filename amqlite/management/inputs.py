@@ -28,6 +28,8 @@ MAX_JSON_DEPTH = 8
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 #: A message id, ``after`` and ``limit``: what a BIGINT column holds.
 MAX_ID = BIGINT_MAX
+#: Largest float every integer up to which a double holds exactly (2^53, IEEE 754).
+MAX_EXACT_FLOAT = 2.0**53
 
 
 def uint(text: str, what: str, max_value: int = MAX_ID) -> int:
@@ -89,19 +91,78 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise ActionError(400, "the body is not valid JSON") from None
     if not isinstance(data, dict):
         raise ActionError(400, "the body must be a JSON object")
+    if "\\u" in text and not _unicode(data):
+        raise ActionError(400, "the body holds a lone surrogate (a \\ud800-\\udfff escape "
+                               "without its pair): not Unicode text")
     return data
 
 
+def _unicode(data: Any) -> bool:
+    """False when a string anywhere in ``data`` holds a lone surrogate: JSON's escapes
+    allow ``"\\udb55"``, which no UTF-8 (a message body, a header, a store column) can
+    hold. One encode of the whole body, at most 1 MiB."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def ids(body: dict[str, Any]) -> list[int] | None:
-    """``"ids"`` of an action's body: message ids within a BIGINT (None: all)."""
+    """``"ids"`` of an action's body: message ids within a BIGINT (None: all). JSON has
+    one number type, so ``5.0`` is id 5 (as JSON Schema's ``integer`` says), but only up
+    to ``MAX_EXACT_FLOAT``: a larger float may not be the id its sender meant."""
     value = body.get("ids")
     if value is None:
         return None
-    if not isinstance(value, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID
-            for i in value):
-        raise ActionError(400, f'"ids" must be a list of message ids (integers 0..{MAX_ID})')
-    return value
+    bad = ActionError(400, f'"ids" must be a list of message ids (integers 0..{MAX_ID})')
+    if not isinstance(value, list):
+        raise bad
+    out = []
+    for item in value:
+        if (i := _id(item)) is None:
+            raise bad
+        out.append(i)
+    return out
+
+
+def _id(value: Any) -> int | None:
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= MAX_EXACT_FLOAT:
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID:
+        return value
+    return None
+
+
+#: Headers a message sent from the API may not carry: the path names the destination,
+#: the API asks for the receipt, and the broker numbers the message itself.
+RESERVED_HEADERS = frozenset({"destination", "receipt", "transaction", "content-length",
+                              "message-id", "persistent"})
+
+
+def message(body: dict[str, Any]) -> tuple[str, dict[str, str], bool]:
+    """``"body"`` (text), ``"headers"`` (an object of strings) and ``"persistent"``
+    (true unless false) of a send."""
+    text = body.get("body", "")
+    if not isinstance(text, str):
+        raise ActionError(400, '"body" must be a string (the message text)')
+    headers = body.get("headers")
+    headers = {} if headers is None else headers
+    if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()):
+        raise ActionError(400, '"headers" must be an object of non-empty names to strings')
+    reserved = sorted(RESERVED_HEADERS & {k.lower() for k in headers})
+    if reserved:
+        raise ActionError(400, f"header {reserved[0]!r} may not be set here")
+    bad = next((k for k, v in headers.items() if any(c in k + v for c in "\r\n\0")
+                or ":" in k), None)
+    if bad is not None:
+        raise ActionError(400, f"header {_shown(bad)}: no ':' in a name, no line break or "
+                               "NUL in a name or value")
+    persistent = body.get("persistent", True)
+    if not isinstance(persistent, bool):
+        raise ActionError(400, '"persistent" must be true or false')
+    return text, headers, persistent
 
 
 def _shown(text: str, limit: int = 40) -> str:

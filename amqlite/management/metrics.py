@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from amqlite.broker.counters import Kind
+
 if TYPE_CHECKING:
     from amqlite.management.view import NodeView
 
@@ -82,16 +84,24 @@ class BrokerCollector(Collector):
         for name, n in sorted(self.view.scheduled.items()):
             scheduled.add_metric([name], float(n))
         yield scheduled
-        for metric, doc, totals in (
-            ("amqlite_messages_enqueued", "Messages sent to the destination", broker.enqueued),
+        totals_of = broker.counters.totals
+        for metric, doc, kind in (
+            ("amqlite_messages_enqueued", "Messages sent, moved or dead-lettered to the "
+             "destination", Kind.ENQUEUED),
             ("amqlite_messages_dequeued", "Messages acknowledged (or auto-acked) from it",
-             broker.dequeued),
+             Kind.DEQUEUED),
+            ("amqlite_messages_expired", "Messages of it that expired", Kind.EXPIRED),
             ("amqlite_messages_dead_lettered", "Messages moved to the dead-letter queue",
-             broker.dead_lettered),
+             Kind.DEAD_LETTERED),
+            ("amqlite_messages_moved", "Messages an operator moved out of it", Kind.MOVED),
+            ("amqlite_messages_purged", "Messages an operator purged or deleted from it",
+             Kind.PURGED),
+            ("amqlite_messages_overflow_dropped", "Messages its policy's drop-head dropped",
+             Kind.OVERFLOW_DROPPED),
         ):
-            family = CounterMetricFamily(metric, doc + " since this node became master",
-                                         labels=["destination"])
-            for name, n in list(totals.items()):
+            family = CounterMetricFamily(metric, doc + " (kept in the store: it survives a "
+                                         "takeover)", labels=["destination"])
+            for name, n in list(totals_of[kind].items()):
                 family.add_metric([name], float(n))
             yield family
 

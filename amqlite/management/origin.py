@@ -17,74 +17,24 @@ listener with ``Host: evil.example:PORT``; the browser sends it as same-origin. 
 
 from __future__ import annotations
 
-import ipaddress
-import socket
-from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from amqlite import hosts
+from amqlite.hosts import MisdirectedRequest, host_name
 from amqlite.management.security import Forbidden
-from amqlite.settings import is_loopback
 from amqlite.wire import CSRF_HEADER
 
-#: Wildcard bind hosts: the listener answers on every address of the machine.
-WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+__all__ = ["HostGuard", "MisdirectedRequest", "host_name"]
 
 
-class MisdirectedRequest(Exception):
-    """The ``Host`` of a request is not a name of this node (421)."""
-
-
-def host_name(host: str) -> str:
-    """The name or address of a ``Host`` value without port and brackets, lower case."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    if host.count(":") == 1:
-        host = host.partition(":")[0]
-    return host.rstrip(".")
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-class HostGuard:
-    """The names a listener bound to ``bind_host`` answers to."""
-
-    def __init__(self, bind_host: str, allowed: Iterable[str] = ()) -> None:
-        self.bind_host = host_name(bind_host) if bind_host not in WILDCARD_HOSTS else ""
-        self.wildcard = self.bind_host == ""
-        self.names: set[str] = {host_name(a) for a in allowed if a.strip()}
-        if self.bind_host:
-            self.names.add(self.bind_host)
-        if self.wildcard or is_loopback(self.bind_host):
-            self.names |= LOOPBACK_NAMES
-        if self.wildcard:
-            for name in (socket.gethostname(), socket.getfqdn()):
-                if name:
-                    self.names.add(host_name(name))
-
-    def allow(self, name: str) -> None:
-        """Also answer to ``name`` (e.g. the host of the URL the node publishes)."""
-        self.names.add(host_name(name))
+class HostGuard(hosts.HostGuard):
+    """``amqlite.hosts.HostGuard`` for aiohttp requests, with the CSRF/Origin rule."""
 
     def check_host(self, request: web.Request) -> None:
         """MisdirectedRequest unless the request's ``Host`` names this node."""
-        host = request.headers.get("Host")
-        if not host:
-            raise MisdirectedRequest("a Host header is required")
-        name = host_name(host)
-        if name in self.names or (self.wildcard and _is_ip(name)):
-            return
-        raise MisdirectedRequest(
-            f"this node does not serve host {name[:100]!r} (add it to http_allowed_hosts)")
+        self.check_host_value(request.headers.get("Host"))
 
     @staticmethod
     def check_origin(request: web.Request) -> None:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, literal_column, select
+from sqlalchemy import case, func, literal_column, select
 
 from lockers.connections.errors import one_line
 from store import StoreError, open_store, schema
@@ -34,6 +34,9 @@ class DestinationDepth:
     name: str
     kind: str
     depth: int  # queue rows in the store, waiting or in flight
+    #: A topic's: what its durable subscriptions are owed in the store, summed (a
+    #: message owed to two counts twice), in flight or not.
+    pending: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class StoreReader:
         self._depths_at = 0.0
         self._scheduled: dict[str, int] = {}
         self._scheduled_at = 0.0
+        #: Of the scheduled rows, the delayed redeliveries per destination (read with them).
+        self.delayed: dict[str, int] = {}
 
     def _engine(self) -> Any:
         with self._lock:
@@ -89,7 +94,12 @@ class StoreReader:
         d = schema.destinations
         rows = self._rows(select(d.c.id, d.c.name, d.c.kind, d.c.depth)
                           .where(d.c.grp == self.group))
-        self._depths = {r.name: DestinationDepth(r.id, r.name, r.kind, r.depth) for r in rows}
+        s = schema.subscriptions
+        owed = {r.destination_id: int(r.pending) for r in self._rows(
+            select(s.c.destination_id, func.sum(s.c.pending).label("pending"))
+            .where(s.c.grp == self.group).group_by(s.c.destination_id))}
+        self._depths = {r.name: DestinationDepth(r.id, r.name, r.kind, r.depth,
+                                                 owed.get(r.id, 0)) for r in rows}
         self._depths_at = time.monotonic()
         return self._depths
 
@@ -120,7 +130,7 @@ class StoreReader:
             .where(m.c.grp == self.group, m.c.destination_id == destination_id,
                    m.c.id > after_id, deliverable())
             .order_by(m.c.id).limit(limit))
-        return [_message_json(r, bytes(r.preview)) for r in rows]
+        return [_message_json(r, _preview(r)) for r in rows]
 
     def message(self, message_id: int) -> dict[str, Any] | None:
         """One stored message, whole body, with its destination's name; None if gone."""
@@ -194,12 +204,16 @@ class StoreReader:
         if time.monotonic() - self._scheduled_at < max_age:
             return self._scheduled
         m, d = schema.messages, schema.destinations
+        # A delayed redelivery (amqlite.broker.redelivery) is a scheduled row that was
+        # delivered before: still in its queue's depth, so counted apart too.
         rows = self._rows(
-            select(d.c.name, func.count().label("n"))
+            select(d.c.name, func.count().label("n"),
+                   func.sum(case((m.c.delivery_count > 0, 1), else_=0)).label("delayed"))
             .select_from(m.join(d, (d.c.grp == m.c.grp) & (d.c.id == m.c.destination_id)))
             .where(m.c.grp == self.group, m.c.deliver_at > literal_column("0"))
             .group_by(d.c.name))
         self._scheduled = {r.name: int(r.n) for r in rows}
+        self.delayed = {r.name: int(r.delayed or 0) for r in rows if r.delayed}
         self._scheduled_at = time.monotonic()
         return self._scheduled
 
@@ -210,8 +224,13 @@ def _scheduled_json(r: Any) -> dict[str, Any]:
         "deliver_at": r.deliver_at, "enqueued_at": r.enqueued_at, "priority": r.priority,
         # delay, period, repeat, cron, fired (copies so far), ttl (ms each copy lives)
         "schedule": json.loads(r.schedule) if r.schedule else None,
-        "headers": json.loads(r.headers), **_body_json(bytes(r.preview), r.size),
+        "headers": json.loads(r.headers), **_body_json(_preview(r), r.size),
     }
+
+
+def _preview(r: Any) -> bytes:
+    """A row's ``preview`` column: SQLite's substr() of an empty BLOB is NULL."""
+    return bytes(r.preview) if r.preview is not None else b""
 
 
 def _message_json(r: Any, body: bytes) -> dict[str, Any]:

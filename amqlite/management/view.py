@@ -57,13 +57,23 @@ class NodeView:
         return (node.role == "master" and broker is not None and not broker.paused
                 and not node.lost.is_set())
 
-    async def refresh_depths(self) -> None:
-        if self.broker is None:
+    async def refresh_depths(self, name: str | None = None) -> None:
+        """Stored depths and scheduled counts (cached a second). With ``name``: read
+        again now if the broker has a committed store row of it that the cache does not
+        show yet (created within the last second), so a route that looks one
+        destination up finds every destination the store holds, in memory or not."""
+        broker = self.broker
+        if broker is None:
             self.depths = {}
             return
         try:
             self.depths = await asyncio.to_thread(self.reader.depths)
             self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts)
+            if (name is not None and name not in self.depths
+                    and name in broker.destination_rows
+                    and name not in broker.unconfirmed_destinations):
+                self.depths = await asyncio.to_thread(self.reader.depths, 0.0)
+                self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts, 0.0)
         except StoreError as e:
             log.warning("management: reading depths failed: %s", e)
 
@@ -83,49 +93,66 @@ class NodeView:
         m = current_master(m for m in await self.group() if m.name != self.settings.name)
         if m is None:
             return None
-        return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch}
+        return {"name": m.name, "http": m.http, "services": list(m.services), "epoch": m.epoch,
+                "websocket": list(m.websocket)}
 
     def destination_rows(self, depths: dict[str, DestinationDepth]) -> list[dict[str, Any]]:
         """One row per destination: stored depth (cached) with live memory state."""
         broker = self.broker
         if broker is None:
             return []
-        names = set(depths) | set(broker.queues) | set(broker.topics) \
-            | set(broker.durables_by_topic)
-        return [self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
-                for name in sorted(names)]
+        # destination_rows: a store row the cached depths (a second old) miss yet.
+        names = set(depths) | set(broker.destination_rows) | set(broker.queues) \
+            | set(broker.topics) | set(broker.durables_by_topic)
+        return [self._row(broker, name, depths.get(name), self.scheduled.get(name, 0),
+                          self.reader.delayed.get(name, 0)) for name in sorted(names)]
 
     def destination_row(self, name: str,
                         depths: dict[str, DestinationDepth]) -> dict[str, Any] | None:
         """``destination_rows``' row of ``name`` alone (None when unknown), without
         building every other destination's."""
         broker = self.broker
-        if broker is None or not (name in depths or name in broker.queues
-                                  or name in broker.topics
+        if broker is None or not (name in depths or name in broker.destination_rows
+                                  or name in broker.queues or name in broker.topics
                                   or name in broker.durables_by_topic):
             return None
-        return self._row(broker, name, depths.get(name), self.scheduled.get(name, 0))
+        return self._row(broker, name, depths.get(name), self.scheduled.get(name, 0),
+                         self.reader.delayed.get(name, 0))
 
     @staticmethod
     def _row(broker: Broker, name: str, d: DestinationDepth | None,
-             scheduled: int = 0) -> dict[str, Any]:
+             scheduled: int = 0, delayed: int = 0) -> dict[str, Any]:
         kind = d.kind if d is not None else destination_kind(name)
         if kind == "queue":
             q = broker.queues.get(name)
             inflight = sum(len(s.inflight) for s in q.consumers) if q is not None else 0
-            stored = d.depth if d is not None else 0
-            waiting = max(0, stored - inflight) + (q.nonpersistent if q is not None else 0)
+            stored = d.depth if d is not None else 0  # delayed redeliveries included
+            waiting = (max(0, stored - inflight - delayed)
+                       + (q.nonpersistent if q is not None else 0))
             consumers = len(q.consumers) if q is not None else 0
         else:
             durables = broker.durables_by_topic.get(name, [])
             inflight = sum(len(s.inflight) for dur in durables for s in dur.consumers)
-            waiting = sum(len(dur) for dur in durables)
+            # What the store owes its durable subscriptions (not only what is paged in:
+            # after a takeover nothing is until a consumer comes), and memory-only ones.
+            owed = d.pending if d is not None else 0
+            waiting = max(0, owed - inflight) + sum(dur.nonpersistent for dur in durables)
             consumers = len(broker.topics.get(name, [])) + sum(
                 len(dur.consumers) for dur in durables)
         return {
             "name": name, "kind": kind, "waiting": waiting, "in_flight": inflight,
-            "consumers": consumers, "enqueued": broker.enqueued.get(name, 0),
-            "dequeued": broker.dequeued.get(name, 0),
-            "dead_lettered": broker.dead_lettered.get(name, 0),
+            "consumers": consumers, "delivered": broker.delivered.get(name, 0),
+            # enqueued, dequeued, expired, dead_lettered, moved, purged, overflow_dropped
+            # (amqlite.broker.counters: kept in the store)
+            **broker.counters.of(name),
             "scheduled": scheduled,  # stored, due later (amqlite.broker.scheduler)
+            "redelivery_delayed": delayed,  # of them, NACKed under a redelivery delay
+            "policy": policy_json(broker, name),  # amqlite.policy
         }
+
+
+def policy_json(broker: Broker, name: str) -> dict[str, Any]:
+    """The policy that applies to ``name``, with a one-line summary for tables."""
+    policy = broker.policies.resolve(name)
+    return {**policy.to_json(), "dead_letter_queue": policy.dead_letter_for(name),
+            "summary": policy.summary(name)}

@@ -48,6 +48,8 @@ STORE_MAX_AGE_MS = 2_000
 
 #: Service URIs with these schemes are a node's management API, not a client URI.
 HTTP_SCHEMES = ("http://", "https://")
+#: ... and these its STOMP-over-WebSocket listeners (for pages, not for TCP clients).
+WS_SCHEMES = ("ws://", "wss://")
 
 
 class RegistryError(Exception):
@@ -69,11 +71,15 @@ class Member:
     http: str | None = None
     #: Last heartbeat (ms since the Unix epoch), store registry only.
     heartbeat_at: int | None = None
+    #: The node's STOMP-over-WebSocket URLs (``ws://host:port/ws``), kept out of
+    #: ``services``: a TCP client cannot use them.
+    websocket: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"group": self.group, "name": self.name, "role": self.role,
                 "services": list(self.services), "host": self.host, "pid": self.pid,
-                "epoch": self.epoch, "http": self.http, "heartbeat_at": self.heartbeat_at}
+                "epoch": self.epoch, "http": self.http, "heartbeat_at": self.heartbeat_at,
+                "websocket": list(self.websocket)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
@@ -82,12 +88,15 @@ class Member:
             services = [s for s in services.split(",") if s]
         pid, epoch = data.get("pid"), data.get("epoch")
         # The store registry has one services column: an http(s):// entry in it is the
-        # management URL (kept out of the client URIs); ZooKeeper entries carry "http".
+        # management URL and ws(s):// ones the WebSocket URLs (kept out of the client
+        # URIs); ZooKeeper entries carry "http" and "websocket".
         http = data.get("http")
-        uris = []
+        uris, websocket = [], [str(u) for u in data.get("websocket") or ()]
         for uri in (str(s) for s in services):
             if uri.startswith(HTTP_SCHEMES):
                 http = http or uri
+            elif uri.startswith(WS_SCHEMES):
+                websocket.append(uri)
             else:
                 uris.append(uri)
         heartbeat = data.get("heartbeat_at")
@@ -99,6 +108,7 @@ class Member:
             epoch=None if epoch is None else int(epoch),
             http=None if http is None else str(http),
             heartbeat_at=None if heartbeat is None else int(heartbeat),
+            websocket=tuple(dict.fromkeys(websocket)),
         )
 
 
@@ -120,7 +130,7 @@ class GroupView:
     ``stale``: entries not to be trusted in their role: a master superseded by a
     higher epoch (a deposed or crashed master not gone from the registry yet) or a
     store entry whose heartbeat is late (``STALE_AFTER_MS``).
-    ``services``: the client URIs of the real master.
+    ``services``: the client URIs of the real master; ``websocket`` its WebSocket URLs.
     ``registry``: where the entries were read (password masked); two groups of
     one name in two stores are two views.
     """
@@ -132,11 +142,12 @@ class GroupView:
     members: list[Member] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
     registry: str = ""
+    websocket: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"cluster": self.group, "registry": self.registry, "masters": self.masters,
                 "slaves": self.slaves, "stale": self.stale, "services": self.services,
-                "members": [m.to_json() for m in self.members]}
+                "websocket": self.websocket, "members": [m.to_json() for m in self.members]}
 
 
 def master_order(m: Member) -> tuple[int, str]:
@@ -195,7 +206,7 @@ def group_views(members: Iterable[Member], registry: str = "",
         services = list(masters[0].services) if masters else []
         views.append(GroupView(group, [m.name for m in masters], sorted(m.name for m in slaves),
                                services, sorted(entries, key=lambda m: m.name), sorted(stale),
-                               registry))
+                               registry, list(masters[0].websocket) if masters else []))
     return views
 
 

@@ -35,7 +35,8 @@ class StoreRegistry(BackgroundRegistry):
         if wanted is None:
             self.store.unregister(self.name)
         else:
-            services = list(wanted.services) + ([wanted.http] if wanted.http else [])
+            services = [*wanted.services, *wanted.websocket, *([wanted.http] if wanted.http
+                                                                 else [])]
             self.store.register(self.name, wanted.role, services, wanted.host,
                                 wanted.pid, wanted.epoch)
 

@@ -87,6 +87,7 @@ class BackgroundRegistry(Registry):
         self.group = settings.group
         self.name = settings.name
         self.services: tuple[str, ...] = tuple(settings.advertise_uris)
+        self.websocket: tuple[str, ...] = tuple(settings.websocket_uris)
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._wanted: Member | None = None
@@ -105,7 +106,8 @@ class BackgroundRegistry(Registry):
             return
         role = Role(role)  # the plain string goes into the entry: .value
         self._wanted = Member(self.group, self.name, role.value, self.services, self.host,
-                              self.pid, epoch if role is Role.MASTER else None, self.http)
+                              self.pid, epoch if role is Role.MASTER else None, self.http,
+                              websocket=self.websocket)
         self._kick()
 
     async def withdraw(self) -> None:

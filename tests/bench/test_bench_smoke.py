@@ -117,6 +117,16 @@ def test_load_over_tls() -> None:
     assert r["sent"] > 0 and r["received"] == r["sent"]
 
 
+def test_load_over_websocket_beside_tcp() -> None:
+    """W1 over TCP, then over WebSocket, against one spawned broker (--transport both):
+    every message of each run arrives (producer identities are new per run)."""
+    r = bench("bench/load.py", "--spawn", "sqlite", "--transport", "both", "--seconds", "1.5",
+              "--producers", "4", "--consumers", "2")
+    for transport in ("tcp", "ws"):
+        assert r[transport]["sent"] > 0, r
+        assert r[transport]["received"] == r[transport]["sent"], r
+
+
 def test_load_scrapes_the_spawned_brokers_metrics() -> None:
     """W1 with Prometheus-like scrapes: every GET of the spawned broker's /metrics answers."""
     r = bench("bench/load.py", "--spawn", "sqlite", "--seconds", "1.5", "--producers", "2",

@@ -57,7 +57,7 @@ def test_an_unused_queue_and_topic_leave_memory_and_come_back(
     run(scenario)
 
 
-def test_a_queue_with_stored_messages_stays_and_pages_them_back(
+def test_a_queue_with_stored_messages_stays_pages_them_back_and_leaves_drained(
         store: SqlStore, settings: Settings) -> None:
     async def scenario() -> None:
         async with Master(store, settings, "a") as broker:
@@ -82,7 +82,20 @@ def test_a_queue_with_stored_messages_stays_and_pages_them_back(
             bodies = sorted(m.body.decode() for m in client.of("MESSAGE")[5:])
             assert bodies == [f"m{i}" for i in range(5)]
             unsubscribe(broker, client, "c")
-            # Empty now, but it has a row: the inactive-queue GC's to delete, not ours.
-            assert "/queue/kept" in broker.queues
+            # Drained: out of memory now; its row stays (the inactive-queue GC's to
+            # delete), and its next use is the same stored queue.
+            assert "/queue/kept" not in broker.queues
+            row = broker.destination_rows["/queue/kept"]
+            send(broker, client, "/queue/kept", "again", receipt="r-again")
+            await until(lambda: len(client.of("RECEIPT")) == 6)
+            assert broker.queues["/queue/kept"].store_id == row
+            subscribe(broker, client, "/queue/kept", "d")
+            await until(lambda: len(client.of("MESSAGE")) == 11)
+            assert client.of("MESSAGE")[10].body == b"again"
+            unsubscribe(broker, client, "d")
+            assert "/queue/kept" not in broker.queues
+            assert broker.destination_rows["/queue/kept"] == row
+            # Its totals stay with its row (the store keeps them too).
+            assert broker.enqueued["/queue/kept"] == 6
 
     run(scenario)

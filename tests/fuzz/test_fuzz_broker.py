@@ -25,7 +25,6 @@ failure lists the frames every worker had in flight: the culprit is among them.
 from __future__ import annotations
 
 import os
-import secrets
 
 import pytest
 
@@ -34,6 +33,7 @@ from tests.fuzz.fuzzer import Fuzzer
 from tests.fuzz.mutator import ALL_KINDS
 from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import BrokerFactory, assert_broker_serves, unique
+from tests.helpers.seeds import fuzz_seed
 
 #: Wall-time budget of the fuzzing per store: two stores stay well under 2.5 minutes with
 #: broker start-up and the canary's drain.
@@ -55,8 +55,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def fuzz_settings() -> tuple[int, float, tuple[str, ...]]:
-    chosen = os.environ.get("AMQLITE_FUZZ_SEED", "")
-    seed = secrets.randbelow(2**31) if chosen == "random" else int(chosen or CI_SEED)
+    seed = fuzz_seed(CI_SEED)
     seconds = float(os.environ.get("AMQLITE_FUZZ_SECONDS") or FUZZ_SECONDS)
     kinds_env = os.environ.get("AMQLITE_FUZZ_KINDS", "")
     kinds = tuple(k.strip() for k in kinds_env.split(",") if k.strip()) or ALL_KINDS

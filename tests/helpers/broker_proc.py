@@ -357,18 +357,23 @@ PAIR_LOCK_POLL = "0.1"
 
 def start_pair(factory: BrokerFactory, names: tuple[str, str] = ("node-a", "node-b"),
                env: Mapping[str, str] | None = None,
-               store_args: list[str] | None = None) -> tuple[BrokerProcess, BrokerProcess]:
+               store_args: list[str] | None = None,
+               extra_args: Sequence[str] = ()) -> tuple[BrokerProcess, BrokerProcess]:
     """Two brokers of one group, started together: on ONE data dir (embedded SQLite +
     file lock), or with ``store_args`` (``--store``/``--locker`` of a shared server,
-    see ``broker_fixtures.store_args``); returns (master, slave)."""
+    see ``broker_fixtures.store_args``); returns (master, slave). ``extra_args`` go to
+    both (a ``--config``)."""
     env = {"AMQLITE_LOCK_POLL_INTERVAL": PAIR_LOCK_POLL, **(env or {})}
     if store_args:
-        first = factory.new(name=names[0], env=env, extra_args=store_args).start()
-        second = factory.new(name=names[1], env=env, extra_args=store_args).start()
+        args = [*store_args, *extra_args]
+        first = factory.new(name=names[0], env=env, extra_args=args).start()
+        second = factory.new(name=names[1], env=env, extra_args=args).start()
     else:
         shared = factory.data_dir("shared")
-        first = factory.new(data_dir=shared, name=names[0], env=env).start()
-        second = factory.new(data_dir=shared, name=names[1], env=env).start()
+        first = factory.new(data_dir=shared, name=names[0], env=env,
+                            extra_args=extra_args).start()
+        second = factory.new(data_dir=shared, name=names[1], env=env,
+                             extra_args=extra_args).start()
     master, _ = wait_one_serving([first, second])
     return master, (second if master is first else first)
 

@@ -8,11 +8,11 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess
+from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess, wait_one_serving
 from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 
@@ -107,3 +107,21 @@ def start_with_http(factory: BrokerFactory, name: str, users_file: Path | None =
     b = factory.start(name=name, extra_args=extra, env=env, **kwargs)
     b.http = f"http://{HOST}:{http}"  # type: ignore[attr-defined]
     return b
+
+
+def pair_with_http(factory: BrokerFactory, names: tuple[str, str], env: dict[str, str],
+                   store_args: list[str], extra_args: Sequence[str] = (),
+                   ) -> tuple[BrokerProcess, BrokerProcess]:
+    """Master and slave of one group, each with its management API (URL in ``.http``):
+    on one data directory (embedded store), or with ``store_args`` (``--store`` and
+    ``--locker`` of a shared server); ``extra_args`` for both."""
+    shared = factory.data_dir("shared") if not store_args else None
+    nodes = []
+    for name in names:
+        http = free_port()
+        b = factory.new(name=name, data_dir=shared, env=env,
+                        extra_args=[*store_args, *extra_args, "--http", f"{HOST}:{http}"])
+        b.http = f"http://{HOST}:{http}"  # type: ignore[attr-defined]
+        nodes.append(b.start())
+    master, _ = wait_one_serving(nodes)
+    return master, nodes[1] if master is nodes[0] else nodes[0]

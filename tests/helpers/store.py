@@ -121,6 +121,7 @@ def make_v1_store(url: str, group: str, subscriptions: list[SubscriptionRow],
             s.commit_batch(epoch, Batch(inserts=messages))
         s.end_activation(epoch)
         sql(s, "ALTER TABLE amq_subscriptions DROP COLUMN owner")
+        drop_v4(s)
         drop_v3(s)
         sql(s, "UPDATE amq_meta SET value = '1' WHERE key = 'schema_version'")
     finally:
@@ -135,10 +136,46 @@ def drop_v3(s: SqlStore) -> None:
     sql(s, "ALTER TABLE amq_messages DROP COLUMN schedule")
 
 
+def drop_v4(s: SqlStore) -> None:
+    """What schema v4 added: the per-destination totals."""
+    sql(s, "DROP TABLE amq_counters")
+
+
+def make_v4_store(url: str, group: str, queue: DestinationRow, messages: list[NewMessage],
+                  counts: list[int]) -> None:
+    """A store as schema v4 left it (``amq_counters`` without ``overflow_dropped``),
+    ``messages`` in ``queue`` counted ``counts`` (one per ``COUNTER_KINDS``; the last, 0)."""
+    s = open_store(url, group)
+    assert isinstance(s, SqlStore)
+    s.open()
+    try:
+        epoch = s.claim_epoch("old-node")
+        s.commit_batch(epoch, Batch(destinations=[queue], inserts=messages,
+                                    counters={queue.id: counts}))
+        s.end_activation(epoch)
+        sql(s, "ALTER TABLE amq_counters DROP COLUMN overflow_dropped")
+        sql(s, "UPDATE amq_meta SET value = '4' WHERE key = 'schema_version'")
+    finally:
+        s.close()
+
+
+def make_v3_store(url: str, group: str, queue: DestinationRow,
+                  messages: list[NewMessage]) -> None:
+    """A store as schema v3 left it (before ``amq_counters``), ``messages`` in ``queue``."""
+    _make_old_store(url, group, queue, messages, 3)
+
+
 def make_v2_store(url: str, group: str, queue: DestinationRow,
                   messages: list[NewMessage]) -> None:
     """A store as schema v2 left it (before scheduled delivery), ``messages`` in
     ``queue``: written by today's code, then v3's columns and index dropped."""
+    _make_old_store(url, group, queue, messages, 2)
+
+
+def _make_old_store(url: str, group: str, queue: DestinationRow, messages: list[NewMessage],
+                    version: int) -> None:
+    """``messages`` in ``queue`` written by today's code, then what every schema version
+    after ``version`` (2 or 3) added dropped, newest first."""
     s = open_store(url, group)
     assert isinstance(s, SqlStore)
     s.open()
@@ -146,8 +183,10 @@ def make_v2_store(url: str, group: str, queue: DestinationRow,
         epoch = s.claim_epoch("old-node")
         s.commit_batch(epoch, Batch(destinations=[queue], inserts=messages))
         s.end_activation(epoch)
-        drop_v3(s)
-        sql(s, "UPDATE amq_meta SET value = '2' WHERE key = 'schema_version'")
+        drop_v4(s)
+        if version < 3:
+            drop_v3(s)
+        sql(s, "UPDATE amq_meta SET value = :v WHERE key = 'schema_version'", v=str(version))
     finally:
         s.close()
 

@@ -1,4 +1,5 @@
-"""Fixtures for end-to-end tests: the shared broker harness's fixtures and failure hook."""
+"""Fixtures for end-to-end tests: the shared broker harness's fixtures and failure hook,
+and the console tests' browser."""
 
 from tests.helpers.broker_fixtures import (  # noqa: F401 (fixtures and hooks, used by name)
     broker_factory,
@@ -6,3 +7,4 @@ from tests.helpers.broker_fixtures import (  # noqa: F401 (fixtures and hooks, u
     module_factory,
     pytest_runtest_makereport,
 )
+from tests.helpers.browser import browser, shots  # noqa: F401 (the console tests' fixtures)

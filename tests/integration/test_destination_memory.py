@@ -114,3 +114,65 @@ def test_subscribe_unsubscribe_on_new_names_leaves_no_memory(
         f"{RSS_GROWTH / MIB:.0f} MiB)")
     if not authz:
         assert_broker_serves(broker.port)
+
+
+#: Queues that are SENT a persistent message each (so each has a store row) and drained.
+DRAINED = 20_000
+DRAINED_WARM_UP = 2_000
+#: A drained queue out of memory still has its store row (gc_inactive_destinations
+#: decides when that goes) and the broker keeps the row's id by name
+#: (``Broker.destination_rows``: a dict entry, the name and the id, ~150 bytes) and its
+#: totals, which mirror the row's counters in the store (``Counters``: two dict
+#: entries, ~150 bytes); a queue kept in memory cost ~1.5 KB more (a ``Source``, its
+#: heap, sets and counters).
+ROW_BYTES = 512
+
+
+def sent_and_drained(raw: RawStomp, prefix: str, start: int, count: int) -> None:
+    """``count`` queues: a persistent SEND to each (its row), then a SUBSCRIBE that takes
+    the message (auto ack) and an UNSUBSCRIBE; every MESSAGE read."""
+    for at in range(start, start + count, CHUNK):
+        names = [f"/queue/{prefix}.{i}" for i in range(at, min(at + CHUNK, start + count))]
+        assert raw.send_raw("".join(f"SEND\ndestination:{n}\npersistent:true\n\nm\x00"
+                                    for n in names).encode())
+        raw.send_frame("SEND", {"destination": f"/queue/{prefix}.sent", "receipt": "sent"})
+        raw.expect("RECEIPT", "the SENDs", timeout=RECEIPT_TIMEOUT)
+        assert raw.send_raw("".join(f"SUBSCRIBE\ndestination:{n}\nid:{n}\n\n\x00"
+                                    f"UNSUBSCRIBE\nid:{n}\n\n\x00" for n in names).encode())
+        raw.send_frame("SUBSCRIBE", {"destination": f"/queue/{prefix}.none", "id": "last",
+                                     "receipt": "drained"})
+        got = 0
+        while True:
+            frame = raw.read_frame(RECEIPT_TIMEOUT)
+            assert frame is not None, f"{got} of {len(names)} messages, then nothing"
+            if frame.command == "RECEIPT":
+                break
+            assert frame.command == "MESSAGE", frame
+            got += 1
+        assert got == len(names), f"{got} of {len(names)} queues drained"
+        raw.send_frame("UNSUBSCRIBE", {"id": "last"})
+
+
+def test_queues_sent_to_and_drained_leave_memory(broker_factory: BrokerFactory) -> None:
+    """DRAINED queues, each SENT a persistent message and drained by a consumer that then
+    leaves: the broker's RSS grows by no more than RSS_GROWTH plus what it keeps of each
+    row (before, each stayed in memory until gc_inactive_destinations deleted it)."""
+    # Without the management API: its rate sampler reads every stored destination's
+    # depth every 2 s and lists them all (~1 KB per stored queue, drained or not), which
+    # is the listing's cost, not the broker's.
+    broker = broker_factory.start(extra_args=["--http", "off"])
+    prefix = unique("drained")
+    with RawStomp(broker.port, timeout=RECEIPT_TIMEOUT) as raw:
+        raw.connect()
+        sent_and_drained(raw, prefix, 0, DRAINED_WARM_UP)
+        before = rss(broker.pid)
+        sent_and_drained(raw, prefix, DRAINED_WARM_UP, DRAINED)
+        after = rss(broker.pid)
+    growth = after - before
+    bound = RSS_GROWTH + DRAINED * ROW_BYTES
+    print(f"RSS {before / MIB:.1f} MiB -> {after / MIB:.1f} MiB after {DRAINED} queues "
+          f"sent to and drained: {growth / MIB:+.1f} MiB (bound {bound / MIB:.1f} MiB)")
+    assert growth <= bound, (
+        f"RSS grew {growth / MIB:.1f} MiB over {DRAINED} drained queues (bound "
+        f"{bound / MIB:.1f} MiB)")
+    assert_broker_serves(broker.port)

@@ -5,7 +5,8 @@ against a real broker process, its peak RSS asserted as in ``test_memory_budget`
   the connection's share (``max_memory // CONNECTION_SHARE_DIVISOR``) or the broker-wide
   budget a SEND is an ERROR naming the limit; what was held is released on close;
 * partial frames: many connections each holding a big frame without its NUL; past the
-  budget the broker stops reading all but the largest; every frame still completes.
+  budget the broker stops reading all but the largest; every frame still completes;
+* all of it and messages waiting in memory together: one budget, not one each.
 """
 
 from __future__ import annotations
@@ -16,8 +17,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers.broker_proc import BrokerFactory, BrokerProcess, RawStomp, unique
-from tests.integration.test_memory_budget import BUDGET, MIB, RssBound, start_broker
+from tests.helpers.broker_proc import (
+    BrokerFactory,
+    BrokerProcess,
+    ClientPool,
+    RawStomp,
+    send_many,
+    unique,
+)
+from tests.integration.test_memory_budget import (
+    BUDGET,
+    MIB,
+    RssBound,
+    start_broker,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -160,4 +173,84 @@ def test_partial_frames_are_bounded_by_the_budget(broker: BrokerProcess,
         s.sock.setblocking(True)
         frame = s.expect("RECEIPT", f"frame {i}", timeout=60)
         assert frame.headers["receipt-id"] == f"r{i}"
+    rss.check()
+
+
+#: One budget for waiting messages and held bytes: a broker with this max_memory (twice
+#: the other tests', so that holding both, as before, would be 2 x ONE_BUDGET and exceed
+#: ONE_BUDGET + RSS_OVERHEAD by far) ...
+ONE_BUDGET = 2 * BUDGET
+#: ... first fills it with persistent messages nobody consumes: BACKLOG_QUEUES queues
+#: (the destination budget raised to ONE_BUDGET for this test), 1.25 x ONE_BUDGET in all,
+#: of 256 KiB bodies: few objects, and little kept whatever the budget (MIN_IN_MEMORY
+#: messages a queue).
+BACKLOG_QUEUES = 2
+BACKLOG_BODY = 256 * 1024
+BACKLOG_PER_QUEUE = 5 * ONE_BUDGET // 8 // BACKLOG_BODY  # a multiple of 8
+
+
+def test_waiting_messages_and_held_bytes_share_one_budget(
+        broker_factory: BrokerFactory, clients: ClientPool,
+        raw_clients: list[RawStomp]) -> None:
+    """Messages waiting in memory, open transactions and partial frames together stay
+    within max_memory: with the budget full of stored messages nobody consumes,
+    transactions get room by the broker giving stored messages back to the store (they
+    are paged in again: every one arrives once afterwards), a SEND past what can be
+    given back is an ERROR naming max_memory, and partial frames past it stop being
+    read (all but the largest). Before, each ledger had max_memory of its own."""
+    broker = start_broker(broker_factory, AMQLITE_MAX_MEMORY=str(ONE_BUDGET),
+                          AMQLITE_MAX_DESTINATION_MEMORY=str(ONE_BUDGET))
+    rss = RssBound(broker, ONE_BUDGET)
+    queues = [f"/queue/{unique(f'backlog{i}')}" for i in range(BACKLOG_QUEUES)]
+    producer = clients(broker.port)
+    for q in queues:  # a few at a time: persistent SENDs waiting for their commit are
+        for start in range(0, BACKLOG_PER_QUEUE, 8):  # held apart (16 MiB a connection)
+            send_many(producer, q, [f"{i:04d}:" + "b" * (BACKLOG_BODY - 5)
+                                    for i in range(start, start + 8)], timeout=60)
+    rss.check()
+    # Transactions: 8 connections, three 4 MiB SENDs each (96 MiB offered; each
+    # connection's share is 64 MiB).
+    tx_queue = f"/queue/{unique('tx')}"
+    held_open = 0
+    errors: list[str] = []
+    for _ in range(8):
+        s = connected(broker, raw_clients)
+        s.send_frame("BEGIN", {"transaction": "t"})
+        held = 0
+        for n in range(3):
+            command, message = tx_send(s, "t", tx_queue, n)
+            if command == "ERROR":
+                errors.append(message)
+                held = 0  # the ERROR closed the connection: its transaction is gone
+                break
+            assert command == "RECEIPT", (command, message)
+            held += TX_BODY
+        held_open += held
+        rss.check()
+    assert held_open >= ONE_BUDGET // 2, (
+        f"only {held_open / MIB:.0f} MiB held in open transactions: stored messages "
+        f"were not given back to make room")
+    assert errors and all("max_memory" in e for e in errors), errors
+    # Partial frames on top: 16 connections each send 8 MiB without the NUL.
+    topic = f"/topic/{unique('partial')}"
+    socks = [connected(broker, raw_clients) for _ in range(16)]
+    for s in socks:
+        s.sock.setblocking(False)
+    data = [memoryview(f"SEND\ndestination:{topic}\n\n".encode() + b"y" * PARTIAL_BODY)
+            for _ in socks]
+    # What the broker does not read waits in the kernel's socket buffers (several MiB a
+    # socket on loopback, maybe all of it): the broker's RSS is what is asserted here.
+    _pump([s.sock for s in socks], data, 3.0, time.monotonic() + 60)
+    rss.check()
+    print(f"{held_open / MIB:.0f} MiB in open transactions, {len(errors)} ERRORs, "
+          f"{sum(map(len, data)) / MIB:.0f} MiB of partial frames not taken by the kernel")
+    for s in raw_clients:
+        s.close()
+    # Every stored message is still there, once: those given back are paged in again.
+    consumer = clients(broker.port)
+    for n, q in enumerate(queues):
+        consumer.subscribe(q, sub_id=f"c{n}", headers={"activemq.prefetchSize": "4"})
+    got = consumer.listener.wait_messages(BACKLOG_QUEUES * BACKLOG_PER_QUEUE, 60)
+    seen = sorted((f.headers["destination"], f.body[:4]) for f in got)
+    assert seen == sorted((q, f"{i:04d}") for q in queues for i in range(BACKLOG_PER_QUEUE))
     rss.check()

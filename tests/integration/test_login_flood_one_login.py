@@ -15,6 +15,8 @@ right passcode, from the same address, and must get CONNECTED within LOGIN_DEADL
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -140,7 +142,7 @@ class Floods:
 
 
 def start_flood(floods: list[OneLoginFlood], port: int,
-                passcode: Callable[[int], str]) -> Floods:
+                passcode: Callable[[int], str], run_in: float = FLOOD_RUN_IN) -> Floods:
     new = []
     for n in range(FLOOD_THREADS):
         flood = OneLoginFlood(port, ALICE, lambda i, n=n: passcode(i * FLOOD_THREADS + n))
@@ -152,7 +154,7 @@ def start_flood(floods: list[OneLoginFlood], port: int,
     started = time.monotonic()
     poll(lambda: min(flood.sent for flood in new), lambda sent: sent > 0,
          timeout=FLOOD_START_TIMEOUT, what="every flood thread sending wrong passcodes")
-    time.sleep(max(0.0, FLOOD_RUN_IN - (time.monotonic() - started)))  # pacing, not a wait
+    time.sleep(max(0.0, run_in - (time.monotonic() - started)))  # pacing, not a wait
     return Floods(new)
 
 
@@ -231,3 +233,51 @@ def test_other_login_from_same_address_gets_in_during_flood(
     first = timed_login(clients, broker.port, CAROL, CAROL_PASS)
     assert first <= LOGIN_DEADLINE, f"carol's first login took {first:.2f}s"
     check_rounds(clients, broker, flood, CAROL, CAROL_PASS)
+
+
+#: A flood warmed up this long (s) before the first login: the login queue has been at
+#: its bounds for seconds, and every guess of the list has been tried many times.
+LONG_RUN_IN = 4.0
+#: The distinct wrong passcodes of the warmed flood (a dictionary attack's list, cycled):
+#: far more than can be hashed while one login waits (a check takes 30-150 ms here).
+DICTIONARY = 200
+#: Logins of alice's, each with a password never verified before (a new one each round).
+NEW_PASSWORD_ROUNDS = 4
+
+
+def set_password(broker: BrokerProcess, users_file: Path, password: str) -> None:
+    """Give alice ``password`` in the users file and have the broker reload it (SIGHUP):
+    its hash is new, so nothing the broker remembers of alice's logins applies."""
+    users_file.write_text(f'[users]\n{ALICE} = "{password_hash(password)}"\n'
+                          f'{CAROL} = "{password_hash(CAROL_PASS)}"\n')
+    since = len(broker.log_text())
+    os.kill(broker.pid, signal.SIGHUP)
+    broker.wait_log("users file reloaded", since=since)
+
+
+@pytest.mark.parametrize("passcodes", ["same", "dictionary", "mixed"])
+def test_login_never_verified_gets_in_during_warmed_flood(
+        broker: BrokerProcess, users_file: Path, floods: list[OneLoginFlood],
+        passcodes: str) -> None:
+    """A flood of wrong passcodes for alice from her own address has run LONG_RUN_IN s
+    (one repeated passcode, a cycled list of DICTIONARY, or both in turn); then, round
+    after round, alice gets a new password (never verified) and logs in with it on a raw
+    socket: CONNECTED within LOGIN_DEADLINE each time."""
+    def passcode(i: int) -> str:
+        if passcodes == "same" or (passcodes == "mixed" and i % 2):
+            return "wrong"
+        return f"guess{i % DICTIONARY}"
+
+    flood = start_flood(floods, broker.port, passcode, run_in=LONG_RUN_IN)
+    logins = []
+    for n in range(NEW_PASSWORD_ROUNDS):
+        password = f"alice-new-{n}"
+        set_password(broker, users_file, password)
+        logins.append(raw_login(broker.port, ALICE, password)[1])
+    flood.stop()
+    said = (f"alice with a new password each time, during a flood of {flood.rate:.0f} "
+            f"sockets/s warmed {LONG_RUN_IN:g} s ({passcodes}): CONNECT->CONNECTED "
+            f"{[round(t, 3) for t in logins]} s")
+    print(said)
+    assert flood.rate >= MIN_FLOOD_RATE, f"the flood ran at {flood.rate:.0f}/s only"
+    assert max(logins) <= LOGIN_DEADLINE, f"{said}\n{broker.log_tail()}"

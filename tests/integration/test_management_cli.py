@@ -56,7 +56,8 @@ def test_queue_list_and_browse(broker: BrokerProcess, clients: ClientPool) -> No
     text = amqlite("queue", "list", "--url", broker.http).stdout  # type: ignore[attr-defined]
     header, *lines = text.splitlines()
     assert header.split() == ["destination", "waiting", "in-flight", "consumers", "enqueued",
-                              "dequeued", "dead-lettered"]
+                              "dequeued", "expired", "dead-lettered", "moved", "purged",
+                              "dropped", "policy"]
     assert any(line.split()[:2] == [dest, "3"] for line in lines)
 
     page = as_json(broker, "queue", "browse", dest, "--limit", "2")

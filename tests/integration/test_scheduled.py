@@ -219,6 +219,26 @@ def test_the_http_api_lists_cancels_and_metrics_count(broker: BrokerProcess, api
     assert [r["body"] for r in listed(api, queue)] == ["later-1"]
 
 
+def test_a_queue_with_only_scheduled_rows_is_found_by_every_operator_route(
+        broker: BrokerProcess, api: Api, clients: ClientPool) -> None:
+    """The queue is never in the broker's memory (nothing deliverable), only in the store;
+    its row is newer than the API's cached depths (read just before), and each route that
+    looks a destination up finds it at once."""
+    assert api.get("/api/v1/destinations")[0] == 200  # the depths cache read now
+    queue = f"/queue/{unique('only-later')}"
+    clients(broker.port).send(queue, "later", headers={"AMQ_SCHEDULED_DELAY": LATER})
+    row = api.destination(queue)
+    assert row is not None, f"{queue} unknown to GET /api/v1/destinations{queue}"
+    assert (row["scheduled"], row["waiting"], row["kind"]) == (1, 0, "queue")
+    assert api.ok("GET", f"/api/v1/messages{queue}")["messages"] == []  # not deliverable
+    assert [r["body"] for r in listed(api, queue)] == ["later"]
+    assert api.ok("POST", f"/api/v1/purge{queue}")["purged"] == 0  # scheduled rows stay
+    assert api.ok("POST", f"/api/v1/move{queue}", {"to": f"{queue}.x"})["moved"] == 0
+    assert [r["body"] for r in listed(api, queue)] == ["later"]
+    assert api.ok("DELETE", f"/api/v1/destinations{queue}")["deleted"] == 1
+    assert api.get(f"/api/v1/destinations{queue}")[0] == 404
+
+
 def test_cancel_stops_a_repeating_schedule(broker: BrokerProcess, api: Api,
                                           clients: ClientPool) -> None:
     queue = f"/queue/{unique('stop')}"

@@ -1,6 +1,8 @@
 """Issue 23 item 6: sockets in their TLS handshake count against max_connections and
 max_unauthenticated, and against connect_timeout, like any socket before CONNECT
-(against a real broker process with a TLS listener only).
+(against a real broker process with a TLS listener only); on the management API's
+HTTPS listener, against MAX_HTTP_CONNECTIONS and MAX_HTTP_HANDSHAKES
+(``amqlite.management.tls_gate``).
 
 The rule is the plain listener's: past max_unauthenticated the oldest socket that has not
 logged in is closed (one still in its handshake is closed without a word: there is no TLS
@@ -13,14 +15,18 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import stomp
 import stomp.exception
 
+from amqlite.management.tls_gate import MAX_HTTP_CONNECTIONS, MAX_HTTP_HANDSHAKES
 from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess, Collector
+from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 from tests.helpers.tls import Pki, make_pki
 
@@ -146,4 +152,90 @@ def test_half_open_handshakes_count_against_max_connections(
         assert listener.connected is not None, f"TLS login failed: {listener.error_texts()}"
     finally:
         conn.disconnect()
+    assert broker.alive
+
+
+# -- the management API over HTTPS -----------------------------------------------------
+
+def start_https(factory: BrokerFactory, pki: Pki) -> tuple[BrokerProcess, int]:
+    """A broker whose management API serves HTTPS (the STOMP listener's certificate)."""
+    http_port = free_port()
+    broker = factory.start(
+        extra_args=["--ssl-cert", str(pki.server_cert), "--ssl-key", str(pki.server_key),
+                    "--http", f"{HOST}:{http_port}"],
+        env={"AMQLITE_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT)})
+    return broker, http_port
+
+
+def https_get(port: int, pki: Pki, path: str = "/healthz") -> int:
+    """The status of one HTTPS request by a real client (CA-verified)."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    with urllib.request.urlopen(f"https://{HOST}:{port}{path}", context=context,
+                                timeout=CONNECT_TIMEOUT) as resp:
+        return int(resp.status)
+
+
+def try_get(port: int, pki: Pki, path: str = "/healthz") -> int:
+    """``https_get``, or 0 when the request failed (refused, closed, timed out)."""
+    try:
+        return https_get(port, pki, path)
+    except OSError:
+        return 0
+
+
+def tls_closed(sock: ssl.SSLSocket) -> bool:
+    """True if the broker closed this TLS connection; checked without waiting."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""  # no request was sent: nothing else can come
+    except ssl.SSLWantReadError:
+        return False  # open, nothing to read (session tickets are TLS's own)
+    except OSError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def tls_idle(port: int, pki: Pki, count: int, into: list[ssl.SSLSocket]) -> None:
+    """``count`` HTTPS connections with their handshake done and no request yet."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    for _ in range(count):
+        raw = socket.create_connection((HOST, port), timeout=5)
+        into.append(context.wrap_socket(raw, server_hostname=HOST))
+
+
+def test_https_handshakes_are_bounded_and_the_api_still_answers(
+        broker_factory: BrokerFactory, pki: Pki, sockets: list[socket.socket]) -> None:
+    """Three times MAX_HTTP_HANDSHAKES half-open handshakes on the HTTPS management port:
+    only the newest MAX_HTTP_HANDSHAKES stay, the older ones are closed at once (before,
+    every one was held for the whole handshake timeout); a real HTTPS client connecting
+    after them is answered, and connect_timeout ends the rest."""
+    broker, port = start_https(broker_factory, pki)
+    poll(lambda: try_get(port, pki) == 200, timeout=30, what="the HTTPS API up")
+    socks = half_open(port, 3 * MAX_HTTP_HANDSHAKES, sockets)
+    oldest, newest = socks[:-MAX_HTTP_HANDSHAKES], socks[-MAX_HTTP_HANDSHAKES:]
+    assert all(wait_closed(oldest, CLOSE_WITHIN)), "half-open handshakes past the cap stayed"
+    assert not any(closed_by_broker(s) for s in newest), "one of the newest was closed"
+    assert https_get(port, pki, "/api/v1/node") == 200
+    assert all(wait_closed(newest, CONNECT_TIMEOUT + CLOSE_WITHIN)), (
+        "half-open handshakes outlived connect_timeout")
+    assert broker.alive
+
+
+def test_https_connections_are_bounded(broker_factory: BrokerFactory, pki: Pki,
+                                       sockets: list[socket.socket]) -> None:
+    """MAX_HTTP_CONNECTIONS HTTPS connections held open: the next socket is closed at
+    once (refused); once some of them close, a real client is answered again."""
+    broker, port = start_https(broker_factory, pki)
+    poll(lambda: try_get(port, pki) == 200, timeout=30, what="the HTTPS API up")
+    held: list[ssl.SSLSocket] = []
+    tls_idle(port, pki, MAX_HTTP_CONNECTIONS, held)
+    sockets.extend(held)
+    extra = half_open(port, 1, sockets)
+    assert all(wait_closed(extra, CLOSE_WITHIN)), "a socket past the cap was kept"
+    assert not any(tls_closed(s) for s in held[-10:]), "a held connection was closed"
+    for sock in held[:10]:
+        sock.close()
+    poll(lambda: try_get(port, pki) == 200, timeout=CLOSE_WITHIN,
+         what="an HTTPS answer once connections closed")
     assert broker.alive

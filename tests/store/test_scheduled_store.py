@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import inspect
 
 from store import Batch, Fenced, NewMessage, ScheduleStep
+from store.schema import SCHEMA_VERSION
 from tests.helpers.store import (
     QUEUE,
     SUB1,
@@ -106,7 +107,8 @@ def test_the_next_due_time_is_one_index_probe(make_store: MakeStore) -> None:
 def test_a_v2_store_is_upgraded_to_v3(store_url: str, make_store: MakeStore) -> None:
     make_v2_store(store_url, "g1", QUEUE, [msg(1), msg(2)])
     s = make_store("g1")
-    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") == "3"
+    assert one(s, "SELECT value FROM amq_meta WHERE key = 'schema_version'") \
+        == str(SCHEMA_VERSION)
     columns = {c["name"] for c in inspect(s.engine).get_columns("amq_messages")}
     assert {"deliver_at", "schedule"} <= columns
     indexes = {i["name"] for i in inspect(s.engine).get_indexes("amq_messages")}
@@ -119,3 +121,35 @@ def test_a_v2_store_is_upgraded_to_v3(store_url: str, make_store: MakeStore) -> 
     assert_counters(s)
     make_store("g1")  # opening it again changes nothing
     assert one(s, "SELECT count(*) FROM amq_meta") == 1
+
+
+def test_a_delayed_redelivery_waits_in_place_and_comes_back_with_its_count(
+        make_store: MakeStore) -> None:
+    """``Batch.delays`` takes a delivered row out of flight with a due time (not paged,
+    still in the queue's depth); ``Batch.redeliveries`` makes the same row deliverable
+    again, its delivery count kept (amqlite.broker.redelivery)."""
+    s, epoch = master(make_store)
+    s.commit_batch(epoch, Batch(inserts=[msg(1), msg(2)]))
+    s.commit_batch(epoch, Batch(deliveries=[(None, 1)]))
+    s.commit_batch(epoch, Batch(delays=[(1, 4_000, '{"redelivery": 1, "delay": 1000}')]))
+    assert [m.id for m in s.load_page(QUEUE.id, 0, 10)] == [2]
+    assert s.queue_members(QUEUE.id) == [(2, len(msg(2).body))]
+    assert s.next_scheduled() == 4_000
+    [row] = s.due_scheduled(4_000, 10)
+    assert (row.id, row.delivery_count, row.schedule) == (1, 1, '{"redelivery": 1, "delay": 1000}')
+    assert one(s, "SELECT depth FROM amq_destinations WHERE id = :i", i=QUEUE.id) == 2
+    assert one(s, "SELECT inflight_epoch FROM amq_messages WHERE id = 1") is None
+    s.commit_batch(epoch, Batch(redeliveries=[1]))
+    page = s.load_page(QUEUE.id, 0, 10)
+    assert [(m.id, m.delivery_count) for m in page] == [(1, 1), (2, 0)]
+    assert s.next_scheduled() is None
+    assert one(s, "SELECT depth FROM amq_destinations WHERE id = :i", i=QUEUE.id) == 2
+    assert_counters(s)
+    assert not s.check_integrity(epoch).mismatch
+    # Cancelled while it waits (an operator's DELETE /api/v1/scheduled/ID): out of the
+    # queue's depth too, which a scheduled SEND's row never was in.
+    s.commit_batch(epoch, Batch(deliveries=[(None, 2)]))
+    s.commit_batch(epoch, Batch(delays=[(2, 9_000, '{"redelivery": 1, "delay": 5000}')]))
+    assert s.cancel_scheduled(epoch, 2)
+    assert one(s, "SELECT depth FROM amq_destinations WHERE id = :i", i=QUEUE.id) == 1
+    assert_counters(s)

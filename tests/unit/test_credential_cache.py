@@ -54,7 +54,7 @@ def test_cache_is_bounded_and_holds_no_passcode() -> None:
     dump = repr(cache.good) + repr(cache.bad)
     assert "secret" not in dump
     # Lengths are part of the MAC input: moving a byte between fields changes it.
-    assert cache._mac("ab", "c", "h") != cache._mac("a", "bc", "h")
+    assert cache.key("ab", "c", "h") != cache.key("a", "bc", "h")
 
 
 class CountingAuth(Authenticator):
@@ -110,5 +110,62 @@ def test_known_answers_skip_the_queue_and_waiting_guesses_of_one_login_are_bound
         submit("repeat", "alice", "wrong4")
         await asyncio.sleep(0.05)
         assert got["repeat"] == [CheckOutcome.DENIED] and len(auth.ran) == hashed
+        queue.close()
+    asyncio.run(main())
+
+
+def test_a_repeated_guess_waits_once_and_is_hashed_once() -> None:
+    """Sockets repeating one login/passcode while it waits or runs share one check: one
+    place in the queue and one hash, and every one of them gets its answer."""
+    async def main() -> None:
+        auth = CountingAuth({"alice": hash_password("right")})
+        queue = CheckQueue(auth, threads=1, max_per_login=2, cache=CredentialCache())
+        got: list[CheckOutcome] = []
+        queue.submit("nat", "bob", "x", got.append)  # holds the only thread
+        for _ in range(50):
+            queue.submit("nat", "alice", "wrong", got.append)
+        assert queue.pending == 1  # 50 sockets, one waiting check
+        auth.gate.set()
+        async with asyncio.timeout(WAIT):
+            while len(got) < 51:
+                await asyncio.sleep(0.01)
+        assert got.count(CheckOutcome.DENIED) == 51
+        assert auth.ran == [("bob", "x"), ("alice", "wrong")]
+        queue.close()
+    asyncio.run(main())
+
+
+def test_a_passcode_tried_once_beats_a_flood_of_oft_tried_guesses() -> None:
+    """A flood cycling through a list of wrong passcodes for alice (each tried many
+    times, none answered yet): alice's own passcode, tried once, is never the one a full
+    queue drops, and runs as soon as the thread is free, whatever came after it."""
+    async def main() -> None:
+        auth = CountingAuth({"alice": hash_password("right")})
+        queue = CheckQueue(auth, threads=1, max_per_login=4, cache=CredentialCache())
+        busy: list[str] = []
+        mine: list[CheckOutcome] = []
+
+        def guess(word: str) -> None:
+            queue.submit("nat", "alice", word,
+                         lambda o, w=word: busy.append(w) if o is CheckOutcome.BUSY else None)
+
+        guess("holder")  # runs, holds the thread
+        words = [f"guess{i}" for i in range(20)]
+        for _ in range(3):  # the list cycled: each guess tried three times
+            for word in words:
+                guess(word)
+        queue.submit("nat", "alice", "right", mine.append)
+        for word in words * 2:  # the flood goes on
+            guess(word)
+        await asyncio.sleep(0.05)
+        assert mine == []  # waiting, not dropped
+        assert queue.pending == 4
+        auth.gate.set()
+        async with asyncio.timeout(WAIT):
+            while not mine:
+                await asyncio.sleep(0.01)
+        assert mine == [CheckOutcome.ACCEPTED]
+        assert auth.ran[1] == ("alice", "right"), auth.ran  # next after the holder
+        assert busy  # the guesses were the ones refused
         queue.close()
     asyncio.run(main())

@@ -42,3 +42,15 @@ def test_store_registry_row_keeps_the_http_url_out_of_client_uris() -> None:
     old = Member.from_json({"group": "g", "name": "n", "role": "slave",
                             "services": ["tcp://h:1"]})
     assert old.http is None and old.services == ("tcp://h:1",)
+
+
+def test_registry_keeps_websocket_urls_out_of_client_uris() -> None:
+    """ws:// and wss:// entries of a store registry row are the node's WebSocket URLs
+    (for pages), not URIs the TCP client could fail over to; ZooKeeper's JSON carries
+    them as "websocket"."""
+    m = Member.from_json({"group": "g", "name": "n", "role": "master",
+                          "services": "tcp://h:61613,ws://h:15674/ws,wss://h:15673/ws,"
+                                      "http://h:8161", "epoch": 1})
+    assert m.services == ("tcp://h:61613",) and m.http == "http://h:8161"
+    assert m.websocket == ("ws://h:15674/ws", "wss://h:15673/ws")
+    assert Member.from_json(m.to_json()) == m
