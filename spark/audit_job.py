@@ -16,10 +16,15 @@ Reads scale with the rows of the audited groups: every partition names its group
 (an index on (grp, ...) is walked only within it), big groups are cut at
 quantiles of the key (``StoreReader.key_predicates``), never at min/max strides.
 
-Checks an index answers (orphans, expiry, dedup expiry) run as SQL in the store,
-in the same snapshot, and return only the rows at fault; Spark keeps the ones
-that need a shuffle: duplicates by identity and content, sequence gaps (split per
-producer into buckets of numbers) and stale in-flight rows (no index has them).
+On PostgreSQL the per-row work runs in the store, in the same snapshot, as
+statements Spark runs as partitions of one job, and only rows at fault and
+per-slice summaries come back: the checks an index answers (orphans, expiry, dedup
+expiry) in one statement; duplicates by identity and content per group (a
+group's candidates are all in its statement, which judges them); per slice of the
+big tables, runs of producer sequence numbers and stale in-flight rows. Spark
+merges what crosses partitions: the runs into sequence gaps (per producer and
+bucket of numbers), then the counts, samples and files. On SQLite (no sha256, a
+local file) every row is read and Spark runs the same checks itself.
 
 Dedup entries past their window are judged against the group's last recorded
 prune (``amq_meta``, ``DEDUP_PRUNED_PREFIX``): housekeeping that has not run yet
@@ -50,7 +55,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -695,7 +699,6 @@ class StoreReader:
         self.groups: list[str] = [] if group is None else [group]
         self.rows_per_partition = rows_per_partition
         self.reads: dict[str, TableRead] = {}
-        self._cached: list[DataFrame] = []
         #: Rows per audited group of each table, counted in the snapshot.
         self._counts: dict[str, dict[str, int]] = {}
         #: Rows each read brought back to Spark (``materialize``).
@@ -866,17 +869,6 @@ class StoreReader:
             for name, df in reads.items()
         }
 
-    def cache(self, df: DataFrame) -> DataFrame:
-        """Keep a result that several actions use, without reading it now."""
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached.append(df)
-        return df
-
-    def release(self) -> None:
-        for df in self._cached:
-            with contextlib.suppress(Exception):
-                df.unpersist()
-        self._cached.clear()
 
 
 def _settle(df: DataFrame) -> DataFrame:
@@ -958,12 +950,9 @@ def _hash_content(df: DataFrame) -> DataFrame:
     """Headers are compared without the producer's identity headers (every send
     carries a new sequence number) and regardless of their order."""
     has_producer = F.col("producer_id").isNotNull()
-    if "headers_sha" in df.columns:  # hashed by the store
-        return df
-    if "body" in df.columns:
-        df = df.withColumn(
-            "body_sha", F.when(has_producer, F.unhex(F.sha2(F.col("body"), 256)))
-        ).drop("body")
+    df = df.withColumn(
+        "body_sha", F.when(has_producer, F.unhex(F.sha2(F.col("body"), 256)))
+    ).drop("body")
     parsed = F.from_json(F.col("headers"), "map<string,string>")
     user = F.map_filter(parsed, lambda k, _v: ~k.isin(*IDENTITY_HEADERS))
     canonical = F.coalesce(F.to_json(F.array_sort(F.map_entries(user))), F.col("headers"))
@@ -1577,7 +1566,6 @@ def run_audit(
     started = time.monotonic()
     progress.watch(spark)
     snapshot: Snapshot | None = None
-    reader = StoreReader(spark, source, group, rows_per_partition, progress)
     try:
         progress.say(f"reading {source.description}")
         snapshot = open_snapshot(spark, source)
@@ -1613,7 +1601,6 @@ def run_audit(
         if snapshot is not None:
             snapshot.close()
         progress.stop()
-        reader.release()
 
 
 def _now_ms(reader: StoreReader) -> int:
