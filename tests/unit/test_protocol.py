@@ -1,69 +1,28 @@
-"""Unit tests of the sans-I/O STOMP connection state machine (server and client roles)."""
+"""Unit tests of the sans-I/O STOMP connection state machine, server role: handshake,
+states, what the server may send and ERROR. The client role is in test_protocol_client,
+the heart-beat arithmetic in test_protocol_heartbeat."""
 
 from __future__ import annotations
 
 import pytest
 
-from amqlite.codec import Frame, FrameParser, Limits, ProtocolError, encode_frame
+from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.protocol import (
-    HEARTBEAT_GRACE,
-    MAX_HEARTBEAT_MS,
     ConnectionClosed,
     FrameReceived,
     Heartbeat,
     HeartbeatReceived,
     StompProtocol,
-    negotiate_heartbeat,
     negotiate_version,
-    parse_heartbeat,
-    receive_deadline_ms,
 )
-
-
-def wire(command: str, headers: dict[str, str] | None = None, body: bytes = b"",
-         version: str = "1.2") -> bytes:
-    return encode_frame(Frame(command, headers or {}, body), version)
-
-
-def decode(data: bytes, version: str = "1.2") -> Frame:
-    [frame] = FrameParser(version=version).feed(data)
-    assert isinstance(frame, Frame)
-    return frame
-
-
-def frames(events: list[FrameReceived | HeartbeatReceived]) -> list[Frame]:
-    return [e.frame for e in events if isinstance(e, FrameReceived)]
-
-
-def receive_connect(proto: StompProtocol, data: bytes) -> Frame:
-    """Feed a CONNECT and return it, checking it is the only event."""
-    [event] = proto.receive_data(data)
-    assert isinstance(event, FrameReceived)
-    return event.frame
-
-
-def connected_server(
-    accept_version: str | None = "1.2", heart_beat: str | None = None,
-    server_heartbeat: tuple[int, int] = (0, 0),
-) -> StompProtocol:
-    proto = StompProtocol("server")
-    headers = {"host": "h"}
-    if accept_version is not None:
-        headers["accept-version"] = accept_version
-    if heart_beat is not None:
-        headers["heart-beat"] = heart_beat
-    connect = receive_connect(proto, wire("CONNECT", headers, version="1.0"))
-    proto.accept_connect(connect, server_heartbeat=server_heartbeat)
-    return proto
-
-
-def connected_client(version: str = "1.2") -> StompProtocol:
-    proto = StompProtocol("client")
-    proto.connect_frame("h")
-    proto.receive_data(wire("CONNECTED", {"version": version}, version="1.0"))
-    assert proto.connected
-    return proto
-
+from tests.helpers.protocol import (
+    VALID_CLIENT_FRAMES,
+    connected_server,
+    decode,
+    frames,
+    receive_connect,
+    wire,
+)
 
 # --- server: handshake ----------------------------------------------------------------
 
@@ -264,43 +223,6 @@ def test_heartbeat_events_are_reported() -> None:
     assert proto.receive_data(b"\r\n") == [HeartbeatReceived()]
 
 
-VALID_CLIENT_FRAMES = {
-    "1.0": [
-        ("SEND", {"destination": "/q"}),
-        ("SUBSCRIBE", {"destination": "/q"}),
-        ("UNSUBSCRIBE", {"destination": "/q"}),
-        ("UNSUBSCRIBE", {"id": "s"}),
-        ("ACK", {"message-id": "m"}),
-        ("BEGIN", {"transaction": "t"}),
-        ("COMMIT", {"transaction": "t"}),
-        ("ABORT", {"transaction": "t"}),
-        ("DISCONNECT", {}),
-    ],
-    "1.1": [
-        ("SEND", {"destination": "/q"}),
-        ("SUBSCRIBE", {"destination": "/q", "id": "s", "ack": "client-individual"}),
-        ("UNSUBSCRIBE", {"id": "s"}),
-        ("ACK", {"message-id": "m", "subscription": "s"}),
-        ("NACK", {"message-id": "m", "subscription": "s"}),
-        ("BEGIN", {"transaction": "t"}),
-        ("COMMIT", {"transaction": "t"}),
-        ("ABORT", {"transaction": "t"}),
-        ("DISCONNECT", {}),
-    ],
-    "1.2": [
-        ("SEND", {"destination": "/q"}),
-        ("SUBSCRIBE", {"destination": "/q", "id": "s", "ack": "client"}),
-        ("UNSUBSCRIBE", {"id": "s"}),
-        ("ACK", {"id": "a"}),
-        ("NACK", {"id": "a"}),
-        ("BEGIN", {"transaction": "t"}),
-        ("COMMIT", {"transaction": "t"}),
-        ("ABORT", {"transaction": "t"}),
-        ("DISCONNECT", {}),
-    ],
-}
-
-
 @pytest.mark.parametrize(
     ("version", "command", "headers"),
     [(v, c, h) for v, cases in VALID_CLIENT_FRAMES.items() for c, h in cases],
@@ -497,216 +419,3 @@ def test_client_cannot_send_error() -> None:
 
 def test_heartbeat_data_is_a_bare_eol() -> None:
     assert connected_server().heartbeat_data() == b"\n"
-
-
-# --- client role ----------------------------------------------------------------------
-
-
-def test_client_connect_frame() -> None:
-    proto = StompProtocol("client")
-    frame = decode(proto.connect_frame("broker", "user", "p:w", (1000, 2000),
-                                       extra={"client-id": "c1"}), "1.0")
-    assert frame == Frame("CONNECT", {"accept-version": "1.0,1.1,1.2", "host": "broker",
-                                      "heart-beat": "1000,2000", "login": "user",
-                                      "passcode": "p:w", "client-id": "c1"})
-    assert proto.state == "connecting"
-
-
-def test_client_handshake_sets_version_and_heartbeat() -> None:
-    proto = StompProtocol("client")
-    proto.connect_frame("h", heartbeat=(1000, 2000))
-    events = proto.receive_data(b"CONNECTED\nversion:1.2\nheart-beat:3000,500\n\n\x00")
-    assert frames(events)[0].command == "CONNECTED"
-    assert proto.version == "1.2"
-    # client sends every max(cx=1000, sy=500); expects every max(sx=3000, cy=2000)
-    assert proto.heartbeat == Heartbeat(send_ms=1000, expect_ms=3000)
-
-
-def test_client_and_server_agree_end_to_end() -> None:
-    client, server = StompProtocol("client"), StompProtocol("server")
-    connect = receive_connect(server, client.connect_frame("h", heartbeat=(4000, 6000)))
-    reply = server.accept_connect(connect, server_heartbeat=(5000, 1000))
-    client.receive_data(reply)
-    assert client.version == server.version == "1.2"
-    assert client.heartbeat == Heartbeat(send_ms=server.heartbeat.expect_ms,
-                                         expect_ms=server.heartbeat.send_ms)
-    sent = Frame("SEND", {"destination": "/q", "x": "a:b\nc"}, b"\x00")
-    assert frames(server.receive_data(client.send(sent))) == [
-        Frame("SEND", {**sent.headers, "content-length": "1"}, b"\x00")]
-
-
-def test_client_decodes_frames_pipelined_behind_connected_with_new_version() -> None:
-    proto = StompProtocol("client")
-    proto.connect_frame("h")
-    data = (b"CONNECTED\nversion:1.2\n\n\x00"
-            + b"MESSAGE\ndestination:/q\nmessage-id:a\\cb\nsubscription:s\n\nx\x00")
-    events = proto.receive_data(data)
-    assert frames(events)[1].headers["message-id"] == "a:b"
-
-
-def test_connected_without_version_means_10() -> None:
-    proto = StompProtocol("client")
-    proto.connect_frame("h", heartbeat=(1000, 1000))
-    proto.receive_data(b"CONNECTED\nsession:x\n\n\x00")
-    assert proto.version == "1.0"
-    assert proto.heartbeat == Heartbeat(0, 0)
-
-
-def test_connected_with_version_we_did_not_offer_is_a_remote_error() -> None:
-    proto = StompProtocol("client")
-    proto.connect_frame("h", versions=("1.1",))
-    with pytest.raises(ProtocolError) as info:
-        proto.receive_data(b"CONNECTED\nversion:1.2\n\n\x00")
-    assert info.value.fault == "remote"
-
-
-def test_client_gets_error_frame_during_handshake() -> None:
-    proto = StompProtocol("client")
-    proto.connect_frame("h")
-    events = proto.receive_data(b"ERROR\nmessage:authentication failed\n\n\x00")
-    assert frames(events)[0].headers["message"] == "authentication failed"
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (b"MESSAGE\ndestination:/q\nmessage-id:1\nsubscription:s\n\n\x00", "unexpected frame"),
-        (b"CONNECTED\nversion:1.2\n\n\x00", "unexpected frame"),
-    ],
-)
-def test_client_rejects_frames_before_connect_sent(data: bytes, message: str) -> None:
-    with pytest.raises(ProtocolError) as info:
-        StompProtocol("client").receive_data(data)
-    assert info.value.message == message
-
-
-def test_client_rejects_message_before_connected() -> None:
-    proto = StompProtocol("client")
-    proto.connect_frame("h")
-    with pytest.raises(ProtocolError, match="before CONNECTED"):
-        proto.receive_data(b"MESSAGE\ndestination:/q\nmessage-id:1\nsubscription:s\n\n\x00")
-
-
-@pytest.mark.parametrize(
-    ("command", "headers"),
-    [("MESSAGE", {"destination": "/q", "message-id": "1", "subscription": "s"}),
-     ("RECEIPT", {"receipt-id": "r"}),
-     ("ERROR", {"message": "m"})],
-)
-def test_client_accepts_every_valid_server_frame(command: str, headers: dict[str, str]) -> None:
-    proto = connected_client()
-    assert frames(proto.receive_data(wire(command, headers))) == [Frame(command, headers)]
-
-
-@pytest.mark.parametrize(
-    ("command", "headers", "message"),
-    [("MESSAGE", {"destination": "/q", "message-id": "1"}, "missing required header"),
-     ("MESSAGE", {"destination": "/q", "subscription": "s"}, "missing required header"),
-     ("RECEIPT", {}, "missing required header"),
-     ("CONNECTED", {"version": "1.2"}, "unexpected frame"),
-     ("SEND", {"destination": "/q"}, "unknown command"),
-     ("BOGUS", {}, "unknown command")],
-)
-def test_client_rejects_invalid_server_frames(command: str, headers: dict[str, str],
-                                              message: str) -> None:
-    proto = connected_client()
-    with pytest.raises(ProtocolError) as info:
-        proto.receive_data(wire(command, headers))
-    assert info.value.fault == "remote"
-    assert info.value.message == message
-
-
-@pytest.mark.parametrize(
-    ("command", "headers"),
-    [(c, h) for c, h in VALID_CLIENT_FRAMES["1.2"]],
-)
-def test_client_sends_every_valid_client_frame(command: str, headers: dict[str, str]) -> None:
-    proto = connected_client()
-    assert decode(proto.send(Frame(command, headers))) == Frame(command, headers)
-
-
-@pytest.mark.parametrize(
-    ("command", "headers"),
-    [("SEND", {}), ("ACK", {"message-id": "m"}), ("MESSAGE", {"destination": "/q"}),
-     ("CONNECT", {}), ("NACK", {})],
-)
-def test_client_sending_invalid_frame_is_a_local_error(command: str,
-                                                       headers: dict[str, str]) -> None:
-    with pytest.raises(ProtocolError) as info:
-        connected_client().send(Frame(command, headers))
-    assert info.value.fault == "local"
-
-
-def test_client_cannot_send_before_connected_or_after_disconnect() -> None:
-    proto = StompProtocol("client")
-    with pytest.raises(ProtocolError) as info:
-        proto.send(Frame("SEND", {"destination": "/q"}))
-    assert info.value.fault == "local"
-    proto = connected_client()
-    proto.send(Frame("DISCONNECT", {"receipt": "r"}))
-    with pytest.raises(ProtocolError, match="disconnecting"):
-        proto.send(Frame("SEND", {"destination": "/q"}))
-    assert frames(proto.receive_data(wire("RECEIPT", {"receipt-id": "r"})))[0].command == "RECEIPT"
-
-
-def test_connect_frame_rejects_bad_settings_locally() -> None:
-    with pytest.raises(ProtocolError) as info:
-        StompProtocol("client").connect_frame("h", versions=("2.0",))
-    assert info.value.fault == "local"
-    with pytest.raises(ProtocolError) as info:
-        StompProtocol("client").connect_frame("h", heartbeat=(0, -5))
-    assert info.value.fault == "local"
-    with pytest.raises(ProtocolError) as info:
-        StompProtocol("server").connect_frame("h")
-    assert info.value.fault == "local"
-
-
-def test_invalid_role_is_rejected() -> None:
-    with pytest.raises(ValueError, match="role"):
-        StompProtocol("peer")  # type: ignore[arg-type]
-
-
-# --- heart-beat arithmetic ------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("client", "server", "server_view"),
-    [
-        ((0, 0), (0, 0), Heartbeat(0, 0)),
-        ((1000, 0), (0, 0), Heartbeat(0, 0)),  # server does not want client beats
-        ((0, 0), (1000, 1000), Heartbeat(0, 0)),  # client neither sends nor wants beats
-        ((1000, 0), (0, 2000), Heartbeat(send_ms=0, expect_ms=2000)),
-        ((3000, 0), (0, 2000), Heartbeat(send_ms=0, expect_ms=3000)),
-        ((0, 500), (1000, 0), Heartbeat(send_ms=1000, expect_ms=0)),
-        ((0, 5000), (1000, 0), Heartbeat(send_ms=5000, expect_ms=0)),
-        ((1000, 2000), (3000, 500), Heartbeat(send_ms=3000, expect_ms=1000)),
-        ((10000, 10000), (10000, 10000), Heartbeat(10000, 10000)),
-    ],
-)
-def test_heartbeat_negotiation_table(client: tuple[int, int], server: tuple[int, int],
-                                     server_view: Heartbeat) -> None:
-    assert negotiate_heartbeat(client, server) == server_view
-    assert negotiate_heartbeat(client, server, role="client") == Heartbeat(
-        send_ms=server_view.expect_ms, expect_ms=server_view.send_ms)
-
-
-@pytest.mark.parametrize(
-    ("value", "parsed"),
-    [(None, (0, 0)), ("0,0", (0, 0)), ("1000,2500", (1000, 2500)),
-     (f"{MAX_HEARTBEAT_MS},0", (MAX_HEARTBEAT_MS, 0))],
-)
-def test_parse_heartbeat(value: str | None, parsed: tuple[int, int]) -> None:
-    assert parse_heartbeat(value) == parsed
-
-
-def test_parse_heartbeat_rejects_values_over_the_maximum() -> None:
-    with pytest.raises(ProtocolError) as info:
-        parse_heartbeat(f"{MAX_HEARTBEAT_MS + 1},0")
-    assert info.value.fault == "remote"
-
-
-def test_receive_deadline_uses_the_grace_factor() -> None:
-    assert HEARTBEAT_GRACE == 2.0
-    assert receive_deadline_ms(Heartbeat(send_ms=0, expect_ms=1000)) == 2000
-    assert receive_deadline_ms(Heartbeat(send_ms=0, expect_ms=333), grace=1.5) == 500
-    assert receive_deadline_ms(Heartbeat(send_ms=1000, expect_ms=0)) is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from amqlite.protocol import StompProtocol
-from tests.unit.test_protocol import frames, wire
+from tests.helpers.protocol import frames, wire
 
 
 def test_frames_behind_connect_are_held_as_bytes_until_released() -> None:

@@ -1,12 +1,12 @@
 """Unit tests of the sans-I/O JMS selector (amqlite.broker.selector): grammar,
-precedence, three-valued logic, LIKE, error positions, limits, ActiveMQ's STOMP typing
-rule, JMS field mappings, the store translation and the parse cache."""
+precedence, three-valued logic, LIKE, error positions, limits and the parse cache. The
+STOMP typing rule and JMS fields are in test_selector_typing, the store translation in
+test_selector_sql."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
 
 import pytest
 
@@ -14,25 +14,14 @@ from amqlite.broker.selector import (
     MAX_NESTING,
     MAX_SELECTOR_LENGTH,
     SELECTOR_CACHE_SIZE,
-    FilterTerm,
-    MessageFields,
     Selector,
     SelectorError,
-    SqlFilter,
     parse_selector,
 )
-from amqlite.broker.selector_eval import Long, like_matcher
+from amqlite.broker.selector_eval import like_matcher
+from tests.helpers.selector import CTX, ev
 
-CTX = MessageFields(
-    message_id="ID:m1", priority=4, enqueued_at=1_700_000_000_000, expires_at=0,
-    persistent=True, destination="/queue/orders",
-)
 T, F, U = "1 = 1", "1 = 2", "missing = 1"  # a TRUE, a FALSE and an UNKNOWN condition
-
-
-def ev(text: str, headers: Mapping[str, str] | None = None,
-       ctx: MessageFields = CTX) -> bool | None:
-    return parse_selector(text).evaluate(headers or {}, ctx)
 
 
 def error(text: str) -> SelectorError:
@@ -486,244 +475,6 @@ def test_chained_comparisons_count_as_nesting() -> None:
         parse_selector("a = 1" + " = TRUE" * (MAX_NESTING + 1))
 
 
-# --- the STOMP typing rule -------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "value", "expected"),
-    [
-        ("price > 10", "12", True),
-        ("price > 10", "9", False),
-        ("price > 10", "abc", False),  # FALSE, not UNKNOWN (ActiveMQ)
-        ("NOT (price > 10)", "abc", True),
-        ("price <> 10", "abc", True),
-        ("price = 10", "10", True),
-        ("price = 10", "010", True),  # Integer.valueOf is decimal
-        ("price = 10", "+10", True),
-        ("price = 10", " 10", False),  # Integer.valueOf does not trim
-        ("price = 10", "10.0", False),  # not an int
-        ("price > 10", "12.5", False),
-        ("price > 10.0", "12.5", True),  # a double literal: Double.valueOf
-        ("price > 10.0", "12", True),
-        ("price > 10.0", " 12 ", True),  # Double.valueOf trims
-        ("price > 10.0", "1.2e1", True),
-        ("price > 10.0", "12d", True),  # Java's float suffixes
-        ("price > 10.0", "12f", True),
-        ("price > 10.0", "0x1.8p3", True),  # Java hex float: 12.0
-        ("price > 10.0", "Infinity", True),
-        ("price > 10.0", "-Infinity", False),
-        ("price > 10.0", "NaN", True),  # Double.compareTo: NaN above everything
-        ("price = 10.0", "NaN", False),
-        ("price > 10.0", "nan", False),  # Java is case-sensitive: does not parse
-        ("price > 10", "3000000000", False),  # not a Java int
-        ("price > 2147483648", "3000000000", True),  # a long literal
-        ("price < -2147483649", "-3000000000", True),
-        ("price > 0", "99999999999999999999", False),
-        ("price > 10", "\uff11\uff12", True),  # fullwidth 12: Unicode digits, as Character.digit
-        ("price BETWEEN 10 AND 20", "15", True),
-        ("price BETWEEN 10 AND 20", "x", False),
-        ("10 < price", "12", True),
-        ("price + 1 > 10", "12", None),  # arithmetic never converts
-        ("-price < 0", "12", None),
-        ("price * 1.0 > 10", "12", None),
-        ("flag = TRUE", "true", True),
-        ("flag = TRUE", "TRUE", True),
-        ("flag = TRUE", "yes", False),
-        ("flag = FALSE", "yes", True),  # Boolean.valueOf: anything else is false
-        ("TRUE = flag", "True", True),
-        ("flag <> FALSE", "true", True),
-        ("price = '12'", "12", True),
-    ],
-)
-def test_stomp_typing_rule(text: str, value: str, expected: bool | None) -> None:
-    assert ev(text, {"price": value, "flag": value}) is expected
-
-
-def test_typing_rule_with_jms_fields() -> None:
-    ctx = MessageFields(priority=7, enqueued_at=5_000_000_000)
-    assert ev("JMSPriority = p", {"p": "7"}, ctx) is True  # p as a Java int
-    assert ev("JMSPriority = p", {"p": "7.0"}, ctx) is False
-    assert ev("JMSTimestamp = t", {"t": "5000000000"}, ctx) is True  # t as a Java long
-    assert ev("JMSTimestamp > 0", {}, ctx) is True
-    assert ev("JMSTimestamp + 1 = 5000000001", {}, ctx) is True
-    assert ev("JMSPriority = '7'", {}, ctx) is True
-
-
-# --- JMS fields ------------------------------------------------------------------------
-
-
-class BrokerLikeMessage:
-    """Not a MessageFields: any object with the attributes is a SelectorContext."""
-
-    def __init__(self) -> None:
-        self.message_id = "ID:b-7"
-        self.priority = 9
-        self.enqueued_at = 1234
-        self.expires_at = 99
-        self.persistent = False
-        self.destination = "/topic/prices"
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("JMSMessageID = 'ID:b-7'", True),
-        ("JMSPriority = 9", True),
-        ("JMSPriority > 8 AND JMSPriority < 10", True),
-        ("JMSTimestamp = 1234", True),
-        ("JMSExpiration = 99", True),
-        ("JMSDeliveryMode = 'NON_PERSISTENT'", True),
-        ("JMSDestination = 'topic://prices'", True),
-        ("JMSType = 'order'", True),
-        ("JMSCorrelationID = 'c-1'", True),
-        ("JMSReplyTo = 'queue://replies'", True),
-        ("type = 'order'", True),  # the header itself
-        ("priority = 1", True),  # a header named priority, as sent
-        ("jmspriority = 9", None),  # JMS names are case-sensitive: a header
-        ("JMSRedelivered", None),  # not mapped: a (missing) header
-    ],
-)
-def test_jms_fields(text: str, expected: bool | None) -> None:
-    headers = {"type": "order", "correlation-id": "c-1", "reply-to": "/queue/replies",
-               "priority": "1"}
-    assert parse_selector(text).evaluate(headers, BrokerLikeMessage()) is expected
-
-
-def test_jms_field_defaults() -> None:
-    ctx = MessageFields()
-    assert ev("JMSMessageID IS NULL", {}, ctx) is True  # no id yet
-    assert ev("JMSDeliveryMode = 'NON_PERSISTENT'", {}, ctx) is True
-    assert ev("JMSDestination IS NULL", {}, ctx) is True
-    assert ev("JMSPriority = 4", {}, ctx) is True
-    assert ev("JMSDeliveryMode = 'PERSISTENT'") is True  # CTX is persistent
-    assert ev("JMSDestination = 'queue://orders'") is True
-    assert ev("JMSDestination = 'x'", {}, MessageFields(destination="x")) is True
-    assert ev("JMSReplyTo = '/temp-queue/r'", {"reply-to": "/temp-queue/r"}) is False
-    assert ev("JMSReplyTo = 'temp-queue://r'", {"reply-to": "/temp-queue/r"}) is True
-
-
-# --- evaluation never raises -----------------------------------------------------------
-
-
-def test_evaluation_never_raises() -> None:
-    texts = [
-        "a = 1", "a > 1.5", "a + b > 1", "a * 2 = b", "a / b > 0", "a % b = 0", "-a = b",
-        "a LIKE '%1%'", "a IN ('1')", "a BETWEEN b AND 9", "a = b", "a > b", "a",
-        "JMSTimestamp / a > 1", "JMSPriority * a = 8", "a = TRUE", "a <> b AND NOT a < 1",
-    ]
-    values = ["", "0", "1", "-1", "1.5", "abc", "NaN", "Infinity", "-0.0", "true",
-              "9" * 5000, "1e999", "0x1p3", "\udcff", "2147483648", "-9223372036854775809"]
-    for text in texts:
-        sel = parse_selector(text)
-        for a, b in itertools.product(values, repeat=2):
-            assert sel.evaluate({"a": a, "b": b}, CTX) in (True, False, None)
-
-
-class Exploding:
-    @property
-    def priority(self) -> int:
-        raise RuntimeError("boom")
-
-
-def test_a_broken_context_does_not_raise() -> None:
-    sel = parse_selector("JMSPriority > 1")
-    assert sel.matches({}, Exploding()) is False  # type: ignore[arg-type]
-    assert sel.evaluate({}, Exploding()) is None  # type: ignore[arg-type]
-
-
-# --- store translation -----------------------------------------------------------------
-
-
-def _h(field: str, op: str, value: object = None) -> FilterTerm:
-    return FilterTerm("header", field, op, value)  # type: ignore[arg-type]
-
-
-def _c(field: str, op: str, value: object) -> FilterTerm:
-    return FilterTerm("column", field, op, value)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("color = 'red'", SqlFilter((_h("color", "=", "red"),), True)),
-        ("'red' = color", SqlFilter((_h("color", "=", "red"),), True)),
-        ("color <> 'red'", SqlFilter((_h("color", "<>", "red"),), True)),
-        ("price > 10", SqlFilter((_h("price", ">", 10),), True)),
-        ("10 > price", SqlFilter((_h("price", "<", 10),), True)),
-        ("price <= 2.5", SqlFilter((_h("price", "<=", 2.5),), True)),
-        ("price BETWEEN 1 AND 5",
-         SqlFilter((_h("price", ">=", 1), _h("price", "<=", 5)), True)),
-        ("c IN ('a', 'b')", SqlFilter((_h("c", "in", ("a", "b")),), True)),
-        ("c NOT IN ('a')", SqlFilter((_h("c", "not in", ("a",)),), True)),
-        ("c IS NULL", SqlFilter((_h("c", "is null"),), True)),
-        ("c IS NOT NULL", SqlFilter((_h("c", "is not null"),), True)),
-        ("JMSPriority > 4", SqlFilter((_c("priority", ">", 4),), True)),
-        ("JMSPriority BETWEEN 3 AND 6",
-         SqlFilter((_c("priority", ">=", 3), _c("priority", "<=", 6)), True)),
-        ("JMSTimestamp >= 1000", SqlFilter((_c("enqueued_at", ">=", 1000),), True)),
-        ("JMSExpiration = 0", SqlFilter((_c("expires_at", "=", 0),), True)),
-        ("JMSMessageID = 'ID:1'", SqlFilter((_c("message_id", "=", "ID:1"),), True)),
-        ("JMSMessageID IN ('ID:1')", SqlFilter((_c("message_id", "in", ("ID:1",)),), True)),
-        ("JMSType = 'order'", SqlFilter((_h("type", "=", "order"),), True)),
-        ("JMSCorrelationID = 'c'", SqlFilter((_h("correlation-id", "=", "c"),), True)),
-        ("(color = 'red') AND (JMSPriority >= -1)",
-         SqlFilter((_h("color", "=", "red"), _c("priority", ">=", -1)), True)),
-        ("color = 'red' AND size LIKE 'L%'", SqlFilter((_h("color", "=", "red"),), False)),
-        ("color = 'red' AND (a = '1' OR b = '2')",
-         SqlFilter((_h("color", "=", "red"),), False)),
-        ("color = 'red' OR JMSPriority > 4", None),
-        ("NOT color = 'red'", None),
-        ("color LIKE 'r%'", None),
-        ("price NOT BETWEEN 1 AND 5", None),
-        ("a = b", None),
-        ("a + 1 = 2", None),
-        ("flag = TRUE", None),
-        ("flag", None),
-        ("TRUE", None),
-        ("JMSPriority = '4'", None),
-        ("JMSMessageID = 1", None),
-        ("JMSPriority IN ('4')", None),
-        ("JMSPriority IS NULL", None),
-        ("JMSDeliveryMode = 'PERSISTENT'", None),
-        ("JMSDestination = 'queue://a'", None),
-    ],
-)
-def test_sql_filter(text: str, expected: SqlFilter | None) -> None:
-    assert parse_selector(text).sql_filter() == expected
-
-
-def test_sql_filter_long_values_keep_their_kind() -> None:
-    flt = parse_selector("price > 3000000000").sql_filter()
-    assert flt is not None and type(flt.terms[0].value) is Long
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["color = 'red'", "color <> 'red'", "price > 10", "price = 10.0", "10 >= price",
-     "price BETWEEN 1 AND 5", "c IN ('red', 'x')", "c NOT IN ('red')", "c IS NULL",
-     "c IS NOT NULL", "color = 'red' AND price < 3000000000 AND c IS NOT NULL"],
-)
-def test_sql_filter_terms_agree_with_matches(text: str) -> None:
-    """An exact filter selects what matches() selects, header value by header value."""
-    sel = parse_selector(text)
-    flt = sel.sql_filter()
-    assert flt is not None and flt.exact
-    values = [None, "", "red", "abc", "5", "10", "10.0", "12", "NaN", "2147483648", " 7"]
-    for color, price, c in itertools.product(values, repeat=3):
-        headers = {k: v for k, v in (("color", color), ("price", price), ("c", c)) if v is not None}
-        by_terms = all(t.test(headers.get(t.field)) for t in flt.terms)
-        assert by_terms is sel.matches(headers, CTX), (headers, flt)
-
-
-def test_sql_filter_column_terms() -> None:
-    assert _c("priority", ">", 4).test(5)
-    assert not _c("priority", ">", 4).test(4)
-    assert _c("enqueued_at", ">=", 1000).test(5_000_000_000)
-    assert _c("message_id", "in", ("a", "b")).test("b")
-    assert not _h("x", "not in", ("a",)).test(None)
-    assert not _h("x", "<>", "a").test(None)
-
-
 # --- caching and the Selector object ---------------------------------------------------
 
 
@@ -736,4 +487,3 @@ def test_parse_cache() -> None:
     assert parse_selector.cache_info().maxsize == SELECTOR_CACHE_SIZE
     assert repr(first) == f"Selector({text!r})"
     assert first.text == text
-
