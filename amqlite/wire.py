@@ -3,8 +3,9 @@
 One place for what the codec, protocol, broker, server, client, settings and bench
 would otherwise each spell out: protocol versions, ack modes, amqlite's own headers and
 the default port. It sits on the lowest floor (it imports nothing), so every layer can
-import it. ``spark/audit_job.py`` keeps its own copy of the producer identity headers
-(spark-submit ships that one file); ``tests/unit/test_wire.py`` checks the copy agrees.
+import it. The Spark audit keeps its own copy of the producer identity headers
+(``spark/audit/limits.py``: it imports only pyspark and the standard library);
+``tests/unit/test_wire.py`` checks the copy agrees.
 """
 
 from __future__ import annotations

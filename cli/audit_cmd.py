@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-#: Exit code for an error, the job's own (spark/audit_job.py EXIT_ERROR); kept
+#: Exit code for an error, the job's own (spark/audit/limits.py EXIT_ERROR); kept
 #: here so that a missing pyspark can be reported without importing it.
 EXIT_ERROR = 2
 

@@ -26,7 +26,7 @@ def dedup_pruned_key(group: str) -> str:
     """The ``amq_meta`` key under which a group's last prune is recorded; its value
     is JSON ``{"grp": group, "before": ms, "at": ms}``: at ``at`` (the master's clock)
     every dedup entry of ``grp`` created before ``before`` was gone. The audit
-    (spark/audit_job.py) judges dedup expiry against it, not against its own clock,
+    (spark/audit/) judges dedup expiry against it, not against its own clock,
     so that housekeeping that has not run yet (a stopped broker) is no defect."""
     digest = hashlib.sha256(group.encode("utf-8")).hexdigest()[:DEDUP_PRUNED_DIGEST_CHARS]
     return DEDUP_PRUNED_PREFIX + digest

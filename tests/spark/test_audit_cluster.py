@@ -78,8 +78,8 @@ def test_missing_jdbc_driver_named_before_any_jvm(tmp_path: Path) -> None:
     db = tmp_path / "amqlite.db"
     create_store(f"sqlite:///{db}", int(time.time() * 1000), damaged=False)
     # The job's default jar path pointed at nothing, as on a machine without the package.
-    python = ("import sys; import spark.audit_job as a; "
-              "a.DEFAULT_SQLITE_JAR = '/nonexistent/sqlite-jdbc.jar'; "
+    python = ("import sys; import spark.audit_job as a; import spark.audit.source as s; "
+              "s.DEFAULT_SQLITE_JAR = '/nonexistent/sqlite-jdbc.jar'; "
               "sys.exit(a.main(sys.argv[1:]))")
     started = time.monotonic()
     result = _audit("--store", f"sqlite:///{db}", timeout=EARLY_ERROR_S * 3, python=python)

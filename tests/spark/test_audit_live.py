@@ -31,7 +31,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from amqlite.client import AsyncClient
-from spark import audit_job
+from spark.audit import reader as audit_reader
 from spark.audit_job import (
     EXIT_CLEAN,
     EXIT_FINDINGS,
@@ -274,7 +274,7 @@ def test_sampled_quantiles_split_big_groups_the_same(
     every group): the reads are split all the same and the findings do not change."""
     now = int(time.time() * 1000)
     create_store(pg_url, now, damaged=True)
-    monkeypatch.setattr(audit_job, "QUANTILE_EXACT_MAX_ROWS", 0)
+    monkeypatch.setattr(audit_reader, "QUANTILE_EXACT_MAX_ROWS", 0)
     run = run_audit(
         ["--store", pg_url, "--group", "sequence_gap", "--rows-per-partition", "5", "--json",
          "--now", str(now)]

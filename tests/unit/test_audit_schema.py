@@ -1,9 +1,10 @@
 """The store schema is written once (store/schema.py); the Spark audit's copy agrees.
 
-spark-submit ships spark/audit_job.py alone, so the job restates the tables and
-columns it reads, with the Spark SQL type it reads each as (``STORE_COLUMNS``).
-The job is read here without importing it (it imports pyspark), as
-tests/unit/test_wire.py reads its copy of the identity headers.
+The Spark audit (spark/audit/) imports only the standard library and pyspark, so
+it restates the tables and columns it reads, with the Spark SQL type it reads each
+as (``STORE_COLUMNS``, in spark/audit/limits.py). The job is read here without
+importing it (it imports pyspark), as tests/unit/test_wire.py reads its copy of
+the identity headers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from store import schema
 from store.housekeeping import DEDUP_PRUNED_PREFIX, dedup_pruned_key
 
 ROOT = Path(__file__).resolve().parents[2]
-SPARK_JOB = ROOT / "spark" / "audit_job.py"
+#: Where the audit's limits and store columns are declared.
+SPARK_JOB = ROOT / "spark" / "audit" / "limits.py"
+#: Every module of the audit, whose SQL names the tables it reads.
+SPARK_MODULES = sorted((ROOT / "spark" / "audit").glob("*.py"))
 
 #: The Spark SQL type a column of each SQLAlchemy type is read as.
 SPARK_TYPES: dict[type, str] = {
@@ -97,11 +101,12 @@ def test_audit_job_reads_the_prune_records_the_store_writes() -> None:
 
 def test_audit_job_names_only_tables_it_declares() -> None:
     """Every table the job's SQL reads from, or names as a read, is in STORE_COLUMNS."""
-    source = SPARK_JOB.read_text(encoding="utf-8")
-    named = set(re.findall(r"\bFROM (amq_\w+)", source))
+    sources = [path.read_text(encoding="utf-8") for path in SPARK_MODULES]
+    named = {table for source in sources for table in re.findall(r"\bFROM (amq_\w+)", source)}
     named |= {
         node.value
-        for node in ast.walk(_job_tree())
+        for source in sources
+        for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
         and re.fullmatch(r"amq_\w+", node.value)

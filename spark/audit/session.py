@@ -1,0 +1,159 @@
+"""The Spark session the audit runs in, its progress line, and the settings it
+scopes to each phase (reading, checking).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from pyspark.sql import SparkSession
+
+from spark.audit.limits import (
+    AUDIT_JVM_OPTIONS,
+    CHECK_ROWS_PER_TASK,
+    LOCAL_SHUFFLE_PARTITIONS_PER_CORE,
+    PROGRESS_INTERVAL_S,
+)
+
+
+class Progress:
+    """Progress lines on stderr while Spark works: each phase as it starts, and the
+    running stage's task counts every ``PROGRESS_INTERVAL_S`` (Spark's own console bar
+    is off: it redraws one line, which a log or a captured run cannot show)."""
+
+    def __init__(self, enabled: bool, interval: float = PROGRESS_INTERVAL_S) -> None:
+        self.enabled = enabled
+        self.interval = interval
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            elapsed = time.monotonic() - self.started
+            print(f"amqlite audit: [{elapsed:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+    def watch(self, spark: SparkSession) -> None:
+        """Report running stages until ``stop``."""
+        if not self.enabled or self._thread is not None:
+            return
+        tracker = spark.sparkContext.statusTracker()
+
+        def run() -> None:
+            while not self._stop.wait(self.interval):
+                with contextlib.suppress(Exception):  # the context may be stopping
+                    stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+                    infos = [i for i in stages if i is not None]
+                    if infos:
+                        done = sum(i.numCompletedTasks for i in infos)
+                        total = sum(i.numTasks for i in infos)
+                        running = sum(i.numActiveTasks for i in infos)
+                        self.say(f"  {len(infos)} Spark stage(s): {done}/{total} tasks "
+                                 f"done, {running} running")
+
+        self._thread = threading.Thread(target=run, name="audit-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval)
+
+
+#: No progress lines (the default for ``run_audit`` called from code).
+QUIET = Progress(False)
+
+
+def build_session(
+    master: str | None = None,
+    jars: Sequence[str] = (),
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """The session the job uses when nobody gave it one. Local masters stay on
+    loopback with no UI: the audit is a batch job, not a service."""
+    builder = SparkSession.builder.appName("amqlite-audit")
+    local = master is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if master is not None:
+        builder = builder.master(master)
+        local = master.startswith("local")
+    elif local:
+        builder = builder.master("local[*]")
+    settings: dict[str, str] = {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "ERROR",
+        "spark.executor.extraJavaOptions": AUDIT_JVM_OPTIONS,
+    }
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # this process starts the driver's JVM
+        settings["spark.driver.extraJavaOptions"] = AUDIT_JVM_OPTIONS
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        cores = os.cpu_count() or 2
+        settings.update(
+            {
+                "spark.ui.enabled": "false",
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.sql.shuffle.partitions": str(
+                    max(4, LOCAL_SHUFFLE_PARTITIONS_PER_CORE * cores)
+                ),
+            }
+        )
+    present = [j for j in jars if j]
+    if present:
+        settings["spark.jars"] = ",".join(present)
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+@contextlib.contextmanager
+def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """SQL settings for the audit's queries, restored after (the session may be
+    somebody else's)."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
+
+
+#: Spark settings for queries over candidates (a few thousand rows on a healthy
+#: store): one job per action, compiled as little as possible. Adaptive execution
+#: and broadcast joins each run a job per shuffle or per broadcast, and whole-stage
+#: code generation compiles a class per stage; on a cold JVM each costs more than
+#: the rows (bench/audit_bench.py at 200,000 messages: 24 jobs an audit before, 3).
+SMALL_DATA_SETTINGS = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.constraintPropagation.enabled": "false",
+}
+
+
+def check_settings(spark: SparkSession, rows: int, small: bool) -> dict[str, str]:
+    """The checks' shuffles sized to their input (a clean store's candidates fit in
+    one partition), never more than the session's setting. ``small``: the checks
+    see candidates only (PostgreSQL), so no whole-stage code generation: compiling
+    a class per stage costs a cold JVM more than interpreting a few thousand rows
+    (bench/audit_bench.py: about half the checks' time at 200,000 messages)."""
+    key = "spark.sql.shuffle.partitions"
+    wanted = max(1, math.ceil(rows / CHECK_ROWS_PER_TASK))
+    settings = {key: str(min(int(spark.conf.get(key) or wanted), wanted))}
+    if small:
+        settings.update(SMALL_DATA_SETTINGS)
+    return settings
