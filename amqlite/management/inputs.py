@@ -86,7 +86,7 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     if json_depth(text) > MAX_JSON_DEPTH:
         raise ActionError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        data = json.loads(text) if text.strip() else {}
+        data = json.loads(text) if text else {}  # whitespace alone is no JSON text
     except (ValueError, RecursionError):
         raise ActionError(400, "the body is not valid JSON") from None
     if not isinstance(data, dict):

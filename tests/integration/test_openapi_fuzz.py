@@ -278,6 +278,9 @@ def test_every_success_answer_matches_the_document(broker: BrokerProcess, api: A
     # And the error shapes: a 404, a 400 and a 409, as documented.
     call("GET", "/api/v1/message/{id}", 404, path_parameters={"id": 2**62})
     call("POST", "/api/v1/move/{kind}/{name}", 400, path_parameters=one, body={"to": ""})
+    status, _, _ = api.call("POST", f"/api/v1/send/queue/{q}", raw=b"\r",  # no JSON text
+                            headers={"Content-Type": "application/json"})
+    assert status == 400
     consumer2 = clients(broker.port, **login)
     consumer2.subscribe(f"/queue/{q}")
     wait_until(lambda: (d := api.destination(f"/queue/{q}")) and d["consumers"] == 1,
