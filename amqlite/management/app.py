@@ -36,9 +36,10 @@ here: parsing, logins and permissions, the HTTP status of its errors, and the lo
 who asked.
 
 Errors are JSON ``{"error": "..."}`` with the status: 400 malformed (``inputs``), 401
-login, 403 not an administrator or a failed CSRF/origin check, 404 unknown, 409 conflict,
-413 body too large, 421 a Host this node does not serve (``origin``), 429 too many failed
-logins (with Retry-After), 503 not the master or the login check queue full.
+login, 403 not an administrator or a failed CSRF/origin check, 404 unknown, 408 a body
+too slow, 409 conflict, 413 body too large, 421 a Host this node does not serve
+(``origin``), 429 too many failed logins (with Retry-After), 503 not the master or the
+login check queue full.
 
 What a login sees (issue 23): with [[authorization]] entries, only the destinations it
 may read; connections, other logins' durable subscriptions and ``/metrics`` need an
@@ -69,6 +70,7 @@ from amqlite.broker.operations import Connection, OperationError, Operations
 from amqlite.listen import HTTP_BACKLOG, listening_sockets
 from amqlite.management import inputs
 from amqlite.management.actions import ActionError
+from amqlite.management.connections import KEEPALIVE_TIMEOUT, HttpConnections, HttpSite
 from amqlite.management.document import YAML_TYPE, DocumentMissing, OpenApiDocument
 from amqlite.management.httplog import server_logger
 from amqlite.management.inputs import MAX_BODY_BYTES
@@ -148,6 +150,8 @@ class ManagementServer:
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._ssl: ssl.SSLContext | None = None
+        #: The listener's sockets, bounded (``connections``): one count for all its sites.
+        self.sockets = HttpConnections()
         s = self.settings
         bind = s.http_bind if s.http_bind and s.http_bind.lower() != HTTP_OFF else ""
         self.hosts = HostGuard(parse_bind(bind)[0] if bind else "127.0.0.1",
@@ -184,7 +188,8 @@ class ManagementServer:
         #: HTTPS with the STOMP listener's certificate settings (issue 16).
         self._ssl = s.ssl_context() if s.ssl_cert and s.http_ssl else None
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                                     logger=server_logger())
+                                     logger=server_logger(),
+                                     keepalive_timeout=KEEPALIVE_TIMEOUT)
         await self._runner.setup()
         if s.http_bind:
             host, port = parse_bind(s.http_bind)
@@ -220,8 +225,9 @@ class ManagementServer:
                     await self.stop()
                     raise
                 continue
-            sites = [web.SockSite(self._runner, sock) if self._ssl is None
-                     else GatedHttpsSite(self._runner, sock, self._ssl,
+            sites = [HttpSite(self._runner, sock, self.sockets, HTTP_BACKLOG)
+                     if self._ssl is None
+                     else GatedHttpsSite(self._runner, sock, self.sockets, self._ssl,
                                          self.settings.connect_timeout, HTTP_BACKLOG)
                      for sock in socks]
             for site in sites:
@@ -251,7 +257,8 @@ class ManagementServer:
 
     # -- app ---------------------------------------------------------------------------
     def _make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._handling, self._guard],
+                              client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/", self.console)
         r.add_get("/static/{filename}", self.static_file)
@@ -281,6 +288,16 @@ class ManagementServer:
         r.add_get(API + "/rates/{kind}/{name:.+}", self.destination_rates)
         r.add_post(API + "/send/{kind}/{name:.+}", self.send)
         return app
+
+    @web.middleware
+    async def _handling(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Its connection is busy while a request is handled: not closed to make room
+        for a new one, nor for a late head (``connections``)."""
+        self.sockets.begin(request.protocol)
+        try:
+            return await handler(request)
+        finally:
+            self.sockets.end(request.protocol)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:

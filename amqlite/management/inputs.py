@@ -7,6 +7,7 @@ every bad input is an ``ActionError`` 400 with one line, never an exception from
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -20,6 +21,10 @@ from store.schema import BIGINT_MAX
 #: Largest JSON body an action accepts: a list of ids to move (~10 bytes each), 1 MiB is
 #: about 100,000 of them.
 MAX_BODY_BYTES = 1024 * 1024
+#: Seconds for a body to arrive once its handler reads it: 1 MiB takes well under a
+#: second on any link an operator uses; a body trickled in byte by byte would otherwise
+#: keep its connection busy (never closed to make room) for as long as the sender likes.
+BODY_TIMEOUT = 10.0
 #: Deepest nesting of arrays and objects in a JSON body: an action's body is an object
 #: holding a list of ids (2); the C decoder recurses per level, and 200,000 ``[`` are a
 #: RecursionError.
@@ -75,10 +80,15 @@ def json_depth(text: str) -> int:
 
 async def json_body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object ({} without a body); 400 when it is not one, nests
-    deeper than ``MAX_JSON_DEPTH`` or is not UTF-8, 413 past the app's body size."""
+    deeper than ``MAX_JSON_DEPTH`` or is not UTF-8, 413 past the app's body size, 408
+    when it takes longer than ``BODY_TIMEOUT`` to arrive."""
     if not request.can_read_body:
         return {}
-    raw = await request.read()  # aiohttp answers 413 past client_max_size
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            raw = await request.read()  # aiohttp answers 413 past client_max_size
+    except TimeoutError:
+        raise ActionError(408, f"the body did not arrive within {BODY_TIMEOUT:g} s") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
