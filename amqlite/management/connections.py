@@ -25,6 +25,7 @@ import asyncio
 import enum
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import cast
 
@@ -230,12 +231,15 @@ class HttpSocket(asyncio.Protocol):
 
 class HttpSite(web.SockSite):
     """aiohttp's SockSite for plain HTTP, with an ``HttpSocket`` in front of each
-    connection."""
+    connection (``protocol``: what each accepted socket gets)."""
 
     def __init__(self, runner: web.BaseRunner, sock: socket.socket, limits: HttpConnections,
-                 backlog: int) -> None:
-        super().__init__(runner, sock, backlog=backlog)
+                 backlog: int, context: ssl.SSLContext | None = None) -> None:
+        super().__init__(runner, sock, ssl_context=context, backlog=backlog)
         self.limits = limits
+
+    def protocol(self, loop: asyncio.AbstractEventLoop, server: web.Server) -> asyncio.BaseProtocol:
+        return HttpSocket(server(), self.limits)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registered with the runner, as SockSite does
@@ -243,5 +247,4 @@ class HttpSite(web.SockSite):
         server = self._runner.server
         assert server is not None
         self._server = await loop.create_server(
-            lambda: HttpSocket(server(), self.limits), sock=self._sock,
-            backlog=self._backlog)
+            lambda: self.protocol(loop, server), sock=self._sock, backlog=self._backlog)

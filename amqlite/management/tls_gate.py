@@ -31,6 +31,7 @@ from amqlite.management.connections import (
     MAX_HTTP_HANDSHAKES,
     HttpConnection,
     HttpConnections,
+    HttpSite,
     HttpSocket,
     Phase,
 )
@@ -79,25 +80,18 @@ class HttpTlsGate(sslproto.SSLProtocol):
             super().connection_lost(exc)
 
 
-class GatedHttpsSite(web.SockSite):
+class GatedHttpsSite(HttpSite):
     """aiohttp's SockSite, serving HTTPS through an HttpTlsGate per socket."""
 
     def __init__(self, runner: web.BaseRunner, sock: socket.socket, limits: HttpConnections,
                  context: ssl.SSLContext, handshake_timeout: float, backlog: int) -> None:
-        super().__init__(runner, sock, ssl_context=context, backlog=backlog)
+        super().__init__(runner, sock, limits, backlog, context)
         self.context = context
         self.handshake_timeout = handshake_timeout
-        self.limits = limits
 
-    async def start(self) -> None:
-        await web.BaseSite.start(self)  # registered with the runner, as SockSite does
-        loop = asyncio.get_running_loop()
-        server = self._runner.server
-        assert server is not None
-        self._server = await loop.create_server(
-            lambda: HttpTlsGate(loop, HttpSocket(server(), self.limits), self.context,
-                                self.limits, self.handshake_timeout),
-            sock=self._sock, backlog=self._backlog)
+    def protocol(self, loop: asyncio.AbstractEventLoop, server: web.Server) -> asyncio.BaseProtocol:
+        return HttpTlsGate(loop, HttpSocket(server(), self.limits), self.context,
+                           self.limits, self.handshake_timeout)
 
     async def stop(self) -> None:
         await super().stop()

@@ -14,11 +14,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
-import select
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from amqlite.management.inputs import BODY_TIMEOUT
 from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess
 from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
+from tests.helpers.sockets import closed_by_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -75,27 +74,6 @@ def rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS in /proc/{pid}/status")
-
-
-def closed_by_broker(sock: socket.socket) -> bool:
-    """True if the broker closed (or reset) it; checked without waiting (``poll``:
-    ``select`` takes no descriptor past 1023)."""
-    looker = select.poll()
-    looker.register(sock, select.POLLIN)
-    if not looker.poll(0):
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
-
-
-@pytest.fixture
-def sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    yield opened
-    for sock in opened:
-        sock.close()
 
 
 def connect(port: int, into: list[socket.socket]) -> socket.socket:

@@ -13,12 +13,10 @@ to the TLS port and never send a byte.
 
 from __future__ import annotations
 
-import select
 import socket
 import ssl
 import time
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 import stomp
@@ -28,6 +26,7 @@ from amqlite.management.tls_gate import MAX_HTTP_CONNECTIONS, MAX_HTTP_HANDSHAKE
 from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess, Collector
 from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
+from tests.helpers.sockets import closed_by_broker
 from tests.helpers.tls import Pki, make_pki
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -56,14 +55,6 @@ def start_tls(factory: BrokerFactory, pki: Pki, max_unauthenticated: int) -> Bro
     })
 
 
-@pytest.fixture
-def sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    yield opened
-    for sock in opened:
-        sock.close()
-
-
 def half_open(port: int, count: int, into: list[socket.socket]) -> list[socket.socket]:
     """``count`` TCP connections to the TLS port that never start a handshake."""
     new = []
@@ -73,17 +64,6 @@ def half_open(port: int, count: int, into: list[socket.socket]) -> list[socket.s
         into.append(sock)
         time.sleep(0.01)  # accepted in this order: "oldest" is well defined
     return new
-
-
-def closed_by_broker(sock: socket.socket) -> bool:
-    """True if the broker closed (or reset) it; checked without waiting."""
-    readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
 
 
 def wait_closed(socks: list[socket.socket], timeout: float) -> list[bool]:
