@@ -54,13 +54,8 @@ from amqlite.wire import (  # noqa: E402
     PRODUCER_SEQ_HEADER,
     STOMP_1_2,
 )
-from bench.peers import (  # noqa: E402
-    SPAWN_KINDS,
-    PeerSet,
-    thread_cpu_seconds,
-    tree_cpu_seconds,
-    tree_rss_bytes,
-)
+from bench.peers import SPAWN_KINDS, PeerSet  # noqa: E402
+from bench.procs import CpuMeter  # noqa: E402
 from bench.scrape import Scraper  # noqa: E402
 from bench.wsclient import ws_factory  # noqa: E402
 from tests.helpers.servers import free_port  # noqa: E402
@@ -80,15 +75,21 @@ TLS: ssl.SSLContext | None = None
 WS = False
 #: Set by setup_tls(): part of every producer identity, new for each run and process.
 RUN_TAG = ""
+#: Set by setup_tls() (--queue-type): RabbitMQ's queue-declaring header, on every SEND
+#: and SUBSCRIBE, as its STOMP guide says (the queue is declared by whichever comes
+#: first, and a later frame without it would ask for a classic queue and be refused).
+QUEUE_ARGS: dict[str, str] = {}
 
 
 def setup_tls(opts: argparse.Namespace) -> None:
     """In each process that opens connections (producer workers are spawned)."""
-    global TLS, WS, RUN_TAG
+    global TLS, WS, RUN_TAG, QUEUE_ARGS
     if opts.tls:
         TLS = client_context(opts.ssl_ca or "")
     WS = getattr(opts, "run_ws", False)
     RUN_TAG = os.urandom(4).hex()
+    queue_type = getattr(opts, "queue_type", None)
+    QUEUE_ARGS = {"x-queue-type": queue_type} if queue_type else {}
 
 
 async def open_peer(make: Any, port: int) -> Any:
@@ -256,7 +257,8 @@ class _ReceiptProducer(_Peer):
 async def producer(port: int, body: bytes, stop: float, latencies: list[float],
                    persistent: bool, receipts: bool, pid: int,
                    omit_persistent_header: bool = False, parts: int = 0) -> int:
-    headers = {"destination": QUEUE, "persistent": "true" if persistent else "false"}
+    headers = {"destination": QUEUE, "persistent": "true" if persistent else "false",
+               **QUEUE_ARGS}
     if omit_persistent_header and not persistent:
         del headers["persistent"]
     if receipts:
@@ -286,7 +288,7 @@ async def subscribe(c: Conn, destination: str, ack: str) -> None:
     declared yet, so producers start only once every consumer is in place."""
     c.send(Frame("SUBSCRIBE", {"destination": destination, "id": "1", "ack": ack,
                                "activemq.prefetchSize": PREFETCH, "prefetch-count": PREFETCH,
-                               "receipt": "sub"}))
+                               "receipt": "sub", **QUEUE_ARGS}))
     early: list[Frame] = []  # MESSAGEs that overtook the RECEIPT: kept, in order
     while True:
         f = await asyncio.wait_for(c.frames.get(), 30)
@@ -330,7 +332,7 @@ class _Consumer(_Peer):
         elif command == "CONNECTED":
             headers = {"destination": self.destination, "id": "1", "ack": self.ack,
                        "activemq.prefetchSize": PREFETCH, "prefetch-count": PREFETCH,
-                       "receipt": "sub"}
+                       "receipt": "sub", **QUEUE_ARGS}
             if self.selector is not None:
                 headers["selector"] = self.selector
             self.write(Frame("SUBSCRIBE", headers))
@@ -381,7 +383,7 @@ async def preload(port: int, count: int, body: bytes, destination: str,
     async def one(n: int) -> int:
         c = await Conn.open(port)
         done = 0
-        headers = {"destination": destination, "persistent": "true"}
+        headers = {"destination": destination, "persistent": "true", **QUEUE_ARGS}
         while done < n and (deadline is None or time.monotonic() < deadline):
             k = min(chunk, n - done)
             for i in range(k):
@@ -483,10 +485,12 @@ class ProducerProcesses:
                 proc.join(5)
 
 
-async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None,
+async def run(opts: argparse.Namespace, port: int, broker_pids: tuple[int, ...] = (),
               store_pid: int | None = None) -> dict:
-    """``store_pid``: the PostgreSQL a spawned broker uses, whose CPU is the
-    third share of a run on one machine (broker, store, load generator)."""
+    """``broker_pids``: the broker's processes (a cluster's nodes); ``store_pid``: the
+    PostgreSQL a spawned broker uses, whose CPU is the third share of a run on one
+    machine (broker, store, load generator)."""
+    meter = CpuMeter(broker_pids, store_pid)
     body = b"x" * opts.body_size
     latencies: list[float] = []
     received = [0]
@@ -503,9 +507,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
             selector=f"{PART_HEADER} = '{k}'" if opts.selectors else None))
             for k, r in enumerate(readies)]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
-        broker_cpu0 = tree_cpu_seconds(broker_pid) if broker_pid else 0.0
-        threads0 = thread_cpu_seconds(broker_pid) if broker_pid else {}
-        store_cpu0 = tree_cpu_seconds(store_pid) if store_pid else 0.0
+        meter.start()
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
         stop = t0 + opts.seconds
@@ -524,13 +526,7 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
     while received[0] < sent and time.monotonic() < deadline and opts.consumers:
         await asyncio.sleep(0.05)
     total_s = time.monotonic() - t0
-    broker = {}
-    if broker_pid:
-        broker = {"broker_cpu_s": round(tree_cpu_seconds(broker_pid) - broker_cpu0, 2),
-                  "broker_rss_mb": round(tree_rss_bytes(broker_pid) / 2**20, 1)}
-        threads = thread_cpu_seconds(broker_pid)
-    if store_pid:
-        broker["store_cpu_s"] = round(tree_cpu_seconds(store_pid) - store_cpu0, 2)
+    spent = meter.stop()
     done.set()
     await asyncio.gather(*consumers, return_exceptions=True)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -538,13 +534,11 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
     # Per message that made the whole trip: on a machine where broker, store
     # and generator share the cores, their sum bounds the rate (bench/README.md).
     done_msgs = received[0] if opts.consumers else sent
-    cpu_s = {"broker": broker.get("broker_cpu_s"), "store": broker.get("store_cpu_s"),
+    cpu_s = {"broker": spent.get("broker_cpu_s"), "store": spent.get("store_cpu_s"),
              "loadgen": cpu}
     per_msg = {k: round(1e6 * v / done_msgs, 1) for k, v in cpu_s.items()
                if v is not None and done_msgs}
-    if broker_pid and done_msgs:
-        broker["broker_threads_us_per_msg"] = split_threads(broker_pid, threads0, threads,
-                                                            done_msgs)
+    broker = meter.per_message(spent, done_msgs)
     return {
         "sent": sent,
         "received": received[0],
@@ -559,19 +553,6 @@ async def run(opts: argparse.Namespace, port: int, broker_pid: int | None = None
         "cpu_us_per_msg": per_msg,
         **broker,
     }
-
-
-def split_threads(pid: int, before: dict[int, float], after: dict[int, float],
-                  msgs: int) -> dict[str, float]:
-    """The broker's CPU per message by thread: its main thread (amqlite's event
-    loop), its busiest other thread (amqlite's group committer) and the rest."""
-    spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
-    main_s = spent.pop(pid, 0.0)
-    others = sorted(spent.values(), reverse=True)
-    busiest = others[0] if others else 0.0
-    rest = sum(others[1:])
-    return {k: round(1e6 * v / msgs, 1)
-            for k, v in (("main", main_s), ("busiest_other", busiest), ("rest", rest))}
 
 
 def main() -> int:
@@ -590,6 +571,9 @@ def main() -> int:
                          "ActiveMQ and RabbitMQ; RabbitMQ reads persistent:false as 'declare "
                          "the queue non-durable' and refuses it); implied by --spawn rabbitmq")
     ap.add_argument("--no-receipts", action="store_true")
+    ap.add_argument("--queue-type", choices=("classic", "quorum"),
+                    help="RabbitMQ: declare the queue of this type (x-queue-type on every "
+                         "SEND and SUBSCRIBE); implied quorum by --spawn rabbitmq-quorum")
     ap.add_argument("--parts", type=int, default=0,
                     help="W6: tag each message with a 'part' header, 0..N-1 round robin "
                          "per producer (give --parts equal to --consumers)")
@@ -647,11 +631,13 @@ def main() -> int:
         opts.ws_port = free_port()
         os.environ["AMQLITE_WSS_BIND" if opts.tls else "AMQLITE_WS_BIND"] = \
             f"127.0.0.1:{opts.ws_port}"
+    if opts.spawn == "rabbitmq-quorum":
+        opts.queue_type = "quorum"
     setup_tls(opts)
-    if opts.spawn == "rabbitmq":
+    if opts.spawn in ("rabbitmq", "rabbitmq-quorum"):
         opts.omit_persistent_header = True
     with PeerSet() as peers:
-        port, pid, broker_config = peers.target(opts.spawn, opts.port)
+        port, pids, broker_config = peers.target(opts.spawn, opts.port)
         if tls_dir is not None:
             port = ssl_port
             broker_config = {**broker_config, "tls": True}
@@ -664,8 +650,10 @@ def main() -> int:
         for transport in ("tcp", "ws") if opts.transport == "both" else (opts.transport,):
             opts.run_ws = transport == "ws"  # read by setup_tls, here and in workers
             setup_tls(opts)
-            one = asyncio_run(run(opts, opts.ws_port if opts.run_ws else port, pid, store_pid))
+            one = asyncio_run(run(opts, opts.ws_port if opts.run_ws else port, pids, store_pid))
             result = one if opts.transport != "both" else {**result, transport: one}
+        if peers.cluster is not None:  # the queue the run used: quorum, on every node?
+            result["queue"] = peers.cluster.queue_members(QUEUE.rsplit("/", 1)[1])
         if scraper is not None:
             result["scrapes"] = scraper.stop()
     out = {

@@ -4,13 +4,15 @@ ActiveMQ Classic (Debian's ``activemq``) with a JDBC persistence adapter on a
 PostgreSQL we start, its STOMP connector on a free 127.0.0.1 port and its
 default database locker (so two of them make a JDBC master/slave pair); and
 RabbitMQ (Debian's ``rabbitmq-server``) with the ``rabbitmq_stomp`` plugin, a
-private node name, epmd and data directories. Each runs as its own process
-group in a temporary directory, started directly (no systemd), and is stopped
-and removed by ``stop()`` -- also when a benchmark fails. ``bench/install-peers``
-installs the packages.
+private node name, epmd and data directories: one node for a classic queue, or
+three joined into a cluster for a quorum queue (bench/rabbitmq.py). Each runs as
+its own process group in a temporary directory, started directly (no systemd),
+and is stopped and removed by ``stop()`` -- also when a benchmark fails.
+``bench/install-peers`` installs the packages.
 
-    python bench/peers.py activemq      # start one, print its STOMP port, stop on Enter
-    python bench/peers.py rabbitmq      # (or postgres|sqlite: amqlite, activemq-kahadb)
+    python bench/peers.py activemq          # start one, print its STOMP port, stop on Enter
+    python bench/peers.py rabbitmq-quorum   # (or rabbitmq, postgres|sqlite: amqlite,
+                                            #  activemq-kahadb)
 """
 
 from __future__ import annotations
@@ -18,19 +20,34 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import escape
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.procs import (  # noqa: E402  (re-exported: the bench scripts import them here)
+    START_TIMEOUT,
+    STOP_TIMEOUT,
+    PeerProcess,
+    Stoppable,
+    dpkg_version,
+    port_open,
+    thread_cpu_seconds,
+    tree_cpu_seconds,
+    tree_pids,
+    tree_rss_bytes,
+)
+from bench.rabbitmq import RabbitCluster, RabbitMQ  # noqa: E402
 from tests.helpers.servers import PostgresServer, free_port  # noqa: E402
+
+__all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "PeerProcess", "PeerSet", "RabbitCluster",
+           "RabbitMQ", "jdbc_url", "port_open", "thread_cpu_seconds", "tree_cpu_seconds",
+           "tree_pids", "tree_rss_bytes"]
 
 #: Debian's activemq package layout (``dpkg -L activemq``).
 ACTIVEMQ_HOME = Path("/usr/share/activemq")
@@ -44,12 +61,6 @@ ACTIVEMQ_HEAP = "512M"
 #: JDBC connections in ActiveMQ's pool: one per producer of W1 (50), as its
 #: JDBC performance example sizes the pool to the clients.
 ACTIVEMQ_JDBC_POOL = 60
-#: Debian's rabbitmq-server installs the Erlang release here.
-RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
-EPMD = "epmd"
-#: ActiveMQ needs ~5-10 s to boot its Spring context; RabbitMQ ~5-15 s.
-START_TIMEOUT = 120.0
-STOP_TIMEOUT = 30.0
 
 #: The JVM flags Debian's /usr/bin/activemq passes to Java > 8.
 _JAVA_MODULE_FLAGS = [
@@ -111,149 +122,6 @@ def jdbc_url(pg: PostgresServer, sqlalchemy_url: str) -> str:
     return f"jdbc:postgresql://127.0.0.1:{pg.port}/{sqlalchemy_url.rsplit('/', 1)[1]}"
 
 
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and its descendants, from /proc (no psutil in the venv)."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of a process tree (a JVM, or beam plus its helpers)."""
-    total = 0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError, ValueError, IndexError), \
-                open(f"/proc/{p}/statm") as f:
-            total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return total
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a running process tree, for 'what did the broker cost'."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """User + system CPU of each thread of one process, by thread id (the main
-    thread's id is ``pid``): which of amqlite's threads (event loop, committer)
-    spent a run's CPU."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out: dict[int, float] = {}
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
-    return out
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-class PeerProcess:
-    """One server process in its own process group, with a log file."""
-
-    def __init__(self, tmp: Path, name: str) -> None:
-        self.tmp = tmp
-        self.name = name
-        self.log = tmp / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
-
-    def _spawn(self, cmd: list[str], env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> None:
-        self.log_offset = self.log.stat().st_size if self.log.exists() else 0
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                         start_new_session=True)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_port(self, port: int, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited: see {self.log}\n{self.tail()}")
-            if port_open(port):
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} did not open port {port}: see {self.log}")
-
-    def wait_log(self, text: bytes, timeout: float = START_TIMEOUT) -> None:
-        """Until the log written since the last start contains ``text``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited: see {self.log}\n{self.tail()}")
-            if text in self.log.read_bytes()[self.log_offset:]:
-                return
-            time.sleep(0.02)
-        raise TimeoutError(f"{self.name} never logged {text!r}: see {self.log}")
-
-    def wait_standing_by(self, timeout: float = START_TIMEOUT) -> None:
-        """Until this node, started while another holds the lock, waits for it."""
-        self.wait_log(self.STANDBY_LOG_LINE, timeout)
-
-    #: What a node logs when it starts waiting for the lock as a slave.
-    STANDBY_LOG_LINE = b""
-
-    def tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: what a crash looks like."""
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after STOP_TIMEOUT; always reaps the group."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(STOP_TIMEOUT)
-        self.kill()
-
-
 class ActiveMQ(PeerProcess):
     """One ActiveMQ Classic broker; ``store`` is ``jdbc`` (needs ``jdbc``) or ``kahadb``."""
 
@@ -276,7 +144,7 @@ class ActiveMQ(PeerProcess):
                                             pool=ACTIVEMQ_JDBC_POOL)
         else:
             adapter, datasource = _KAHADB_ADAPTER.format(data=data), ""
-        self.config = {"broker": "activemq", "version": _dpkg_version("activemq"),
+        self.config = {"broker": "activemq", "version": dpkg_version("activemq"),
                        "store": "jdbc-postgresql" if store == "jdbc" else "kahadb",
                        "locker": "DefaultDatabaseLocker" if store == "jdbc" else "kahadb lock",
                        "heap": ACTIVEMQ_HEAP}
@@ -294,61 +162,6 @@ class ActiveMQ(PeerProcess):
                f"-Dactivemq.data={self.base / 'data'}",
                "-jar", str(ACTIVEMQ_JAR), "start", f"xbean:file:{conf / 'activemq.xml'}"]
         self._spawn(cmd, cwd=self.base)
-
-
-class RabbitMQ(PeerProcess):
-    """One RabbitMQ node with the STOMP plugin and its own epmd, all on loopback."""
-
-    def __init__(self, tmp: Path, name: str = "rabbit") -> None:
-        super().__init__(tmp, name)
-        if not RABBITMQ_SERVER.exists():
-            raise RuntimeError("RabbitMQ is not installed: run bench/install-peers")
-        self.port = free_port()
-        self.amqp_port = free_port()
-        self.dist_port = free_port()
-        self.epmd_port = free_port()
-        self.base = tmp / name
-        self.base.mkdir(parents=True, exist_ok=True)
-        (self.base / "enabled_plugins").write_text("[rabbitmq_stomp].\n")
-        (self.base / "rabbitmq.conf").write_text(
-            f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
-            f"stomp.listeners.tcp.1 = 127.0.0.1:{self.port}\n"
-            "stomp.tcp_listen_options.nodelay = true\n"
-            "loopback_users.guest = true\n")
-        (self.base / "rabbitmq-env.conf").write_text("")
-        self.epmd: PeerProcess | None = None
-        self.config = {"broker": "rabbitmq", "version": _dpkg_version("rabbitmq-server"),
-                       "store": "classic durable queue, persistent messages",
-                       "erlang": _dpkg_version("erlang-base")}
-
-    def env(self) -> dict[str, str]:
-        b = self.base
-        return dict(
-            os.environ, HOME=str(b), ERL_EPMD_PORT=str(self.epmd_port),
-            ERL_EPMD_ADDRESS="127.0.0.1",
-            RABBITMQ_NODENAME=f"bench{os.getpid()}@localhost",
-            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT=str(self.amqp_port),
-            RABBITMQ_DIST_PORT=str(self.dist_port),
-            RABBITMQ_CONF_ENV_FILE=str(b / "rabbitmq-env.conf"),
-            RABBITMQ_CONFIG_FILE=str(b / "rabbitmq"), RABBITMQ_MNESIA_BASE=str(b / "mnesia"),
-            RABBITMQ_LOG_BASE=str(b / "log"), RABBITMQ_LOGS="-",
-            RABBITMQ_ENABLED_PLUGINS_FILE=str(b / "enabled_plugins"),
-            RABBITMQ_PID_FILE=str(b / "rabbit.pid"),
-        )
-
-    def start(self) -> None:
-        self.epmd = PeerProcess(self.tmp, f"{self.name}-epmd")
-        self.epmd._spawn([EPMD, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
-                         env=self.env())
-        self.epmd.wait_port(self.epmd_port, 10)
-        self._spawn([str(RABBITMQ_SERVER)], env=self.env(), cwd=self.base)
-
-    def stop(self) -> None:
-        try:
-            super().stop()
-        finally:
-            if self.epmd is not None:
-                self.epmd.stop()
 
 
 class Amqlite(PeerProcess):
@@ -394,18 +207,11 @@ def _git_version() -> str:
         return "unknown"
 
 
-def _dpkg_version(package: str) -> str:
-    try:
-        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package],
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "not installed"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
 #: What ``--spawn`` accepts: amqlite on PostgreSQL or SQLite (the names load.py
-#: always had), ActiveMQ on JDBC/PostgreSQL or KahaDB, RabbitMQ.
-SPAWN_KINDS = ("postgres", "sqlite", "activemq", "activemq-kahadb", "rabbitmq")
+#: always had), ActiveMQ on JDBC/PostgreSQL or KahaDB, RabbitMQ on one node (a classic
+#: queue) or three (a quorum queue: load.py adds its ``x-queue-type`` header).
+SPAWN_KINDS = ("postgres", "sqlite", "activemq", "activemq-kahadb", "rabbitmq",
+               "rabbitmq-quorum")
 
 
 class PeerSet:
@@ -414,7 +220,9 @@ class PeerSet:
     def __init__(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="amqlite-peers-"))
         self.pg: PostgresServer | None = None
-        self.procs: list[PeerProcess] = []
+        self.procs: list[Stoppable] = []
+        #: The RabbitMQ cluster started here, if any (its queues can be asked about).
+        self.cluster: RabbitCluster | None = None
 
     def postgres(self) -> PostgresServer:
         if self.pg is None:
@@ -446,7 +254,7 @@ class PeerSet:
             broker.wait_port(broker.port)
         return broker
 
-    def spawn(self, kind: str) -> Amqlite | ActiveMQ | RabbitMQ:
+    def spawn(self, kind: str) -> Amqlite | ActiveMQ | RabbitMQ | RabbitCluster:
         """A started broker of one of SPAWN_KINDS."""
         if kind in ("postgres", "sqlite"):
             return self.amqlite(kind)
@@ -456,18 +264,23 @@ class PeerSet:
             return self.activemq(store="kahadb")
         if kind == "rabbitmq":
             return self.rabbitmq()
+        if kind == "rabbitmq-quorum":
+            return self.rabbitmq_cluster()
         raise ValueError(f"unknown broker kind {kind!r}")
 
-    def target(self, spawn: str | None, port: int | None) -> tuple[int, int | None, dict]:
+    def target(self, spawn: str | None,
+               port: int | None) -> tuple[int, tuple[int, ...], dict[str, Any]]:
         """The broker a command measures: one of SPAWN_KINDS started here, or the
-        one already listening on ``port``. Returns its port, pid (None when not
-        ours) and configuration (empty when not ours)."""
+        one already listening on ``port``. Returns its port, the pids of its
+        processes (one per cluster node; none when not ours) and its configuration
+        (empty when not ours)."""
         if not spawn:
             if port is None:
                 raise ValueError("give a broker kind to spawn or the port of a running one")
-            return port, None, {}
+            return port, (), {}
         broker = self.spawn(spawn)
-        return broker.port, broker.pid, broker.config
+        pids = broker.pids if isinstance(broker, RabbitCluster) else (broker.pid,)
+        return broker.port, pids, broker.config
 
     def rabbitmq(self) -> RabbitMQ:
         broker = RabbitMQ(self.tmp)
@@ -475,6 +288,14 @@ class PeerSet:
         broker.start()
         broker.wait_port(broker.port)
         return broker
+
+    def rabbitmq_cluster(self) -> RabbitCluster:
+        """Three RabbitMQ nodes joined into one cluster (bench/rabbitmq.py)."""
+        cluster = RabbitCluster(self.tmp)
+        self.procs.append(cluster)
+        self.cluster = cluster
+        cluster.start()
+        return cluster
 
     def close(self) -> None:
         for p in reversed(self.procs):

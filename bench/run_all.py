@@ -30,14 +30,24 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PY = sys.executable
 
-#: Broker names in the output -> the ``--spawn`` kind of load.py/depth.py.
-SPAWN = {"amqlite": "postgres", "activemq": "activemq", "rabbitmq": "rabbitmq"}
+#: Broker names in the output -> the ``--spawn`` kind of load.py/depth.py;
+#: ``rabbitmq-quorum`` is a quorum queue on a three-node cluster (bench/rabbitmq.py).
+SPAWN = {"amqlite": "postgres", "activemq": "activemq", "rabbitmq": "rabbitmq",
+         "rabbitmq-quorum": "rabbitmq-quorum"}
+#: Column names in the Markdown tables.
+NAMES = {"amqlite": "amqlite", "activemq": "ActiveMQ", "rabbitmq": "RabbitMQ",
+         "rabbitmq-quorum": "RabbitMQ quorum, 3 nodes"}
+#: W2's load.py flags: fire and forget.
+W2_ARGS = ("--non-persistent", "--no-receipts", "--ack", "auto")
 #: W4's embedded stores: amqlite on SQLite + file lock, ActiveMQ on KahaDB (its
 #: default, embedded store); RabbitMQ's store is always embedded (its W1 run).
 SPAWN_EMBEDDED = {"amqlite": "sqlite", "activemq": "activemq-kahadb"}
 #: The issue's targets: W1 end-to-end ratios, W3 gap bounds, W5 RSS bound.
 TARGET_W1_VS_RABBITMQ = 3.0
 TARGET_W1_VS_ACTIVEMQ = 9.0
+#: Issue 25's W1 targets: 1.5x RabbitMQ's classic queue, 4x its quorum queue.
+TARGET_W1_VS_RABBITMQ_CLASSIC = 1.5
+TARGET_W1_VS_RABBITMQ_QUORUM = 4.0
 TARGET_GAP_P50_MS = 300.0
 TARGET_GAP_MAX_MS = 1000.0
 TARGET_RSS_MB = 200.0
@@ -102,10 +112,9 @@ def plan(opts: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
             steps.append(("W1", b, ["bench/load.py", "--spawn", SPAWN[b], *secs]))
     for b in opts.brokers:
         if "W2" in opts.only:
-            steps.append(("W2", b, ["bench/load.py", "--spawn", SPAWN[b], *secs,
-                                    "--non-persistent", "--no-receipts", "--ack", "auto"]))
+            steps.append(("W2", b, ["bench/load.py", "--spawn", SPAWN[b], *secs, *W2_ARGS]))
     for b in opts.brokers:
-        if "W3" in opts.only and b != "rabbitmq":
+        if "W3" in opts.only and not b.startswith("rabbitmq"):
             base = ["bench/failover.py", "--broker", b, "--rounds", str(opts.rounds)]
             steps.append(("W3-empty", b, base))
             steps.append(("W3-backlog", b, [*base, "--backlog", str(opts.backlog)]))
@@ -113,7 +122,7 @@ def plan(opts: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
         if "W4" in opts.only and b in SPAWN_EMBEDDED:
             steps.append(("W4", b, ["bench/load.py", "--spawn", SPAWN_EMBEDDED[b], *secs]))
     for b in opts.brokers:
-        if "W5" in opts.only:
+        if "W5" in opts.only and b != "rabbitmq-quorum":  # depth.py: one-process brokers
             steps.append(("W5", b, ["bench/depth.py", "--spawn", SPAWN[b],
                                     "--backlog", str(opts.backlog)]))
     return steps
@@ -144,9 +153,11 @@ def summarize(results: dict[tuple[str, str], dict]) -> dict[str, Any]:
     ratios = {
         "W1_e2e_vs_rabbitmq": r("W1", "rabbitmq", "end_to_end_msg_s"),
         "W1_e2e_vs_activemq": r("W1", "activemq", "end_to_end_msg_s"),
+        "W1_e2e_vs_rabbitmq_quorum": r("W1", "rabbitmq-quorum", "end_to_end_msg_s"),
         "W1_produce_vs_rabbitmq": r("W1", "rabbitmq", "produce_msg_s"),
         "W1_produce_vs_activemq": r("W1", "activemq", "produce_msg_s"),
         "W2_e2e_vs_rabbitmq": r("W2", "rabbitmq", "end_to_end_msg_s"),
+        "W2_e2e_vs_rabbitmq_quorum": r("W2", "rabbitmq-quorum", "end_to_end_msg_s"),
         "W2_e2e_vs_activemq": r("W2", "activemq", "end_to_end_msg_s"),
         "W3_gap_p50_activemq_over_amqlite": r("W3-empty", "activemq", "gap_ms", "p50",
                                               invert=True),
@@ -175,6 +186,10 @@ def summarize(results: dict[tuple[str, str], dict]) -> dict[str, Any]:
             ratios["W1_e2e_vs_rabbitmq"], TARGET_W1_VS_RABBITMQ),
         f"W1 e2e >= {TARGET_W1_VS_ACTIVEMQ}x ActiveMQ-JDBC": at_least(
             ratios["W1_e2e_vs_activemq"], TARGET_W1_VS_ACTIVEMQ),
+        f"W1 e2e >= {TARGET_W1_VS_RABBITMQ_CLASSIC}x RabbitMQ classic": at_least(
+            ratios["W1_e2e_vs_rabbitmq"], TARGET_W1_VS_RABBITMQ_CLASSIC),
+        f"W1 e2e >= {TARGET_W1_VS_RABBITMQ_QUORUM}x RabbitMQ quorum (3 nodes)": at_least(
+            ratios["W1_e2e_vs_rabbitmq_quorum"], TARGET_W1_VS_RABBITMQ_QUORUM),
     }
     for w in ("W3-empty", "W3-backlog"):
         targets[f"{w} gap p50 < {TARGET_GAP_P50_MS:.0f} ms"] = below(
@@ -226,14 +241,14 @@ TABLE_ROWS: list[tuple[str, str, list[tuple[str, ...]]]] = [
 
 def table(results: dict[tuple[str, str], dict], brokers: list[str]) -> str:
     """The Markdown table bench/README.md shows."""
-    names = {"amqlite": "amqlite", "activemq": "ActiveMQ", "rabbitmq": "RabbitMQ"}
-    lines = ["| workload | " + " | ".join(names[b] for b in brokers) + " |",
+    lines = ["| workload | " + " | ".join(NAMES[b] for b in brokers) + " |",
              "|---|" + "---:|" * len(brokers)]
     for label, w, paths in TABLE_ROWS:
         cells = []
         for b in brokers:
             rec = results.get((w, b))
-            if w.startswith("W3") and b == "rabbitmq":
+            if ((w.startswith("W3") and b.startswith("rabbitmq"))
+                    or (w in ("W4", "W5") and b == "rabbitmq-quorum")):
                 cells.append("n/a")
             elif rec is None:
                 cells.append("")
@@ -249,7 +264,7 @@ def table(results: dict[tuple[str, str], dict], brokers: list[str]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=",".join(WORKLOADS), help="e.g. W1,W3")
-    ap.add_argument("--brokers", default="amqlite,activemq,rabbitmq")
+    ap.add_argument("--brokers", default="amqlite,activemq,rabbitmq,rabbitmq-quorum")
     ap.add_argument("--seconds", type=float, default=20.0, help="W1/W2/W4 measuring time")
     ap.add_argument("--backlog", type=int, default=1_000_000, help="W3/W5 messages waiting")
     ap.add_argument("--rounds", type=int, default=2, help="W3 kills per run")
@@ -270,7 +285,7 @@ def main() -> int:
     results: dict[tuple[str, str], dict] = {}
     for w, b, args in plan(opts):
         results[(w, b)] = run_one(w, b, args, COMMAND_TIMEOUT)
-    if "W3" in opts.only and "rabbitmq" in opts.brokers:
+    if "W3" in opts.only and {"rabbitmq", "rabbitmq-quorum"} & set(opts.brokers):
         print(json.dumps({"workload": "W3", "broker": "rabbitmq", "result": "not applicable: "
                           "RabbitMQ has no shared-store master/slave; its HA replicates "
                           "queues across a cluster (quorum queues)"}), flush=True)
