@@ -115,10 +115,21 @@ class Broker:
         #: CONNECT is authenticated (a users file): a connection's login is proven, so a
         #: durable subscription belongs to it. Without, a login header proves nothing.
         self.authenticated = bool(settings.users_file)
+        #: Stored queues not in memory since this node became master: made on first use
+        #: (``queue``), paging what the store holds. Listing, metrics, the operator API and
+        #: the inactive-queue GC go by their rows (``destination_rows``, the store's
+        #: counters), the store's reaper deletes their expired rows without them; only a
+        #: bounded queue is made at once (its ledger is counted before any SEND).
+        self.dormant: set[str] = set()
+        bounded = self.policies.limits_queues
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
-            if d.kind == "queue":
+            if d.kind != "queue":
+                continue
+            if bounded and self.policies.resolve(d.name).limited:
                 self.queues[d.name] = self._new_queue(d.name, d.id)
+            else:
+                self.dormant.add(d.name)
         names = {d.id: d.name for d in recovery.destinations}
         self.counters.load(names, recovery.counters)
         for s in recovery.subscriptions:
@@ -243,13 +254,17 @@ class Broker:
                 or destination in self.topics)
 
     def queue(self, name: str) -> Source:
-        """The queue ``name``, made in memory if new (its row comes with its first write)."""
+        """The queue ``name``, made in memory if new (its row comes with its first write)
+        or stored and not in memory yet (``dormant``: it pages what the store holds)."""
         q = self.queues.get(name)
         if q is None:
             if is_temporary(name):  # gone with its connection: what comes is dropped
                 return temporary.gone_queue(self, name)
             q = self._new_queue(name, self.destination_rows.get(name))
-            q.store_has_more = False  # new: nothing stored yet
+            if name in self.dormant:
+                self.dormant.discard(name)  # its stored messages page in with a consumer
+            else:
+                q.store_has_more = False  # new, or left memory empty: nothing stored
             self.queues[name] = q
             if self.queue_patterns:
                 wildcard_queues.queue_created(self, name)

@@ -170,6 +170,7 @@ def forget_destination(broker: Broker, name: str) -> ForgottenDestination:
     broker.unconfirmed_destinations.pop(name, None)
     broker.forget_totals(name)
     broker.known_destinations.discard(name)
+    broker.dormant.discard(name)  # its rows go with the store's delete
     q = broker.queues.get(name)
     if q is not None:
         q.store_id = None  # a new row is allocated by the next write that needs one

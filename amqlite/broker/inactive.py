@@ -119,8 +119,9 @@ async def _delete(broker: Broker, operations: Operations, name: str,
     if did is not None and broker.committer is not None:
         # From here on what commits into the queue lands in memory, where the check
         # after the read sees it; the pager is told again if the store has some. (A
-        # queue out of memory has nothing stored: what comes is made through
-        # Broker.queue, and the check after the read sees it.)
+        # queue out of memory, ``Broker.dormant`` or left empty, is asked the same way:
+        # what comes is made through Broker.queue, and the check after the read sees
+        # it.)
         had_more = q is not None and q.store_has_more
         if q is not None:
             q.store_has_more = False

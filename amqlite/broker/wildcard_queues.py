@@ -42,7 +42,9 @@ def subscribe(broker: Broker, qp: QueuePattern) -> None:
     """Register the pattern and join every queue it matches now."""
     qp.session.wildcards[qp.id] = qp
     broker.queue_patterns.add(qp.pattern, qp)
-    for name in list(broker.queues):
+    # Stored queues not in memory yet (``Broker.dormant``) may hold messages: joined
+    # (made in memory) too. One that left memory empty joins when it is used again.
+    for name in [*broker.queues, *broker.dormant]:
         if qp.pattern.matches(name):
             join(broker, qp, name)
 
