@@ -11,6 +11,7 @@ generator costs little; its own CPU time is reported.
     python bench/load.py --spawn postgres --seconds 10        # throwaway PostgreSQL store
     python bench/load.py --spawn activemq --seconds 10        # ActiveMQ, JDBC on PostgreSQL
     python bench/load.py --spawn rabbitmq --seconds 10        # RabbitMQ + rabbitmq_stomp
+    python bench/load.py --spawn rabbitmq-quorum --seconds 10 # its quorum queue, 3 nodes
 
 W2 (fire-and-forget) is ``--non-persistent --no-receipts --ack auto``; W4
 (embedded) is ``--spawn sqlite``. ``--tls`` runs every connection over TLS (a spawned

@@ -9,6 +9,9 @@ then prints a ratios JSON line and a Markdown table for bench/README.md.
     python bench/run_all.py --only W1,W3 --brokers amqlite,activemq
     python bench/run_all.py --quick                  # amqlite only, seconds (the smoke test)
 
+Repeated, alternating runs of one workload with medians and ratios (issue 25's
+comparison with RabbitMQ's classic and quorum queues) are bench/side_by_side.py.
+
 Peers come from Debian's packages (bench/install-peers). A broker that is not
 installed, or a command that fails or times out, yields an error line rather
 than stopping the run.
