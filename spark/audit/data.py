@@ -31,21 +31,24 @@ from spark.audit.limits import (
     STORE_COLUMNS,
     AuditError,
 )
-from spark.audit.reader import StoreReader, TableRead, ddl_schema, empty_frame
+from spark.audit.pool import PushedRead
+from spark.audit.reader import StoreReader, TableRead, ddl_schema, empty_frame, local_frame
 from spark.audit.snapshot import Snapshot
 from spark.audit.source import sql_literal
 from spark.audit.store_checks import (
     CONTENT_FINDING,
     IDENTITY_FINDING,
+    RUN_TYPES,
+    SLICE_TYPES,
     STALE_FINDING,
     STORE_CHECK_TYPES,
     Settled,
-    content_findings,
-    dedup_runs,
-    identity_findings,
-    message_slices,
-    run_store_checks,
-    stale_pending,
+    content_statements,
+    dedup_run_statements,
+    identity_statements,
+    slice_statements,
+    stale_pending_statements,
+    store_check_statement,
     store_findings,
 )
 
@@ -177,16 +180,20 @@ def _driver_table(reader: StoreReader, table: str, types: dict[str, str]) -> lis
 
 
 def _pushed_down(
-    reader: StoreReader, settled: Sequence[Settled]
-) -> dict[str, DataFrame]:
-    """PostgreSQL: each check's per-row work runs in the store, slice by slice in
-    parallel partitions, and Spark receives only candidates and runs."""
+    reader: StoreReader, settled: Sequence[Settled], store: dict[str, PushedRead]
+) -> dict[str, PushedRead]:
+    """PostgreSQL: each check's per-row work as statements for the store, the
+    longest first (the pool takes them in this order); Spark receives only
+    candidates and runs."""
     return {
-        "duplicate identities": identity_findings(reader),
-        "duplicate contents": content_findings(reader),
-        "amq_messages slices": message_slices(reader, settled),
-        "amq_dedup runs": dedup_runs(reader),
-        "amq_sub_pending in flight": stale_pending(reader, settled),
+        "duplicate contents": PushedRead(content_statements(reader), CONTENT_FINDING),
+        "duplicate identities": PushedRead(identity_statements(reader), IDENTITY_FINDING),
+        **store,
+        "amq_messages slices": PushedRead(slice_statements(reader, settled), SLICE_TYPES),
+        "amq_dedup runs": PushedRead(dedup_run_statements(reader), RUN_TYPES),
+        "amq_sub_pending in flight": PushedRead(
+            stale_pending_statements(reader, settled), STALE_FINDING
+        ),
     }
 
 
@@ -238,20 +245,34 @@ def _check_inputs(
     ], runs
 
 
-def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
-    """Every read, all in the reader's one snapshot and in one Spark job: a live
-    broker's writes are either wholly in it or not at all, so their order does
-    not matter."""
+@dataclass
+class StorePlan:
+    """What the driver reads in the snapshot and decides before Spark runs anything:
+    the small tables, and the statements pushed into the store (``pushed``; the
+    driver's pool may run them while the JVM starts)."""
+
+    now_ms: int
+    group_names: list[str]
+    groups: list[tuple[Any, ...]]
+    destinations: list[tuple[Any, ...]]
+    subscriptions: list[tuple[Any, ...]]
+    pushed: dict[str, PushedRead]
+    housekeeping: dict[str, dict[str, Any]]
+
+
+def plan_store(reader: StoreReader, now_ms: int | None) -> StorePlan:
+    """The snapshot's small reads (groups, counts, quantiles) and the statements of
+    every pushed check; no Spark."""
     now = now_ms if now_ms is not None else _now_ms(reader)
     group_names, groups, windows, settled = _read_groups(reader, now)
     dests = _driver_table(reader, "amq_destinations", DESTINATION_TYPES)
     subs = _driver_table(reader, "amq_subscriptions", SUBSCRIPTION_TYPES)
-    pg = reader.source.backend == "postgresql"
-    reads = _pushed_down(reader, settled) if pg else _read_rows(reader)
+    store: dict[str, PushedRead] = {}
     housekeeping: dict[str, dict[str, Any]] = {}
     if group_names:
         cte = [(g, w, before or 0) for g, (w, before) in sorted(windows.items())]
-        reads["store checks"], pending = run_store_checks(reader, cte, now)
+        sql, pending = store_check_statement(reader, cte, now)
+        store["store checks"] = PushedRead([sql], STORE_CHECK_TYPES)
         prunes = _last_prunes(reader.snapshot) if reader.snapshot is not None else {}
         housekeeping = {
             g: {
@@ -261,12 +282,42 @@ def read_store(reader: StoreReader, now_ms: int | None) -> StoreData:
             }
             for g, (n, oldest) in pending.items()
         }
-    else:
+    pg = reader.source.backend == "postgresql"
+    pushed = _pushed_down(reader, settled, store) if pg else store
+    return StorePlan(now, group_names, groups, dests, subs, pushed, housekeeping)
+
+
+def _frame(reader: StoreReader, name: str, read: PushedRead) -> DataFrame:
+    """A pushed read as a DataFrame: the rows the driver's pool brought back, else
+    Spark's partitions run its statements (one for the store checks: SQLite's
+    driver cannot tell the types of its expressions, so they are declared)."""
+    if read.rows is not None:
+        return local_frame(reader.spark, read.columns, read.rows, read.types)
+    if name == "store checks":
+        return reader.small(read.statements[0], read.types, declared=True)
+    return reader.arms(read.statements, read.types)
+
+
+def read_store(reader: StoreReader, plan: StorePlan) -> StoreData:
+    """Every read, all in the reader's one snapshot: what the driver's pool
+    returned, and what Spark reads itself in one job: a live broker's writes are
+    either wholly in it or not at all, so their order does not matter."""
+    pg = reader.source.backend == "postgresql"
+    reads = {} if pg else _read_rows(reader)
+    reads |= {name: _frame(reader, name, read) for name, read in plan.pushed.items()}
+    if not plan.group_names:
         reads["store checks"] = empty_frame(reader.spark, STORE_CHECK_TYPES)
-    cached = reader.materialize(reads)
-    judged, runs = _check_inputs(pg, cached, subs, groups, now)
-    names = {(str(r[0]), int(r[1])): str(r[2]) for r in dests}
-    return StoreData(now, group_names, names, judged, runs, cached["store checks"], housekeeping)
+    local = {n: len(r.rows) for n, r in plan.pushed.items() if r.rows is not None}
+    cached = {n: df for n, df in reads.items() if n in local}
+    cached |= reader.materialize({n: df for n, df in reads.items() if n not in local})
+    reader.returned |= local
+    judged, runs = _check_inputs(pg, cached, plan.subscriptions, plan.groups, plan.now_ms)
+    names = {(str(r[0]), int(r[1])): str(r[2]) for r in plan.destinations}
+    return StoreData(
+        plan.now_ms, plan.group_names, names, judged, runs, cached["store checks"],
+        plan.housekeeping,
+    )  # fmt: skip
+
 
 def all_findings(d: StoreData) -> DataFrame:
     """Every check, as one DataFrame of one shape."""

@@ -28,6 +28,22 @@ ROWS_PER_PARTITION = 100_000
 #: Upper bound on partitions per table: each is a task and a connection; past a
 #: few hundred the per-task overhead dominates and the store sees a connection storm.
 MAX_READ_PARTITIONS = 256
+#: A single group's duplicate checks (identity, content) are split into hash classes
+#: of about this many rows, a statement each, so that a big group is several tasks
+#: in parallel instead of one long one (bench/audit_bench.py: at a million messages
+#: in one group, content took 3-4 s and identity 1.6-3 s as one statement each).
+DUPLICATE_ROWS_PER_STATEMENT = 250_000
+#: Connections the driver runs the pushed statements on (``spark.audit.pool``), each
+#: importing the snapshot: one per core of this machine (the store's work is CPU
+#: bound, and a local store shares these cores), at least this many.
+MIN_SQL_CONNECTIONS = 2
+#: Rows one pushed read may bring back to the driver's memory (a healthy store's
+#: reads return a few thousand: the runs and the rows at fault). A read that returns
+#: more is left to Spark's partitions, in the same snapshot, whose rows never pass
+#: through the driver: its memory stays bounded whatever the store holds.
+DRIVER_READ_MAX_ROWS = 100_000
+#: Rows a server-side cursor of the pool fetches per round trip.
+POOL_FETCH_ROWS = 10_000
 #: Rows per JDBC round trip. The PostgreSQL driver's default (0) buffers a whole
 #: result in the executor; 10k narrow rows are about 1-2 MB per fetch.
 JDBC_FETCH_SIZE = 10_000

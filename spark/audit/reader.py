@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class StoreReader:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | None,
         source: StoreSource,
         group: str | None,
         rows_per_partition: int,
@@ -51,7 +52,9 @@ class StoreReader:
         snapshot: Snapshot | None = None,
     ) -> None:
         self.progress = progress
-        self.spark = spark
+        #: None until the session is up (the driver plans and runs the pushed
+        #: statements meanwhile); every Spark read needs it.
+        self._spark = spark
         self.source = snapshot.source if snapshot is not None else source
         self.described = source.description
         self.snapshot = snapshot
@@ -64,6 +67,17 @@ class StoreReader:
         self._counts: dict[str, dict[str, int]] = {}
         #: Rows each read brought back to Spark (``materialize``).
         self.returned: dict[str, int] = {}
+        #: Who ran the statements pushed into the store, and how long (the summary).
+        self.pushed: dict[str, Any] = {"run_by": "spark"}
+
+    @property
+    def spark(self) -> SparkSession:
+        assert self._spark is not None, "the Spark session is not started yet"
+        return self._spark
+
+    @spark.setter
+    def spark(self, session: SparkSession) -> None:
+        self._spark = session
 
     def where_group(self, *extra: str) -> str:
         conds = [f"grp = {sql_literal(self.group)}"] if self.group is not None else []
@@ -199,6 +213,8 @@ class StoreReader:
         works from the same rows and the snapshot can be let go; ``returned`` says
         how many rows each read brought back. One result, not one per read: each
         would be a job of its own."""
+        if not reads:
+            return {}
         columns: dict[str, str] = {}
         for df in reads.values():
             for name, kind in df.dtypes:
@@ -230,6 +246,40 @@ class StoreReader:
             for name, df in reads.items()
         }
 
+
+
+#: JSON text per literal of ``local_frame``: a few MB keeps every literal small in
+#: the plan Spark ships with each task.
+LOCAL_CHUNK_CHARS = 4_000_000
+
+
+def local_frame(
+    spark: SparkSession, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+    types: dict[str, str],
+) -> DataFrame:
+    """Rows the driver holds (``spark.audit.pool``) as a DataFrame parsed by the JVM
+    from JSON literals: ``createDataFrame`` would start a Python worker on an
+    executor to re-pickle them, and executors run no Python of the audit."""
+    if not rows:
+        return empty_frame(spark, types)
+    chunks: list[str] = []
+    lines: list[str] = []
+    size = 0
+    for row in rows:
+        line = json.dumps(dict(zip(columns, row, strict=True)), default=str)
+        if lines and size + len(line) > LOCAL_CHUNK_CHARS:
+            chunks.append("\n".join(lines))
+            lines, size = [], 0
+        lines.append(line)
+        size += len(line) + 1
+    chunks.append("\n".join(lines))
+    text = F.explode(F.array(*[F.lit(c) for c in chunks]))
+    line_col = F.explode(F.split(F.col("audit_chunk"), "\n"))
+    parsed = F.from_json(F.col("audit_line"), ddl_schema(types))
+    return (
+        spark.range(1).select(text.alias("audit_chunk")).select(line_col.alias("audit_line"))
+        .select(parsed.alias("audit_row")).select("audit_row.*")
+    )  # fmt: skip
 
 
 def settle(df: DataFrame) -> DataFrame:

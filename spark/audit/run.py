@@ -5,6 +5,8 @@ command line (``main``), whose errors are one line and an exit code.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -16,27 +18,29 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from spark.audit.data import all_findings, read_store
+from spark.audit.data import StorePlan, all_findings, plan_store, read_store
 from spark.audit.limits import (
     CHECK_ROWS_PER_TASK,
     DEBUG_ENV,
     EXIT_CLEAN,
     EXIT_ERROR,
     EXIT_FINDINGS,
+    MIN_SQL_CONNECTIONS,
     ROWS_PER_PARTITION,
     AuditError,
 )
+from spark.audit.pool import PushedRead, StatementPool
 from spark.audit.reader import StoreReader, settle
 from spark.audit.report import join_path, render_table, summarize, write_findings, write_text_file
 from spark.audit.session import (
     QUIET,
     SMALL_DATA_SETTINGS,
     Progress,
-    build_session,
+    SessionStarter,
     check_settings,
     session_conf,
 )
-from spark.audit.snapshot import Snapshot, open_snapshot
+from spark.audit.snapshot import Snapshot, open_snapshot, psycopg_installed
 from spark.audit.source import StoreSource, check_driver, check_reachable, parse_store_url
 
 
@@ -49,27 +53,105 @@ class AuditResult:
         return bool(self.summary["clean"])
 
 
+def sql_connections() -> int:
+    """The pool's connections: one per core of this machine, at least two."""
+    return max(MIN_SQL_CONNECTIONS, os.cpu_count() or 1)
+
+
+def _plan(
+    spark: SparkSession | SessionStarter,
+    source: StoreSource,
+    group: str | None,
+    rows_per_partition: int,
+    now_ms: int | None,
+    progress: Progress,
+    connections: int,
+) -> tuple[SparkSession, Snapshot, StoreReader, StorePlan]:
+    """Open the snapshot, plan the reads and, on PostgreSQL with psycopg, run the
+    pushed statements in the driver while the session starts; then the session."""
+    if source.backend == "postgresql" and psycopg_installed():
+        snapshot = open_snapshot(None, source)
+        try:
+            reader = StoreReader(None, source, group, rows_per_partition, progress, snapshot)
+            plan = plan_store(reader, now_ms)
+            pool = StatementPool(source, snapshot.snapshot_id, plan.pushed, connections, progress)
+            session = spark.get() if isinstance(spark, SessionStarter) else spark
+            progress.watch(session)
+            spark_up = time.monotonic() - pool.started
+            primed = pool.running()
+            if primed:
+                _prime(session, reader, plan, progress)
+            pool.wait()
+            for table, read in reader.reads.items():
+                parts = f"{read.partitions} statement{'s' * (read.partitions != 1)}"
+                progress.say(f"read {read.rows} rows of {table} in {parts}")
+            reader.pushed = {
+                "run_by": "driver", "statements": pool.statements,
+                "connections": pool.connections, "seconds": round(pool.seconds, 3),
+                "spark_ready_after_s": round(spark_up, 3), "spark_warmed_up": primed,
+                # Reads over DRIVER_READ_MAX_ROWS: Spark's partitions read them.
+                "left_to_spark": sorted(n for n, r in plan.pushed.items() if r.rows is None),
+            }  # fmt: skip
+        except BaseException:
+            snapshot.close()
+            raise
+    else:
+        session = spark.get() if isinstance(spark, SessionStarter) else spark
+        progress.watch(session)
+        snapshot = open_snapshot(session, source)
+        try:
+            reader = StoreReader(session, source, group, rows_per_partition, progress, snapshot)
+            plan = plan_store(reader, now_ms)
+        except BaseException:
+            snapshot.close()
+            raise
+    reader.spark = session
+    return session, snapshot, reader, plan
+
+
+def _prime(session: SparkSession, reader: StoreReader, plan: StorePlan, progress: Progress) -> None:
+    """While the store's statements still run: the checks once over a row of nulls
+    per read, discarded, so that the JVM has loaded, planned and run their kind
+    before the real rows arrive (a cold JVM spends seconds on that, the rows
+    milliseconds)."""
+    progress.say("warming Spark up while the store works")
+    fake = dataclasses.replace(plan, pushed={
+        name: PushedRead(read.statements, read.types, list(read.types), [(None,) * len(read.types)])
+        for name, read in plan.pushed.items()
+    })  # fmt: skip
+    dry = copy.copy(reader)
+    dry.spark, dry.returned = session, {}
+    with session_conf(session, SMALL_DATA_SETTINGS):
+        data = read_store(dry, fake)
+    with session_conf(session, check_settings(session, 0, True)):
+        summarize(dry, data, settle(all_findings(data).coalesce(1)))
+
+
 def run_audit(
-    spark: SparkSession,
+    spark: SparkSession | SessionStarter,
     source: StoreSource,
     group: str | None = None,
     output: str | None = None,
     rows_per_partition: int = ROWS_PER_PARTITION,
     now_ms: int | None = None,
     progress: Progress = QUIET,
+    connections: int | None = None,
 ) -> AuditResult:
     """Read everything in one snapshot (let go as soon as it is read), check,
-    count in one pass, then write rows only for the findings that have any."""
+    count in one pass, then write rows only for the findings that have any.
+    ``spark`` may still be starting (``SessionStarter``): on PostgreSQL the store's
+    statements run meanwhile, on ``connections`` connections (``sql_connections``)."""
     started = time.monotonic()
-    progress.watch(spark)
     snapshot: Snapshot | None = None
     try:
         progress.say(f"reading {source.description}")
-        snapshot = open_snapshot(spark, source)
-        reader = StoreReader(spark, source, group, rows_per_partition, progress, snapshot)
+        spark, snapshot, reader, plan = _plan(
+            spark, source, group, rows_per_partition, now_ms, progress,
+            connections or sql_connections(),
+        )  # fmt: skip
         pushed = source.backend == "postgresql"
         with session_conf(spark, SMALL_DATA_SETTINGS if pushed else {}):
-            data = read_store(reader, now_ms)
+            data = read_store(reader, plan)
         snapshot.close()
         read_done = time.monotonic()
         progress.say("checking")
@@ -85,6 +167,7 @@ def run_audit(
                 summary["files"] = write_findings(spark, findings, output, summary["counts"])
         done = time.monotonic()
         summary["duration_s"] = round(done - started, 3)
+        summary["pushed"] = reader.pushed
         summary["timings"] = {
             "read_s": round(read_done - started, 3),
             "check_s": round(checked - read_done, 3),
@@ -188,8 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"amqlite audit: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     secrets: Sequence[str] = ()
-    spark: SparkSession | None = None
-    owned = False
+    starter: SessionStarter | None = None
     try:
         if args.rows_per_partition < 1:
             raise AuditError("--rows-per-partition must be at least 1")
@@ -197,13 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         secrets = source.secrets
         shown = args.progress if args.progress is not None else sys.stderr.isatty()
         progress = Progress(shown)
-        spark = SparkSession.getActiveSession()
+        spark: SparkSession | SessionStarter | None = SparkSession.getActiveSession()
         if spark is None:
             jars = check_driver(source, args.jdbc_jar)
             check_reachable(source)
             progress.say(f"starting Spark ({args.master or 'local[*]'})")
-            spark = build_session(args.master, jars)
-            owned = True
+            spark = starter = SessionStarter(args.master, jars)
         else:
             check_reachable(source)
         result = run_audit(
@@ -216,8 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"amqlite audit: error: {_root_message(exc, secrets)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
-        if owned and spark is not None:
-            spark.stop()
+        if starter is not None:
+            starter.stop()
     if args.json:
         print(json.dumps(result.summary, indent=2))
     else:

@@ -115,6 +115,42 @@ def build_session(
     return spark
 
 
+class SessionStarter:
+    """A Spark session started in a thread, so that the driver's work in the store
+    (``spark.audit.pool``) runs while the JVM, and on a cluster the executors, start.
+    ``get`` waits for it; ``stop`` stops it (after waiting for a start in progress)."""
+
+    def __init__(
+        self, master: str | None, jars: Sequence[str], conf: dict[str, str] | None = None
+    ) -> None:
+        self._session: SparkSession | None = None
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+
+        def start() -> None:
+            started = time.monotonic()
+            try:
+                self._session = build_session(master, jars, conf)
+            except BaseException as exc:  # raised by get()
+                self._error = exc
+            self.seconds = time.monotonic() - started
+
+        self._thread = threading.Thread(target=start, name="audit-spark-start", daemon=True)
+        self._thread.start()
+
+    def get(self) -> SparkSession:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._session is not None
+        return self._session
+
+    def stop(self) -> None:
+        self._thread.join()
+        if self._session is not None:
+            self._session.stop()
+
+
 @contextlib.contextmanager
 def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
     """SQL settings for the audit's queries, restored after (the session may be

@@ -29,6 +29,9 @@ class Snapshot:
     JDBC connections runs first (Spark's ``sessionInitStatement``), ``query`` a
     small query in the same view (counts, quantiles, groups)."""
 
+    #: PostgreSQL: the exported snapshot's id.
+    snapshot_id = ""
+
     def __init__(self, source: StoreSource, init_statement: str | None, pins: str) -> None:
         self.source = source
         self.init_statement = init_statement
@@ -42,7 +45,52 @@ class Snapshot:
         """Let the view go (also after an error)."""
 
 
-class PgSnapshot(Snapshot):
+def import_statement(snapshot_id: str) -> str:
+    """What a connection runs first to read in the exported snapshot ``snapshot_id``."""
+    return (
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+        f"SET TRANSACTION SNAPSHOT {sql_literal(snapshot_id)}"
+    )
+
+
+class ExportedSnapshot(Snapshot):
+    """A PostgreSQL snapshot exported by a transaction of this process: what readers
+    run first to import it, what it pins, and the keep-alive of the exporter."""
+
+    _lock: threading.Lock
+    _stop: threading.Event
+
+    def _export(self, source: StoreSource, begin: str) -> None:
+        """Begin the transaction on ``self._conn`` with ``begin`` and export its
+        snapshot (the connection is closed if that fails)."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        try:
+            self.query(begin)
+            rows = self.query("SELECT pg_export_snapshot(), pg_is_in_recovery()")
+        except Exception:
+            self.close()
+            raise
+        self.snapshot_id, standby = str(rows[0][0]), bool(rows[0][1])
+        feedback = " (and the primary with hot_standby_feedback)"
+        where = f"standby{feedback}" if standby else "primary"
+        super().__init__(
+            source, import_statement(self.snapshot_id),
+            f"snapshot {self.snapshot_id}: holds back xmin on the {where}",
+        )  # fmt: skip
+        threading.Thread(target=self.keep_alive, name="audit-snapshot", daemon=True).start()
+
+    def keep_alive(self) -> None:
+        """A statement now and then so that idle_in_transaction_session_timeout (the
+        guard against a stalled reader) does not end the exporting transaction while
+        this driver is alive; if the driver stalls, the server ends it and the reads
+        still to come fail instead of reading another view."""
+        while not self._stop.wait(SNAPSHOT_KEEPALIVE_S):
+            with contextlib.suppress(Exception):
+                self.query("SELECT 1")
+
+
+class PgSnapshot(ExportedSnapshot):
     """PostgreSQL: the driver's own JDBC connection opens a REPEATABLE READ READ ONLY
     transaction and exports its snapshot (``pg_export_snapshot()``); every partition
     read begins its own REPEATABLE READ transaction and imports it (``SET TRANSACTION
@@ -66,33 +114,12 @@ class PgSnapshot(Snapshot):
         if conn is None:
             raise AuditError(f"the PostgreSQL driver does not take {source.jdbc_url}")
         self._conn = conn
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         try:
             conn.setAutoCommit(False)  # the driver sends BEGIN with the next statement
-            self.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            rows = self.query("SELECT pg_export_snapshot(), pg_is_in_recovery()")
         except Exception:
-            self.close()
+            conn.close()
             raise
-        snapshot_id, standby = str(rows[0][0]), bool(rows[0][1])
-        init = (
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-            f"SET TRANSACTION SNAPSHOT {sql_literal(snapshot_id)}"
-        )
-        feedback = " (and the primary with hot_standby_feedback)"
-        where = f"standby{feedback}" if standby else "primary"
-        super().__init__(source, init, f"snapshot {snapshot_id}: holds back xmin on the {where}")
-        threading.Thread(target=self._keep_alive, name="audit-snapshot", daemon=True).start()
-
-    def _keep_alive(self) -> None:
-        """A statement now and then so that idle_in_transaction_session_timeout (the
-        guard against a stalled reader) does not end the exporting transaction while
-        this driver is alive; if the driver stalls, the server ends it and the reads
-        still to come fail instead of reading another view."""
-        while not self._stop.wait(SNAPSHOT_KEEPALIVE_S):
-            with contextlib.suppress(Exception):
-                self.query("SELECT 1")
+        self._export(source, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
     def query(self, sql: str) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -114,6 +141,41 @@ class PgSnapshot(Snapshot):
             self._conn.rollback()
         with contextlib.suppress(Exception):
             self._conn.close()
+
+
+class PsycopgSnapshot(ExportedSnapshot):
+    """PostgreSQL through psycopg: the same exported snapshot as ``PgSnapshot``, taken
+    by this process before (and while) the JVM starts, so that the statements pushed
+    into the store (``spark.audit.pool``) run in it meanwhile. Spark's partitions
+    import it the same way."""
+
+    def __init__(self, source: StoreSource) -> None:
+        import psycopg
+
+        # Autocommit: psycopg sends no BEGIN of its own, so ours sets the isolation.
+        self._conn = psycopg.connect(**source.libpq, autocommit=True)  # type: ignore[arg-type]
+        self._export(source, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        with self._lock, self._conn.cursor() as cur:
+            cur.execute(sql.encode())  # no parameters: %% stays as written
+            return [tuple(r) for r in cur.fetchall()] if cur.description else []
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            self._conn.close()  # ends (rolls back) the exporting transaction
+
+
+def psycopg_installed() -> bool:
+    """The driver runs the pushed statements itself when it can reach PostgreSQL
+    without the JVM (``amqlite`` depends on psycopg; a bare spark-submit may not
+    have it, and then Spark's partitions run them)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class SqliteSnapshot(Snapshot):
@@ -152,8 +214,10 @@ class SqliteSnapshot(Snapshot):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def open_snapshot(spark: SparkSession, source: StoreSource) -> Snapshot:
-    """The one view every read of this audit uses."""
+def open_snapshot(spark: SparkSession | None, source: StoreSource) -> Snapshot:
+    """The one view every read of this audit uses (``spark`` None: psycopg's)."""
     if source.backend == "postgresql":
+        if spark is None:
+            return PsycopgSnapshot(source)
         return PgSnapshot(spark, source)
     return SqliteSnapshot(source)

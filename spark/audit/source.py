@@ -42,6 +42,9 @@ class StoreSource:
     #: (host, port) a TCP connection must reach (None: a file store).
     address: tuple[str, int] | None = None
     properties: dict[str, str] = field(default_factory=dict, repr=False)
+    #: The same connection as libpq keywords (PostgreSQL), for the driver's own
+    #: connections (psycopg: the snapshot and the statements run before Spark).
+    libpq: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -155,6 +158,13 @@ def _pg_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
             props[PG_PARAMS[key]] = value
     if password:
         props["password"] = password
+    libpq = {
+        "host": host, "port": str(port), "dbname": dbname, "user": user,
+        "application_name": props.get("ApplicationName", "amqlite-audit"),
+        "connect_timeout": props["connectTimeout"], "options": props["options"],
+    }  # fmt: skip
+    libpq.update({k: v for k, v in props.items() if k in ("sslmode", "sslrootcert", "sslcert",
+                                                           "sslkey", "password")})
     host_part = f"[{host}]" if ":" in host else host
     db = urllib.parse.quote(dbname, safe="")
     return StoreSource(
@@ -166,6 +176,7 @@ def _pg_source(url: str, parts: urllib.parse.SplitResult) -> StoreSource:
         address=(host, port),
         description=strip_password(url),
         properties=props,
+        libpq=libpq,
     )
 
 

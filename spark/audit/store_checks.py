@@ -13,10 +13,11 @@ from spark.audit.checks import as_finding, pg_headers_sha
 from spark.audit.limits import (
     DEDUP_GRACE_MS,
     DUPLICATE_CONTENT_WINDOW_MS,
+    DUPLICATE_ROWS_PER_STATEMENT,
     EXPIRY_GRACE_MS,
     GAP_BUCKET_SEQS,
 )
-from spark.audit.reader import StoreReader, empty_frame, grp_in
+from spark.audit.reader import StoreReader, grp_in
 from spark.audit.source import sql_literal
 
 STORE_CHECK_TYPES = {
@@ -41,9 +42,9 @@ def _groups_cte(groups: Sequence[tuple[str, int, int]]) -> str:
     return f"g (grp, window_ms, pruned) AS (VALUES {rows})"
 
 
-def run_store_checks(
+def store_check_statement(
     reader: StoreReader, groups: Sequence[tuple[str, int, int]], now_ms: int
-) -> tuple[DataFrame, dict[str, tuple[int, int]]]:
+) -> tuple[str, dict[str, tuple[int, int]]]:
     """The checks an index answers, run in the store in the snapshot, returning only
     the rows at fault: messages of destinations that are gone (the destinations
     in use found by a loose walk of ix_amq_messages_dest, one probe each), expired
@@ -107,8 +108,7 @@ def run_store_checks(
         f" AND destination_id = {int(dest)}"
         for grp, dest in gone
     ]
-    sql = f"WITH {_groups_cte(groups)} " + " UNION ALL ".join(parts)
-    return reader.small(sql, STORE_CHECK_TYPES, declared=True), pending
+    return f"WITH {_groups_cte(groups)} " + " UNION ALL ".join(parts), pending
 
 
 def store_findings(sf: DataFrame, now_ms: int) -> list[DataFrame]:
@@ -175,67 +175,89 @@ def _identity_sql(prefix: str = "") -> str:
     return f"COALESCE({p}dedup_key, {p}producer_id || ':' || {p}producer_seq)"
 
 
-def identity_findings(reader: StoreReader) -> DataFrame:
+def _shares(reader: StoreReader, pack: list[str]) -> list[str]:
+    """A pack's statements for a check that compares rows across a whole group: one,
+    or for a single group of more than ``DUPLICATE_ROWS_PER_STATEMENT`` rows that
+    many shares of it, each a hash class of ``{key}`` (rows that must be compared
+    hash alike, so every share is judged on its own, in parallel)."""
+    rows = sum(reader.group_counts("amq_messages").get(g, 0) for g in pack)
+    shares = max(1, -(-rows // DUPLICATE_ROWS_PER_STATEMENT)) if len(pack) == 1 else 1
+    if shares == 1:
+        return ["TRUE"]
+    return [f"abs(hashtext({{key}}) % {shares}) = {i}" for i in range(shares)]
+
+
+def identity_statements(reader: StoreReader) -> list[str]:
     """``check_duplicate_identity`` in the store, per group (small ones packed):
     the candidates are every row of an identity stored more than once (a hash
     aggregate) and every row whose identity's dedup entry names another message (a
     hash join with amq_dedup); a group's candidates are all in its statement, so it
     judges them too (a healthy store has none). The rule, as in Spark: every row
     but an identity's first is surplus, and all are when its dedup entry names a
-    message that is not among them (that first copy was consumed)."""
+    message that is not among them (that first copy was consumed). A big group is
+    several statements, a hash class of identities each (``_shares``)."""
     statements = []
     ident, m_ident = _identity_sql(), _identity_sql("m.")
     for pack in reader.group_packs("amq_messages"):
-        statements.append(
-            "WITH cand AS MATERIALIZED ("
-            f"SELECT grp, id, destination_id, {ident} AS identity, CAST(NULL AS BIGINT) AS d"
-            f" FROM amq_messages WHERE {grp_in(pack)} AND (grp, {ident}) IN (SELECT grp,"
-            f" {ident} FROM amq_messages WHERE {grp_in(pack)} AND {ident} IS NOT NULL"
-            " GROUP BY 1, 2 HAVING COUNT(*) > 1)"
-            f" UNION ALL SELECT m.grp, m.id, m.destination_id, {m_ident}, d.msg_id"
-            f" FROM amq_messages m JOIN amq_dedup d ON d.grp = m.grp AND d.dedup_key = {m_ident}"
-            f" WHERE {grp_in(pack, 'm.grp')} AND d.msg_id <> m.id),"
-            " cand_ids AS (SELECT grp, id, MIN(destination_id) AS destination_id,"
-            " MIN(identity) AS identity FROM cand GROUP BY grp, id),"
-            " cand_keys AS (SELECT grp, identity, MAX(d) AS d FROM cand GROUP BY grp, identity),"
-            " judged AS (SELECT r.grp, r.id, r.destination_id, r.identity, k.d,"
-            " COUNT(*) OVER w AS n, MIN(r.id) OVER w AS first_id, k.d IS NOT NULL AND NOT"
-            " COALESCE(BOOL_OR(r.id = k.d) OVER w, FALSE) AS ghost FROM cand_ids r JOIN cand_keys k"
-            " ON k.grp = r.grp AND k.identity = r.identity"
-            " WINDOW w AS (PARTITION BY r.grp, r.identity))"
-            " SELECT grp, destination_id, id AS msg_id, identity,"
-            " n + CASE WHEN ghost THEN 1 ELSE 0 END AS copies,"
-            " CASE WHEN ghost THEN d ELSE first_id END AS first_msg_id"
-            " FROM judged WHERE id <> first_id OR ghost"
-        )
-    return reader.arms(statements, IDENTITY_FINDING)
+        for share in _shares(reader, pack):
+            mine, m_mine = share.format(key=ident), share.format(key=m_ident)
+            statements.append(
+                "WITH cand AS MATERIALIZED ("
+                f"SELECT grp, id, destination_id, {ident} AS identity, CAST(NULL AS BIGINT) AS d"
+                f" FROM amq_messages WHERE {grp_in(pack)} AND {mine} AND (grp, {ident}) IN (SELECT"
+                f" grp, {ident} FROM amq_messages WHERE {grp_in(pack)} AND {ident} IS NOT NULL"
+                f" AND {mine} GROUP BY 1, 2 HAVING COUNT(*) > 1)"
+                f" UNION ALL SELECT m.grp, m.id, m.destination_id, {m_ident}, d.msg_id"
+                " FROM amq_messages m JOIN amq_dedup d ON d.grp = m.grp"
+                f" AND d.dedup_key = {m_ident}"
+                f" WHERE {grp_in(pack, 'm.grp')} AND {m_mine} AND d.msg_id <> m.id),"
+                " cand_ids AS (SELECT grp, id, MIN(destination_id) AS destination_id,"
+                " MIN(identity) AS identity FROM cand GROUP BY grp, id),"
+                " cand_keys AS (SELECT grp, identity, MAX(d) AS d FROM cand"
+                " GROUP BY grp, identity),"
+                " judged AS (SELECT r.grp, r.id, r.destination_id, r.identity, k.d,"
+                " COUNT(*) OVER w AS n, MIN(r.id) OVER w AS first_id, k.d IS NOT NULL AND NOT"
+                " COALESCE(BOOL_OR(r.id = k.d) OVER w, FALSE) AS ghost FROM cand_ids r"
+                " JOIN cand_keys k ON k.grp = r.grp AND k.identity = r.identity"
+                " WINDOW w AS (PARTITION BY r.grp, r.identity))"
+                " SELECT grp, destination_id, id AS msg_id, identity,"
+                " n + CASE WHEN ghost THEN 1 ELSE 0 END AS copies,"
+                " CASE WHEN ghost THEN d ELSE first_id END AS first_msg_id"
+                " FROM judged WHERE id <> first_id OR ghost"
+            )
+    return statements
 
 
-def content_findings(reader: StoreReader) -> DataFrame:
+def content_statements(reader: StoreReader) -> list[str]:
     """``check_duplicate_content`` in the store, per group (small ones packed): only
     rows whose producer stored their body more than once (md5 in a hash aggregate)
     are hashed (body; headers without the identity headers) and compared with the
-    previous copy of the same content."""
+    previous copy of the same content. A big group is several statements, a hash
+    class of producers each (``_shares``: one producer's copies are in one)."""
     statements = []
     cols = "grp, id, destination_id, producer_id, dedup_key, enqueued_at"
     for pack in reader.group_packs("amq_messages"):
-        statements.append(
-            f"SELECT grp, destination_id, id AS msg_id, producer_id, dedup_key,"
-            " prev_id AS previous_msg_id, prev_key AS previous_dedup_key,"
-            " enqueued_at - prev_at AS apart_ms, encode(body_sha, 'hex') AS body_sha256"
-            f" FROM (SELECT {cols}, body_sha, LAG(enqueued_at) OVER w AS prev_at,"
-            " LAG(id) OVER w AS prev_id, LAG(dedup_key) OVER w AS prev_key"
-            f" FROM (SELECT {cols}, sha256(body) AS body_sha, {pg_headers_sha()} AS headers_sha"
-            f" FROM amq_messages WHERE {grp_in(pack)} AND producer_id IS NOT NULL"
-            " AND (grp, producer_id, md5(body)) IN (SELECT grp, producer_id, md5(body)"
-            f" FROM amq_messages WHERE {grp_in(pack)} AND producer_id IS NOT NULL"
-            " GROUP BY 1, 2, 3 HAVING COUNT(*) > 1)) cand"
-            " WINDOW w AS (PARTITION BY grp, producer_id, body_sha, headers_sha"
-            " ORDER BY enqueued_at, id)) amq_x"
-            f" WHERE prev_at IS NOT NULL AND enqueued_at - prev_at <= {DUPLICATE_CONTENT_WINDOW_MS}"
-            " AND NOT (dedup_key IS NOT NULL AND dedup_key IS NOT DISTINCT FROM prev_key)"
-        )
-    return reader.arms(statements, CONTENT_FINDING)
+        for share in _shares(reader, pack):
+            mine = share.format(key="producer_id")
+            statements.append(
+                f"SELECT grp, destination_id, id AS msg_id, producer_id, dedup_key,"
+                " prev_id AS previous_msg_id, prev_key AS previous_dedup_key,"
+                " enqueued_at - prev_at AS apart_ms, encode(body_sha, 'hex') AS body_sha256"
+                f" FROM (SELECT {cols}, body_sha, LAG(enqueued_at) OVER w AS prev_at,"
+                " LAG(id) OVER w AS prev_id, LAG(dedup_key) OVER w AS prev_key"
+                f" FROM (SELECT {cols}, sha256(body) AS body_sha,"
+                f" {pg_headers_sha()} AS headers_sha"
+                f" FROM amq_messages WHERE {grp_in(pack)} AND producer_id IS NOT NULL AND {mine}"
+                " AND (grp, producer_id, md5(body)) IN (SELECT grp, producer_id, md5(body)"
+                f" FROM amq_messages WHERE {grp_in(pack)} AND producer_id IS NOT NULL AND {mine}"
+                " GROUP BY 1, 2, 3 HAVING COUNT(*) > 1)) cand"
+                " WINDOW w AS (PARTITION BY grp, producer_id, body_sha, headers_sha"
+                " ORDER BY enqueued_at, id)) amq_x"
+                " WHERE prev_at IS NOT NULL"
+                f" AND enqueued_at - prev_at <= {DUPLICATE_CONTENT_WINDOW_MS}"
+                " AND NOT (dedup_key IS NOT NULL AND dedup_key IS NOT DISTINCT FROM prev_key)"
+            )
+    return statements
 
 
 def _runs_sql(table: str, where: str) -> str:
@@ -275,7 +297,7 @@ def _epochs_values(settled: Sequence[Settled]) -> str:
     return f"(VALUES {rows}) amq_e (e_grp, e_epoch, e_started, e_live)"
 
 
-def message_slices(reader: StoreReader, settled: Sequence[Settled]) -> DataFrame:
+def slice_statements(reader: StoreReader, settled: Sequence[Settled]) -> list[str]:
     """amq_messages cut at quantiles of its key, one statement per slice: the
     slice's runs of sequence numbers, and its rows in flight under an older epoch
     of a settled group (``check_stale_inflight``'s queue rows, judged here)."""
@@ -296,10 +318,10 @@ def message_slices(reader: StoreReader, settled: Sequence[Settled]) -> DataFrame
                 f" WHERE ({pred}) AND inflight_epoch < e_epoch"
             )
         statements.append(sql)
-    return reader.arms(statements, SLICE_TYPES)
+    return statements
 
 
-def dedup_runs(reader: StoreReader) -> DataFrame:
+def dedup_run_statements(reader: StoreReader) -> list[str]:
     """amq_dedup cut at quantiles of created_at (ix_amq_dedup_age), one statement
     per slice: its runs. Quantiles, not min/max strides (one old entry made one
     stride hold every other row); and not ranges of the key: entries are stored in
@@ -307,16 +329,17 @@ def dedup_runs(reader: StoreReader) -> DataFrame:
     whole table and every slice read most of its pages (9.5 s of statements at a
     million entries, against 2 by created_at)."""
     preds = reader.key_predicates("amq_dedup", "created_at")
-    return reader.arms([_runs_sql("amq_dedup", p) for p in preds], RUN_TYPES)
+    return [_runs_sql("amq_dedup", p) for p in preds]
 
 
-def stale_pending(reader: StoreReader, settled: Sequence[Settled]) -> DataFrame:
+def stale_pending_statements(reader: StoreReader, settled: Sequence[Settled]) -> list[str]:
     """``check_stale_inflight``'s pending rows, judged in the store: in flight under
-    an older epoch of a settled group, read in slices of amq_sub_pending (Spark's
-    own WHERE reaches the filter); the destination is the subscription's."""
+    an older epoch of a settled group, read in slices of amq_sub_pending; the
+    destination is the subscription's."""
+    # Also what it reads, for the summary.
+    preds = reader.key_predicates("amq_sub_pending", "msg_id")
     if not settled:
-        reader.key_predicates("amq_sub_pending", "msg_id")  # what it would read, for the summary
-        return empty_frame(reader.spark, STALE_FINDING)
+        return []
     select = (
         "SELECT p.grp, s.destination_id, p.msg_id, p.sub_id, p.inflight_epoch,"
         " e_epoch AS current_epoch, e_started AS epoch_started_at, e_live AS live_master"
@@ -324,4 +347,4 @@ def stale_pending(reader: StoreReader, settled: Sequence[Settled]) -> DataFrame:
         " LEFT JOIN amq_subscriptions s ON s.grp = p.grp AND s.id = p.sub_id"
         " WHERE p.inflight_epoch < e_epoch"
     )
-    return reader.partitioned("amq_sub_pending", select, STALE_FINDING, "msg_id")
+    return [f"SELECT * FROM ({select}) amq_t WHERE {p}" for p in preds]

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark.audit_job import DEFAULT_PG_JAR, DEFAULT_SQLITE_JAR, build_session, main
+from tests.helpers.servers import PostgresServer
+from tests.spark.seed import create_store
 
 #: Two cores for the whole machine; four shuffle partitions are plenty for test data.
 TEST_MASTER = "local[2]"
@@ -75,3 +78,11 @@ def run_audit(argv: list[str], output: str | None = None) -> Run:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(args)
     return Run(code, out.getvalue(), err.getvalue(), output)
+
+
+def pg_store(server: PostgresServer, damaged: bool) -> tuple[str, int]:
+    """A new database on ``server`` seeded by tests/spark/seed.py: (URL, its now)."""
+    url = server.create_database()
+    now = int(time.time() * 1000)
+    create_store(url, now, damaged=damaged)
+    return url, now

@@ -26,7 +26,7 @@ from spark.audit_job import (
     parse_store_url,
 )
 from tests.helpers.servers import PostgresServer, free_port
-from tests.spark.conftest import Run, run_audit
+from tests.spark.conftest import Run, pg_store, run_audit
 from tests.spark.seed import CLEAN_GROUPS, DAMAGE, create_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -45,10 +45,7 @@ def damaged(
 
 @pytest.fixture(scope="module")
 def clean_pg(spark: SparkSession, postgres_server: PostgresServer) -> tuple[str, int]:
-    url = postgres_server.create_database()
-    now = int(time.time() * 1000)
-    create_store(url, now, damaged=False)
-    return url, now
+    return pg_store(postgres_server, damaged=False)
 
 
 def test_damaged_store_exits_1(damaged: Run) -> None:
