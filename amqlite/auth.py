@@ -272,22 +272,58 @@ class CheckGroup:
     #: Its entry in ``CheckQueue.tally``: the pair whatever its hash (a users file
     #: reloaded does not make a flood's guesses new).
     tally_key: bytes | None = field(repr=False)
-    #: Times this pair was tried recently when it last joined (``CheckQueue.tally``):
-    #: a passcode tried over and over while unanswered looks like a flood's guess, one
-    #: tried once or twice like a user's; the fewest tried goes first and is dropped last.
+    #: Times this pair was tried recently when it joined the queue (``CheckQueue.tally``).
     seen: int
     order: int  # arrival: among equally tried, the newest goes first, the oldest is dropped
     waiters: list[PendingCheck] = field(default_factory=list)
-
-    @property
-    def rank(self) -> tuple[int, int]:
-        """Serving order, lowest first; a full queue drops the highest."""
-        return self.seen, -self.order
 
 
 #: Login/passcode pairs whose recent tries are counted (least recently tried first out):
 #: as many as the credential cache holds.
 TALLY_SIZE = CREDENTIAL_CACHE_SIZE
+#: Passcodes of one login tried again recently that still look like its clients
+#: retrying after "server busy" (``CheckQueue.rank``): one, or two while a password
+#: changes; more is a flood cycling through a list of guesses.
+RETRIED_PASSCODES_MAX = 2
+#: How long a passcode counts as tried again after its last try (s): a client retries
+#: within a second or two.
+RETRY_WINDOW = 10.0
+
+
+class Retries:
+    """Per login, the passcodes tried again within ``RETRY_WINDOW`` (by their
+    ``CheckQueue.tally`` key: an HMAC under the process's random key, never a passcode),
+    at most ``RETRIED_PASSCODES_MAX + 1`` per login and ``TALLY_SIZE`` logins, least
+    recently tried first out: enough to tell "a few" from "more"."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.logins: OrderedDict[str, OrderedDict[bytes, float]] = OrderedDict()
+
+    def note(self, login: str, key: bytes) -> None:
+        keys = self.logins.pop(login, None) or OrderedDict()
+        self.logins[login] = keys
+        keys.pop(key, None)
+        keys[key] = self.clock()
+        while len(keys) > RETRIED_PASSCODES_MAX + 1:
+            keys.popitem(last=False)
+        while len(self.logins) > TALLY_SIZE:
+            self.logins.popitem(last=False)
+
+    def forget(self, login: str, key: bytes) -> None:
+        keys = self.logins.get(login)
+        if keys is not None:
+            keys.pop(key, None)
+
+    def few(self, login: str) -> bool:
+        """At most ``RETRIED_PASSCODES_MAX`` passcodes of ``login`` tried again lately."""
+        keys = self.logins.get(login)
+        if keys is None:
+            return True
+        since = self.clock() - RETRY_WINDOW
+        while keys and next(iter(keys.values())) < since:
+            keys.popitem(last=False)
+        return len(keys) <= RETRIED_PASSCODES_MAX
 
 
 class CheckQueue:
@@ -301,15 +337,16 @@ class CheckQueue:
     - CONNECTs with the same login and passcode share one check (``CheckGroup``) while it
       waits or runs: a flood repeating a guess takes one place in the queue and one hash;
     - waiting checks are kept per peer address and served round-robin across addresses;
-      within an address the passcode tried the fewest times recently goes first (a
-      flood's guesses come back again and again, a user's passcode once), newest first
-      among equals: a flooder's backlog delays only itself, and a fresh login behind a
-      flood from its own address is the next one that address gets;
+      within an address by ``rank``: a login's passcode tried again goes first while
+      the login has one or two of those (a client retrying after "server busy", where
+      a flood of unique guesses tries each once), else the fewest tried (a user's
+      passcode before a list of guesses cycled over and over), newest first among
+      equals: a flooder's backlog delays only itself, and a login behind a flood from
+      its own address gets in on its first try or on a retry;
     - a check whose sockets all closed is removed at once and never runs (``cancel``);
-    - waiting is bounded per login, per address and in total; past a bound the most
-      tried waiting check (the oldest among equals) of that login, of that address, or
-      of the address with most waiting is answered BUSY (the newcomer itself when it is
-      the most tried);
+    - waiting is bounded per login, per address and in total; past a bound the last
+      by rank (the oldest among equals) of that login, of that address, or of the
+      address with most waiting is answered BUSY (the newcomer itself when it is last);
     - with a ``cache`` (CredentialCache), an answer known from a recent check is given
       without queueing (a login that verified recently gets in whatever the flood), and a
       waiting check whose answer became known meanwhile does not run either.
@@ -331,6 +368,8 @@ class CheckQueue:
         self.by_key: dict[bytes, CheckGroup] = {}  # waiting or running, by cache key
         #: Recent tries per login/passcode pair (by cache key), bounded (TALLY_SIZE).
         self.tally: OrderedDict[bytes, int] = OrderedDict()
+        #: Per login, the passcodes tried again lately (``rank``).
+        self.retries = Retries()
         self.pending = 0  # waiting checks (groups)
         self.running: set[CheckGroup] = set()
         self.arrivals = itertools.count()
@@ -358,13 +397,14 @@ class CheckQueue:
         if self.cache is not None:
             key = self.cache.key(login or "", passcode or "", stored)
             tally_key = self.cache.key(login or "", passcode or "", None)
-        seen = self._tried(tally_key)
         group = self.by_key.get(key) if key is not None else None
         if group is not None:  # the same pair waits or runs: its answer is this one's
-            group.seen = seen
-            group.waiters.append(check)
-            check.group = group
+            group.waiters.append(check)  # not a try of its own: a pool's sockets at
+            check.group = group          # once are one try, not a flood's repeats
             return check
+        seen = self._tried(tally_key)
+        if seen > 1 and tally_key is not None:
+            self.retries.note(login or "", tally_key)
         group = CheckGroup(peer, login, passcode, stored, key, tally_key, seen,
                            next(self.arrivals))
         group.waiters.append(check)
@@ -385,6 +425,23 @@ class CheckQueue:
         self._start_next()
         return check
 
+    def rank(self, group: CheckGroup) -> tuple[int, int, int]:
+        """Serving order, lowest first; a full queue drops the highest. A client that
+        got "server busy" retries its one passcode, while a flood of a new guess on
+        every socket tries each once: while a login has at most
+        ``RETRIED_PASSCODES_MAX`` passcodes tried again lately, those go first, the
+        most tried first. A login with more is under a flood cycling through a list of
+        guesses: then the fewest tried go first (a user's first try before guesses
+        tried over and over). The newest first among equals."""
+        if group.seen > 1 and not self.oft_tried(group):
+            return 0, -group.seen, -group.order
+        return 1, group.seen, -group.order
+
+    def oft_tried(self, group: CheckGroup) -> bool:
+        """A guess of a flood cycling through a list: tried again, for a login with
+        more passcodes tried again than a client retrying has (``rank``)."""
+        return group.seen > 1 and not self.retries.few(group.login or "")
+
     def _tried(self, key: bytes | None) -> int:
         """Count one more try of the pair ``key``; how many were counted recently."""
         if key is None:
@@ -400,13 +457,13 @@ class CheckQueue:
         or None when it fits: the bounds per login, per address, then in total."""
         same_login = self.by_login.get(newcomer.login or "")
         if same_login is not None and len(same_login) >= self.max_per_login:
-            return max([*same_login, newcomer], key=lambda g: g.rank)
+            return max([*same_login, newcomer], key=self.rank)
         queue = self.waiting.get(newcomer.peer)
         if queue is not None and len(queue) >= self.max_per_peer:
-            return max([*queue, newcomer], key=lambda g: g.rank)
+            return max([*queue, newcomer], key=self.rank)
         if self.pending >= self.max_pending:
             fullest = max(self.waiting, key=lambda p: len(self.waiting[p]))
-            return max([*self.waiting[fullest], newcomer], key=lambda g: g.rank)
+            return max([*self.waiting[fullest], newcomer], key=self.rank)
         return None
 
     def _recall(self, login: str | None, passcode: str | None,
@@ -454,6 +511,7 @@ class CheckQueue:
         self.by_login.clear()
         self.by_key.clear()
         self.tally.clear()
+        self.retries.logins.clear()
         self.pending = 0
         if self.cache is not None:
             self.cache.clear()
@@ -503,7 +561,7 @@ class CheckQueue:
         loop = asyncio.get_running_loop()
         while not self.closed and len(self.running) < self.threads and self.waiting:
             peer, queue = next(iter(self.waiting.items()))
-            group = min(queue, key=lambda g: g.rank)  # fewest tried, newest first
+            group = min(queue, key=self.rank)  # see rank
             self._unqueue(group)
             if peer in self.waiting:  # to the back of the round
                 self.waiting[peer] = self.waiting.pop(peer)
@@ -533,6 +591,7 @@ class CheckQueue:
             self.cache.remember(group.login or "", group.passcode or "", group.stored, ok)
             if ok and group.tally_key is not None:
                 self.tally.pop(group.tally_key, None)
+                self.retries.forget(group.login or "", group.tally_key)
         if not self.closed:
             self._answer_all(group, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
             self._start_next()

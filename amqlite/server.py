@@ -169,14 +169,15 @@ class StompServer:
     def _crowded_out(self) -> ClientConnection:
         """The socket to close for a newcomer past ``max_unauthenticated``: among the
         oldest EVICTION_SCAN, the first waiting for a passcode tried again and again
-        (a flood's guess: its answer is the same for every socket that tries it, see
-        ``CheckQueue``), else the oldest. A user's login waiting for its check is not
-        pushed out by the flood of guesses for its login."""
+        among many of its login's (a flood's guess: its answer is the same for every
+        socket that tries it, see ``CheckQueue.oft_tried``), else the oldest. A user's
+        login waiting for its check is not pushed out by the flood of guesses for its
+        login."""
         oldest = None
         for conn in itertools.islice(self.unauthenticated, EVICTION_SCAN):
             oldest = oldest or conn
             group = conn.check.group if conn.check is not None else None
-            if group is not None and group.seen > 1:
+            if group is not None and self.checks.oft_tried(group):
                 return conn
         assert oldest is not None
         return oldest

@@ -281,3 +281,51 @@ def test_login_never_verified_gets_in_during_warmed_flood(
     print(said)
     assert flood.rate >= MIN_FLOOD_RATE, f"the flood ran at {flood.rate:.0f}/s only"
     assert max(logins) <= LOGIN_DEADLINE, f"{said}\n{broker.log_tail()}"
+
+
+#: How long a real client waits before it tries again after "server busy" (s): the
+#: brief's client retries every 200-500 ms.
+RETRY_PAUSE = 0.3
+
+
+def retrying_login(port: int, login: str, passcode: str, deadline: float) -> tuple[float, int]:
+    """Log in on raw sockets, trying again RETRY_PAUSE after each "server busy", as a
+    client library would: (seconds from the first CONNECT sent to CONNECTED, tries)."""
+    start = time.monotonic()
+    tries = 0
+    while time.monotonic() - start < deadline + 5:
+        tries += 1
+        with socket.create_connection((HOST, port), timeout=10) as sock:
+            sock.sendall(connect_bytes(login, passcode))
+            data = b""
+            while b"\x00" not in data:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        if data.startswith(b"CONNECTED\n"):
+            return time.monotonic() - start, tries
+        assert b"server busy" in data, f"{login}'s login was answered {data[:80]!r}"
+        time.sleep(RETRY_PAUSE)  # the client's own pacing between tries, not a wait
+    raise AssertionError(f"{login} not logged in within {deadline + 5:g} s ({tries} tries)")
+
+
+def test_login_never_verified_retrying_gets_in_during_flood_of_unique_passcodes(
+        broker: BrokerProcess, users_file: Path, floods: list[OneLoginFlood]) -> None:
+    """A flood of wrong passcodes for alice from her own address, a new one on every
+    socket (each tried once); round after round alice gets a new password (never
+    verified) and a client retries it every RETRY_PAUSE s after "server busy": CONNECTED
+    within LOGIN_DEADLINE of its first try (its passcode, tried again, is preferred to
+    the flood's, each tried once: ``amqlite.auth.CheckGroup.rank``)."""
+    flood = start_flood(floods, broker.port, lambda i: f"unique-{i}")
+    logins = []
+    for n in range(NEW_PASSWORD_ROUNDS):
+        password = f"alice-retry-{n}"
+        set_password(broker, users_file, password)
+        logins.append(retrying_login(broker.port, ALICE, password, LOGIN_DEADLINE))
+    flood.stop()
+    said = (f"alice retrying a new password each round, during a flood of "
+            f"{flood.rate:.0f} unique passcodes/s: (s, tries) {logins}")
+    print(said)
+    assert flood.rate >= MIN_FLOOD_RATE, f"the flood ran at {flood.rate:.0f}/s only"
+    assert max(t for t, _ in logins) <= LOGIN_DEADLINE, f"{said}\n{broker.log_tail()}"

@@ -138,7 +138,8 @@ def test_a_repeated_guess_waits_once_and_is_hashed_once() -> None:
 def test_a_passcode_tried_once_beats_a_flood_of_oft_tried_guesses() -> None:
     """A flood cycling through a list of wrong passcodes for alice (each tried many
     times, none answered yet): alice's own passcode, tried once, is never the one a full
-    queue drops, and runs as soon as the thread is free, whatever came after it."""
+    queue drops, and runs as soon as the thread is free, whatever came after it (many
+    passcodes of alice's tried again: a list of guesses, not a client retrying)."""
     async def main() -> None:
         auth = CountingAuth({"alice": hash_password("right")})
         queue = CheckQueue(auth, threads=1, max_per_login=4, cache=CredentialCache())
@@ -167,5 +168,41 @@ def test_a_passcode_tried_once_beats_a_flood_of_oft_tried_guesses() -> None:
         assert mine == [CheckOutcome.ACCEPTED]
         assert auth.ran[1] == ("alice", "right"), auth.ran  # next after the holder
         assert busy  # the guesses were the ones refused
+        queue.close()
+    asyncio.run(main())
+
+
+def test_a_retried_passcode_beats_a_flood_of_unique_guesses() -> None:
+    """A flood with a new wrong passcode for alice on every socket (each tried once):
+    alice's first try is pushed out by newer guesses ("server busy"), but her retry of
+    the same passcode is preferred to every guess tried once: it is not dropped, and
+    runs next when the thread is free. Sockets joining a waiting check are not tries."""
+    async def main() -> None:
+        auth = CountingAuth({"alice": hash_password("right")})
+        queue = CheckQueue(auth, threads=1, max_per_login=4, cache=CredentialCache())
+        first: list[CheckOutcome] = []
+        retry: list[CheckOutcome] = []
+        flood = iter(range(10_000))
+
+        def guesses(n: int) -> None:
+            for _ in range(n):
+                queue.submit("nat", "alice", f"unique{next(flood)}", lambda o: None)
+
+        queue.submit("nat", "bob", "x", lambda o: None)  # holds the only thread
+        guesses(10)
+        queue.submit("nat", "alice", "right", first.append)
+        guesses(10)
+        await asyncio.sleep(0.01)
+        assert first == [CheckOutcome.BUSY]
+        queue.submit("nat", "alice", "right", retry.append)
+        guesses(50)
+        await asyncio.sleep(0.01)
+        assert retry == []  # waiting, not dropped
+        auth.gate.set()
+        async with asyncio.timeout(WAIT):
+            while not retry:
+                await asyncio.sleep(0.01)
+        assert retry == [CheckOutcome.ACCEPTED]
+        assert auth.ran[1] == ("alice", "right"), auth.ran  # next after the holder
         queue.close()
     asyncio.run(main())

@@ -1,32 +1,40 @@
 """Past max_unauthenticated, which socket goes (``StompServer._crowded_out``, issue 23
-item 2): one waiting for a passcode tried again and again before the oldest, so a login
-waiting for its check is not closed for a flood's sockets. Pure logic: the sockets are
-stand-ins with the one attribute the choice reads."""
+item 2): one waiting for a passcode tried again and again, of a login with many of those
+(``CheckQueue.oft_tried``), before the oldest, so a login waiting for its check is not
+closed for a flood's sockets; a client retrying its one passcode is not such a guess. Pure
+logic: the sockets are stand-ins with the attributes the choice reads."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
+from amqlite.auth import RETRIED_PASSCODES_MAX, Authenticator, CheckQueue
 from amqlite.server import EVICTION_SCAN, StompServer
 
 
 class Sock:
-    """A socket not logged in: no CONNECT yet (None), or one whose passcode was tried
-    ``seen`` times (hashable by identity, as a ClientConnection is)."""
+    """A socket not logged in: no CONNECT yet (None), or one whose passcode for
+    ``login`` was tried ``seen`` times (hashable by identity, as a ClientConnection is)."""
 
-    def __init__(self, seen: int | None) -> None:
+    def __init__(self, seen: int | None, login: str) -> None:
         self.check = (None if seen is None
-                      else SimpleNamespace(group=SimpleNamespace(seen=seen)))
+                      else SimpleNamespace(group=SimpleNamespace(seen=seen, login=login)))
 
 
-def sock(seen: int | None) -> Any:
-    return Sock(seen)
+def sock(seen: int | None, login: str = "flooded") -> Any:
+    return Sock(seen, login)
 
 
 def crowded_out(socks: list[Any]) -> Any:
+    """The choice, with "flooded" a login with more passcodes tried again than a client
+    retrying has, and "retrying" one with a single one."""
     server = StompServer.__new__(StompServer)
     server.unauthenticated = dict.fromkeys(socks)
+    server.checks = CheckQueue(Authenticator(None))
+    for n in range(RETRIED_PASSCODES_MAX + 1):
+        server.checks.retries.note("flooded", b"guess%d" % n)
+    server.checks.retries.note("retrying", b"its passcode")
     return server._crowded_out()
 
 
@@ -38,6 +46,11 @@ def test_a_socket_waiting_on_a_repeated_guess_goes_before_the_oldest() -> None:
 def test_the_oldest_goes_when_nothing_repeats() -> None:
     oldest = sock(1)
     assert crowded_out([oldest, sock(None), sock(1)]) is oldest
+
+
+def test_a_client_retrying_its_one_passcode_is_not_taken_for_a_guess() -> None:
+    oldest = sock(1)
+    assert crowded_out([oldest, sock(None), sock(3, "retrying")]) is oldest
 
 
 def test_only_the_oldest_few_are_looked_at() -> None:
