@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,6 +29,7 @@ __all__ = [
     "ParsedItem",
     "ProtocolError",
     "encode_frame",
+    "join_head",
     "parse_uint",
 ]
 
@@ -204,39 +206,50 @@ def encode_frame(frame: Frame, version: str) -> bytes:
     command = frame.command
     headers = frame.headers
     body = frame.body
-    # Name and value joined by NUL, which no header may hold: after the checks below,
-    # every NUL is a separator, so one replace escapes the colons of names and values
-    # alike and a second puts the separators in. C-level scans, not per-header work.
+    # Name and value joined by NUL, which no header may hold: after the checks in
+    # join_head, every NUL is a separator (see there).
     parts = [command]
     for name, value in headers.items():
         if name != "content-length":
             parts.append(name + "\x00" + value)
     if body:
         parts.append("content-length\x00" + str(len(body)))
+    text = None
+    if version in SUPPORTED_VERSIONS and command and "" not in headers:
+        escape = (version != STOMP_1_0 and command not in NO_ESCAPE_COMMANDS
+                  and ":" not in command)
+        text = join_head(parts, escape, headers)
+    if text is None:
+        text = _encode_head_checked(frame, version)
+    return b"".join((text.encode("utf-8"), body, b"\x00"))
+
+
+def join_head(parts: list[str], escape: bool, names: Iterable[str] = ()) -> str | None:
+    """A frame's head (command line to blank line) from ``parts``: the command, then one
+    ``name + "\\x00" + value`` per header, in a few C-level passes instead of per-header
+    work; ``escape``: colons become ``\\c`` (1.1 and 1.2 outside the handshake). None
+    when a name or value holds a backslash, CR, LF or NUL, or (not ``escape``) one of
+    ``names`` a colon: the caller takes the checked path (``_encode_head_checked``).
+    ``parts`` is extended."""
     count = len(parts) - 1
     parts += ("", "")
     text = "\n".join(parts)
-    # Fast path: nothing but our own separators and colons, which is true of almost
-    # every frame (colons are in every MESSAGE's ids: ID:group:42).
+    # Nothing but our own separators and colons, which is true of almost every frame
+    # (colons are in every MESSAGE's ids: ID:group:42).
     if (
-        version not in SUPPORTED_VERSIONS
-        or not command
-        or "" in headers
-        or "\\" in text
+        "\\" in text
         or "\r" in text
         or text.count("\n") != count + 2
         or text.count("\x00") != count
     ):
-        text = _encode_head_checked(frame, version)
-    elif ":" not in text:
-        text = text.replace("\x00", ":")
-    elif version != STOMP_1_0 and command not in NO_ESCAPE_COMMANDS and ":" not in command:
-        text = text.replace(":", "\\c").replace("\x00", ":")
-    elif ":" in command or any(":" in name for name in headers):
-        text = _encode_head_checked(frame, version)  # 1.0 and CONNECT cannot escape a name
-    else:
-        text = text.replace("\x00", ":")  # 1.0 and CONNECT carry value colons as they are
-    return b"".join((text.encode("utf-8"), body, b"\x00"))
+        return None
+    if ":" not in text:
+        return text.replace("\x00", ":")
+    if escape:
+        return text.replace(":", "\\c").replace("\x00", ":")
+    if ":" in parts[0] or any(":" in name for name in names):
+        return None  # 1.0 and CONNECT cannot escape a name
+    return text.replace("\x00", ":")  # 1.0 and CONNECT carry value colons as they are
 
 
 def _encode_head_checked(frame: Frame, version: str) -> str:

@@ -621,6 +621,17 @@ class StompProtocol:
             return b"RECEIPT\nreceipt-id:" + receipt_id.encode() + b"\n\n\x00"
         return self.send(Frame("RECEIPT", {"receipt-id": receipt_id}))
 
+    def message(self, head: str, body: bytes) -> bytes:
+        """Server side: a MESSAGE whose head (command line to blank line, escaped for
+        this connection's version) the broker joined itself (``codec.join_head``, see
+        ``Subscription._write_fast``), with the checks ``send`` makes of one."""
+        self._check_open()
+        if self.role != "server" or self._state not in _ANSWERED:
+            raise ProtocolError(
+                "invalid state", f"cannot send MESSAGE while {self._state}", fault="local"
+            )
+        return b"".join((head.encode("utf-8"), body, b"\x00"))
+
     def heartbeat_data(self) -> bytes:
         """The bytes of one heart-beat (a bare EOL).
 

@@ -459,6 +459,11 @@ class ClientConnection(asyncio.Protocol):
             return
         self._write(self.proto.receipt(receipt))
 
+    def write_message(self, head: str, body: bytes) -> None:
+        if self.closed or self.transport is None:
+            return
+        self._write(self.proto.message(head, body))
+
     def _write(self, data: bytes) -> None:
         self._out.append(data)
         self._out_bytes += len(data)

@@ -631,6 +631,9 @@ class _OperatorClient:
     def write_frame(self, frame: Frame) -> None:
         pass
 
+    def write_message(self, head: str, body: bytes) -> None:
+        pass
+
     def write_receipt(self, receipt: str) -> None:
         if not self.outcome.done():
             self.outcome.set_result(None)

@@ -53,6 +53,10 @@ class Client(Protocol):
     def write_receipt(self, receipt: str) -> None:
         """``write_frame`` of a RECEIPT, the frame every persistent SEND waits for."""
 
+    def write_message(self, head: str, body: bytes) -> None:
+        """``write_frame`` of a MESSAGE whose head the broker joined itself, escaped
+        for this client's version (``Subscription._write_fast``)."""
+
     def can_write(self) -> bool: ...
 
     def close_with_error(self, message: str, detail: str = "",

@@ -16,9 +16,9 @@ from amqlite.broker.message import Message
 from amqlite.broker.selector import Selector
 from amqlite.broker.session import Client
 from amqlite.broker.source import Source, TopicSubscriptionSource
-from amqlite.codec import Frame
+from amqlite.codec import Frame, join_head
 from amqlite.validation import headers_for
-from amqlite.wire import ACK_AUTO, AMQ_GROUP_FIRST, DELIVERY_COUNT_HEADER
+from amqlite.wire import ACK_AUTO, AMQ_GROUP_FIRST, DELIVERY_COUNT_HEADER, STOMP_1_0
 from store.api import Ref
 
 if TYPE_CHECKING:
@@ -31,6 +31,10 @@ log = logging.getLogger("amqlite.broker")
 #: ``activemq.prefetchSize``: a huge prefetch must not page the backlog into
 #: RAM. 8 MiB is ActiveMQ's default prefetch (1000) of 8 KB messages.
 MAX_INFLIGHT_BYTES = 8 * 1024 * 1024
+#: Headers a MESSAGE frame sets itself: a message carrying one of them (none from a
+#: SEND: ``NON_USER_HEADERS``) takes ``_write_frame``, where the frame's value wins.
+_FRAME_SET = frozenset({"subscription", "message-id", "destination", "ack", "redelivered",
+                        DELIVERY_COUNT_HEADER, AMQ_GROUP_FIRST, "content-length"})
 
 
 @dataclass(slots=True)
@@ -161,23 +165,8 @@ class Subscription:
         depth; SEND validation keeps such messages out). The consumer is closed
         with an ERROR and what it holds unacknowledged goes back to the source."""
         try:
-            headers = {
-                "subscription": self.id,
-                "message-id": message.message_id,
-                "destination": message.destination,
-            }
-            if message.floor > self.conn.version:  # versions compare as strings
-                headers.update(headers_for(self.conn.version, message.headers))
-            else:
-                headers.update(message.headers)
-            if self.ack_mode != ACK_AUTO:
-                headers["ack"] = f"{self.key}:{message.message_id}"
-            if previous_deliveries:
-                headers["redelivered"] = "true"
-                headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
-            if group_first:
-                headers[AMQ_GROUP_FIRST] = "true"
-            self.conn.write_frame(Frame("MESSAGE", headers, message.body))
+            if not self._write_fast(message, previous_deliveries, group_first):
+                self._write_frame(message, previous_deliveries, group_first)
         except Exception as exc:
             if not self.closed:
                 self.closed = True  # no credit: dispatch skips it from now on
@@ -192,6 +181,61 @@ class Subscription:
         broker.stats["delivered"] += 1
         broker.delivered[self.destination] += 1
         return True
+
+    def _write_fast(self, message: Message, previous_deliveries: int,
+                    group_first: bool) -> bool:
+        """Write the MESSAGE without a headers dict or a Frame: its head joined in a few
+        C-level passes (``codec.join_head``), handed to the connection as it is
+        (``Client.write_message``). False, nothing written, unless the consumer speaks
+        1.1 or 1.2 and can carry every header (``Message.floor``), no header of the
+        message is one this frame sets itself, and nothing needs more than its colons
+        escaped: ``_write_frame`` then takes the general path, to the same bytes."""
+        version = self.conn.version
+        headers = message.headers
+        if (version == STOMP_1_0 or message.floor > version
+                or not _FRAME_SET.isdisjoint(headers) or "" in headers):
+            return False
+        message_id = message.message_id
+        parts = ["MESSAGE", "subscription\x00" + self.id, "message-id\x00" + message_id,
+                 "destination\x00" + message.destination]
+        for name, value in headers.items():
+            parts.append(name + "\x00" + value)
+        if self.ack_mode != ACK_AUTO:
+            parts.append(f"ack\x00{self.key}:{message_id}")
+        if previous_deliveries:
+            parts.append("redelivered\x00true")
+            parts.append(f"{DELIVERY_COUNT_HEADER}\x00{previous_deliveries + 1}")
+        if group_first:
+            parts.append(AMQ_GROUP_FIRST + "\x00true")
+        body = message.body
+        if body:
+            parts.append("content-length\x00" + str(len(body)))
+        head = join_head(parts, escape=True)
+        if head is None:
+            return False
+        self.conn.write_message(head, body)
+        return True
+
+    def _write_frame(self, message: Message, previous_deliveries: int,
+                     group_first: bool) -> None:
+        """The MESSAGE as a Frame, for any consumer and any header (``headers_for``)."""
+        headers = {
+            "subscription": self.id,
+            "message-id": message.message_id,
+            "destination": message.destination,
+        }
+        if message.floor > self.conn.version:  # versions compare as strings
+            headers.update(headers_for(self.conn.version, message.headers))
+        else:
+            headers.update(message.headers)
+        if self.ack_mode != ACK_AUTO:
+            headers["ack"] = f"{self.key}:{message.message_id}"
+        if previous_deliveries:
+            headers["redelivered"] = "true"
+            headers[DELIVERY_COUNT_HEADER] = str(previous_deliveries + 1)
+        if group_first:
+            headers[AMQ_GROUP_FIRST] = "true"
+        self.conn.write_frame(Frame("MESSAGE", headers, message.body))
 
 
 #: What one ACK or NACK of a COMMIT settled in memory: (command, subscription,

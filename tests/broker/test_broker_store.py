@@ -16,7 +16,7 @@ import pytest
 from amqlite.broker import Broker
 from amqlite.broker import memory as memory_mod
 from amqlite.broker import source as source_mod
-from amqlite.codec import Frame
+from amqlite.codec import Frame, FrameParser
 from amqlite.settings import Settings
 from store import GroupCommitter, Store, StoreError, open_store
 from tests.helpers.poll import apoll
@@ -42,6 +42,12 @@ class FrameSink:
 
     def write_receipt(self, receipt: str) -> None:
         self.write_frame(Frame("RECEIPT", {"receipt-id": receipt}))
+
+    def write_message(self, head: str, body: bytes) -> None:
+        """A MESSAGE the broker encoded itself: read back as the client would."""
+        parsed = FrameParser(version=self.version).feed(head.encode() + body + b"\x00")
+        assert len(parsed) == 1 and isinstance(parsed[0], Frame), parsed
+        self.write_frame(parsed[0])
 
     def can_write(self) -> bool:
         return True
