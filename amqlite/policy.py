@@ -37,11 +37,13 @@ so the broker pays a dict lookup per message, never a pattern match.
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from amqlite.validation import BrokerError, check_destination
 from amqlite.wildcard import (
     ANY_CHILD,
     ANY_DESCENDANT,
@@ -53,6 +55,7 @@ from amqlite.wildcard import (
 
 #: The config file's table array: ``[[policy]]``.
 POLICY_TABLE = "policy"
+log = logging.getLogger("amqlite.broker")  # the dead-letter warning's, as before
 #: ActiveMQ's ``IndividualDeadLetterStrategy`` prefixes queue names with
 #: ``ActiveMQ.DLQ.Queue.``; a STOMP user writes ``DLQ.`` (the brief's ``DLQ.<name>``).
 DEFAULT_DEAD_LETTER_PREFIX = "DLQ."
@@ -371,6 +374,8 @@ class Policies:
     _cache: dict[str, DestinationPolicy] = field(init=False, repr=False, default_factory=dict)
     _applied: dict[int, DestinationPolicy] = field(init=False, repr=False,
                                                    default_factory=dict)
+    #: Destination name -> its dead-letter queue, checked once (``dead_letter_queue``).
+    _dead_letters: dict[str, str] = field(init=False, repr=False, default_factory=dict)
 
     #: Some ``[[policy]]`` entry exists (else every name has the defaults).
     any: bool = field(init=False)
@@ -396,6 +401,25 @@ class Policies:
             self._cache.clear()
         self._cache[destination] = policy
         return policy
+
+    def dead_letter_queue(self, destination: str, fallback: str) -> str:
+        """Where ``destination``'s dead letters go (its policy), or ``fallback`` (the
+        broker-wide ``dead_letter_queue``) when that name is not one a destination may
+        have (an individual one too long): decided once per name, not per dead letter."""
+        hit = self._dead_letters.get(destination)
+        if hit is not None:
+            return hit
+        dlq = self.resolve(destination).dead_letter_for(destination)
+        try:
+            check_destination(dlq)
+        except BrokerError:
+            log.warning("dead-letter queue %r of %s is not a usable name; using %s",
+                        dlq[:80], destination, fallback)
+            dlq = fallback
+        if len(self._dead_letters) >= RESOLVE_CACHE_SIZE:
+            self._dead_letters.clear()
+        self._dead_letters[destination] = dlq
+        return dlq
 
     def _choose(self, destination: str) -> DestinationPolicy:
         matching = self._index.matching(destination) if self.entries else []

@@ -17,7 +17,7 @@ from amqlite.broker.counters import Kind
 from amqlite.broker.message import message_size, now_ms
 from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.codec import Frame
-from amqlite.validation import BrokerError, check_destination, parse_ack_key
+from amqlite.validation import BrokerError, parse_ack_key
 from amqlite.wire import ORIGINAL_DESTINATION, STOMP_1_1, STOMP_1_2
 from store.api import Batch, NewMessage
 
@@ -171,15 +171,9 @@ def redeliver_or_dead_letter(broker: Broker, source: Source, d: Delivery, batch:
 
 def dead_letter_queue(broker: Broker, destination: str) -> str:
     """Where ``destination``'s dead letters go (its policy); the broker-wide
-    ``dead_letter_queue`` when an individual one's name would be too long."""
-    dlq = broker.policies.resolve(destination).dead_letter_for(destination)
-    try:
-        check_destination(dlq)
-    except BrokerError:
-        log.warning("dead-letter queue %r of %s is not a usable name; using %s",
-                    dlq[:80], destination, broker.settings.dead_letter_queue)
-        return broker.settings.dead_letter_queue
-    return dlq
+    ``dead_letter_queue`` when an individual one's name would be too long (decided
+    once per name: ``Policies.dead_letter_queue``)."""
+    return broker.policies.dead_letter_queue(destination, broker.settings.dead_letter_queue)
 
 
 def hold(sub: Subscription, message_id: str, tx: Transaction) -> None:

@@ -66,6 +66,8 @@ class Broker:
         self.destination_ids = itertools.count(recovery.next_destination_id)
         self.subscription_ids = itertools.count(recovery.next_subscription_id)
         self.destination_rows: dict[str, int] = {}  # name -> store id
+        #: The same rows by store id (the reaper's answers name ids), kept with them.
+        self.destination_names: dict[int, str] = {}
         #: Destination rows staged and not yet committed by any batch: every
         #: write that needs one carries it (the store inserts it once), since
         #: the unit that first staged it may be refused by the store.
@@ -124,13 +126,14 @@ class Broker:
         bounded = self.policies.limits_queues
         for d in recovery.destinations:
             self.destination_rows[d.name] = d.id
+            self.destination_names[d.id] = d.name
             if d.kind != "queue":
                 continue
             if bounded and self.policies.resolve(d.name).limited:
                 self.queues[d.name] = self._new_queue(d.name, d.id)
             else:
                 self.dormant.add(d.name)
-        names = {d.id: d.name for d in recovery.destinations}
+        names = self.destination_names
         self.counters.load(names, recovery.counters)
         for s in recovery.subscriptions:
             topic = names.get(s.destination_id, f"/topic/unknown-{s.destination_id}")
@@ -327,7 +330,7 @@ class Broker:
     def reaped(self, by_destination: dict[int, list[Ref]]) -> None:
         """The store's reaper deleted these expired rows (and counted them): what of
         them waits in memory goes without being counted again."""
-        names = {did: name for name, did in self.destination_rows.items()}
+        names = self.destination_names
         self.counters.reaped(names, by_destination)
         if self.bounded:  # out of the bounded queues' ledgers too
             for refs in by_destination.values():

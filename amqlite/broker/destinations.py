@@ -36,6 +36,7 @@ def destination_id(broker: Broker, name: str, batch: Batch) -> int:
         row = DestinationRow(next(broker.destination_ids), name, destination_kind(name))
         did = row.id
         broker.destination_rows[name] = did
+        broker.destination_names[did] = name
         broker.unconfirmed_destinations[name] = row
         batch.destinations.append(row)
         if name in broker.queues:
@@ -167,6 +168,8 @@ def forget_destination(broker: Broker, name: str) -> ForgottenDestination:
     are dropped by ``settle_forgotten`` once they have landed in memory."""
     gone = ForgottenDestination(name, broker.destination_rows.pop(name, None),
                                 next(broker.ids))
+    if gone.store_id is not None:
+        broker.destination_names.pop(gone.store_id, None)
     broker.unconfirmed_destinations.pop(name, None)
     broker.forget_totals(name)
     broker.known_destinations.discard(name)

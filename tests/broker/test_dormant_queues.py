@@ -4,7 +4,9 @@ them, and each then pages what the store holds, once."""
 
 from __future__ import annotations
 
+from amqlite.broker.operations import Operations
 from amqlite.codec import Frame
+from amqlite.management.reads import StoreReader
 from amqlite.settings import Settings
 from store import Store
 from tests.broker.test_broker_store import Master, connect, run, send, until
@@ -43,5 +45,32 @@ def test_a_new_master_makes_stored_queues_on_first_use(store: Store,
             got = sorted(m.body.decode() for m in consumer.of("MESSAGE"))
             assert got == sorted([*NAMES, "after"])
             assert not broker.dormant
+
+    run(second)
+
+
+def test_rows_by_id_follow_the_rows_by_name(store: Store, settings: Settings) -> None:
+    """``destination_names`` (the reaper's id -> name) is kept with ``destination_rows``:
+    at activation, when a write stages a new row, and when a destination is deleted."""
+    fill(store, settings)
+
+    async def second() -> None:
+        async with Master(store, settings, "b") as broker:
+            def by_id() -> dict[int, str]:
+                return {did: name for name, did in broker.destination_rows.items()}
+
+            assert broker.destination_names == by_id()
+            producer = connect(broker)
+            send(broker, producer, "/queue/dormant.new", "x", receipt="r")
+            await until(lambda: len(producer.of("RECEIPT")) == 1)
+            assert "/queue/dormant.new" in broker.destination_names.values()
+            assert broker.destination_names == by_id()
+            reader = StoreReader(settings.store, settings.group)
+            try:
+                await Operations(broker, reader).delete_destination(NAMES[1])
+            finally:
+                reader.close()
+            assert NAMES[1] not in broker.destination_names.values()
+            assert broker.destination_names == by_id()
 
     run(second)

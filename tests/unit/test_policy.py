@@ -82,6 +82,28 @@ def test_individual_dead_letter_queue_per_destination() -> None:
     assert p.resolve("/queue/special").dead_letter_strategy is DeadLetterStrategy.SHARED
 
 
+def test_dead_letter_queue_is_checked_once_per_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A destination's dead-letter queue is derived and its name checked once, not per
+    dead letter; one too long to be a destination falls back to the broker-wide one."""
+    import amqlite.policy as policy_module
+    checked: list[str] = []
+    real = policy_module.check_destination
+
+    def counting(name: str) -> str:
+        checked.append(name)
+        return real(name)
+
+    monkeypatch.setattr(policy_module, "check_destination", counting)
+    p = resolver({"destination": "/queue/>", "dead_letter_strategy": "individual"})
+    for _ in range(3):
+        assert p.dead_letter_queue("/queue/orders", "/queue/DLQ") == "/queue/DLQ.orders"
+    assert checked == ["/queue/DLQ.orders"]
+    long_name = "/queue/" + "x" * 5000
+    for _ in range(2):
+        assert p.dead_letter_queue(long_name, "/queue/DLQ") == "/queue/DLQ"
+    assert len(checked) == 2
+
+
 def test_redelivery_back_off_grows_and_is_capped() -> None:
     policy = resolver({"destination": "/queue/q", "redelivery_delay": 0.5,
                        "redelivery_multiplier": 2, "max_redelivery_delay": 3}).resolve("/queue/q")
