@@ -117,6 +117,8 @@ def test_stored_queues_are_made_on_first_use_and_nothing_stored_is_lost(
     assert len(listed) == QUEUES and "/queue/many.19999" in listed
     assert listed[PLAIN]["waiting"] == 1 and listed[DLQ]["waiting"] == 1
     assert 'destination="/queue/many.19999"' in api(http, "/metrics")
+    browsed = api(http, f"/api/v1/messages{PLAIN}")  # the API's browse of one not in memory
+    assert [m["body"] for m in browsed["messages"]] == [f"{PLAIN} 1"], browsed
     # The store's reaper deletes and counts the expired one, its queue not in memory.
     poll(lambda: api(http, f"/api/v1/destinations{EXPIRED}"),
          lambda d: d["expired"] == 1 and d["waiting"] == 0, timeout=30,
