@@ -251,7 +251,7 @@ def rows_as_runs(m: DataFrame, dd: DataFrame) -> DataFrame:
     return runs(m, False).unionByName(runs(dd, True))
 
 
-def check_sequence_runs(runs: DataFrame) -> DataFrame:
+def check_sequence_runs(runs: DataFrame, few: bool = False) -> DataFrame:
     """A sequence number is accounted for while its message is stored or its
     identity is in the dedup window. Below a producer's oldest dedup entry a
     consumed message leaves no trace at all, so only numbers from that entry up
@@ -264,8 +264,14 @@ def check_sequence_runs(runs: DataFrame) -> DataFrame:
     store's ``/`` has it); ``dd`` when they come from amq_dedup. They may overlap
     (a number in a message and in its dedup entry). A hot producer is many tasks:
     holes inside a bucket by a running maximum over its runs, holes between
-    buckets by a window over the buckets' (lowest, highest) pairs."""
+    buckets by a window over the buckets' (lowest, highest) pairs.
+
+    ``few``: the runs are a few per producer and slice (PostgreSQL's): hashed by
+    producer once, every aggregate, join and window after needs no other shuffle
+    (each is a stage, which costs a cold cluster more than these rows)."""
     producer = ["grp", "producer_id"]
+    if few:
+        runs = runs.repartition(*producer)
     floors = runs.where(F.col("dd")).groupBy(*producer).agg(F.min("lo").alias("floor"))
     judged = (
         runs.join(floors, producer)

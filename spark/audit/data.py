@@ -72,6 +72,8 @@ class StoreData:
     store_checks: DataFrame  # the rows at fault of the checks run in the store
     #: Per group, overdue dedup entries no recorded prune reached (not a finding).
     housekeeping: dict[str, dict[str, Any]]
+    #: ``runs`` are per slice (PostgreSQL), not per row (SQLite).
+    few_runs: bool = False
 
 
 def _now_ms(reader: StoreReader) -> int:
@@ -315,7 +317,7 @@ def read_store(reader: StoreReader, plan: StorePlan) -> StoreData:
     names = {(str(r[0]), int(r[1])): str(r[2]) for r in plan.destinations}
     return StoreData(
         plan.now_ms, plan.group_names, names, judged, runs, cached["store checks"],
-        plan.housekeeping,
+        plan.housekeeping, pg,
     )  # fmt: skip
 
 
@@ -323,7 +325,7 @@ def all_findings(d: StoreData) -> DataFrame:
     """Every check, as one DataFrame of one shape."""
     checks = [
         *d.judged,
-        check_sequence_runs(d.runs),
+        check_sequence_runs(d.runs, few=d.few_runs),
         *store_findings(d.store_checks, d.now_ms),
     ]
     findings = checks[0]

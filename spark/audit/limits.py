@@ -34,8 +34,9 @@ MAX_READ_PARTITIONS = 256
 #: in one group, content took 3-4 s and identity 1.6-3 s as one statement each).
 DUPLICATE_ROWS_PER_STATEMENT = 250_000
 #: Connections the driver runs the pushed statements on (``spark.audit.pool``), each
-#: importing the snapshot: one per core of this machine (the store's work is CPU
-#: bound, and a local store shares these cores), at least this many.
+#: importing the snapshot: one per core of this machine and one more (``run``), at
+#: least this many. bench/audit_bench.py's store alone, two cores, load 9-10: 17-21 s
+#: of statements on two connections, 14.6-15.6 s on three.
 MIN_SQL_CONNECTIONS = 2
 #: Rows one pushed read may bring back to the driver's memory (a healthy store's
 #: reads return a few thousand: the runs and the rows at fault). A read that returns

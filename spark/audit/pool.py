@@ -64,7 +64,10 @@ class StatementPool:
         self._errors: list[BaseException] = []
         self._failed = threading.Event()
         self.started = time.monotonic()
+        #: When the last connection finished, from ``started``.
         self.seconds = 0.0
+        self._done = threading.Event()
+        self._alive = 0
         n = max(1, min(connections, total))
         self.statements, self.connections = total, n
         progress.say(f"running {total} statements in the store on {n} connections")
@@ -72,6 +75,7 @@ class StatementPool:
             threading.Thread(target=self._run, name=f"audit-sql-{i}", daemon=True)
             for i in range(n)
         ]
+        self._alive = len(self._threads)
         for t in self._threads:
             t.start()
 
@@ -96,6 +100,12 @@ class StatementPool:
             with self._lock:
                 self._errors.append(exc)
             self._failed.set()
+        finally:
+            with self._lock:
+                self._alive -= 1
+                if not self._alive:
+                    self.seconds = time.monotonic() - self.started
+                    self._done.set()
 
     def _statement(self, conn: Any, name: str, sql: str) -> None:
         read = self.reads[name]
@@ -116,13 +126,16 @@ class StatementPool:
                     read.rows.extend(tuple(r) for r in batch)
 
     def running(self) -> bool:
-        return any(t.is_alive() for t in self._threads)
+        return not self._done.is_set()
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Whether every connection has finished (within ``timeout``)."""
+        return self._done.wait(timeout)
 
     def wait(self) -> dict[str, PushedRead]:
         """Every statement run (or a read given up); the first error raised."""
         for t in self._threads:
             t.join()
-        self.seconds = time.monotonic() - self.started
         if self._errors:
             raise self._errors[0]
         for read in self.reads.values():

@@ -5,12 +5,14 @@ command line (``main``), whose errors are one line and an exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,8 +56,10 @@ class AuditResult:
 
 
 def sql_connections() -> int:
-    """The pool's connections: one per core of this machine, at least two."""
-    return max(MIN_SQL_CONNECTIONS, os.cpu_count() or 1)
+    """The pool's connections: one per core of this machine and one more (as
+    PostgreSQL's own parallel query, a leader and its workers, keeps a core busy
+    while another process waits on a fetch), at least ``MIN_SQL_CONNECTIONS``."""
+    return max(MIN_SQL_CONNECTIONS, (os.cpu_count() or 1) + 1)
 
 
 def _plan(
@@ -78,9 +82,7 @@ def _plan(
             session = spark.get() if isinstance(spark, SessionStarter) else spark
             progress.watch(session)
             spark_up = time.monotonic() - pool.started
-            primed = pool.running()
-            if primed:
-                _prime(session, reader, plan, progress)
+            primed = pool.running() and _prime(session, reader, plan, pool, progress)
             pool.wait()
             for table, read in reader.reads.items():
                 parts = f"{read.partitions} statement{'s' * (read.partitions != 1)}"
@@ -109,11 +111,22 @@ def _plan(
     return session, snapshot, reader, plan
 
 
-def _prime(session: SparkSession, reader: StoreReader, plan: StorePlan, progress: Progress) -> None:
+#: How often the warm-up's waiter looks whether the store is done (s).
+PRIME_POLL_S = 0.1
+#: Spark's job group of the warm-up (``_prime``), cancelled when the store is done.
+PRIME_JOB_GROUP = "amqlite-audit-warm-up"
+
+
+def _prime(
+    session: SparkSession, reader: StoreReader, plan: StorePlan, pool: StatementPool,
+    progress: Progress,
+) -> bool:
     """While the store's statements still run: the checks once over a row of nulls
-    per read, discarded, so that the JVM has loaded, planned and run their kind
-    before the real rows arrive (a cold JVM spends seconds on that, the rows
-    milliseconds)."""
+    per read, discarded, so that the JVM (and a cluster's executors) have loaded,
+    planned and run their kind before the real rows arrive (a cold JVM spends
+    seconds on that, the rows milliseconds). Cancelled when the statements are
+    done first: it may only fill time the audit waits anyway. Whether it ran to
+    its end."""
     progress.say("warming Spark up while the store works")
     fake = dataclasses.replace(plan, pushed={
         name: PushedRead(read.statements, read.types, list(read.types), [(None,) * len(read.types)])
@@ -121,10 +134,30 @@ def _prime(session: SparkSession, reader: StoreReader, plan: StorePlan, progress
     })  # fmt: skip
     dry = copy.copy(reader)
     dry.spark, dry.returned = session, {}
-    with session_conf(session, SMALL_DATA_SETTINGS):
-        data = read_store(dry, fake)
+    sc = session.sparkContext
+    stop = threading.Event()
+
+    def run() -> None:
+        sc.setJobGroup(PRIME_JOB_GROUP, "warm-up", interruptOnCancel=True)
+        with contextlib.suppress(Exception):  # cancelled, or whatever: it is discarded
+            data = read_store(dry, fake)
+            if not stop.is_set():  # each action is a job; none once the store is done
+                findings = settle(all_findings(data).coalesce(1))
+            if not stop.is_set():
+                summarize(dry, data, findings)
+
+    warm = threading.Thread(target=run, name="audit-warm-up", daemon=True)
     with session_conf(session, check_settings(session, 0, True)):
-        summarize(dry, data, settle(all_findings(data).coalesce(1)))
+        warm.start()
+        while warm.is_alive() and not pool.wait_done(PRIME_POLL_S):
+            pass
+    if not warm.is_alive():
+        return True
+    # Not waited for: its job is cancelled, and it starts no other.
+    stop.set()
+    sc.cancelJobGroup(PRIME_JOB_GROUP)
+    progress.say("the store finished first: warm-up cancelled")
+    return False
 
 
 def run_audit(
