@@ -70,8 +70,11 @@ def _back(broker: Broker, source: Source, m: Message) -> None:
 
 
 def due(broker: Broker, row: ScheduledRow) -> None:
-    """A delayed redelivery's row is deliverable again (its batch committed): into its
-    queue's memory, where the pager will not bring it a second time."""
+    """A delayed redelivery's row is deliverable again: into its queue's memory, where
+    the pager will not bring it a second time (``ahead``). Called in the callback of the
+    commit that made it deliverable (``Scheduler._route``), before any page read after
+    that commit is handled (a later call could find it paged in already: delivered
+    twice)."""
     if row.destination is None or row.kind != "queue":
         return
     m = Message(row.id, row.destination, row.message_id, row.headers, row.body, row.priority,

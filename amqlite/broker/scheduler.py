@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from amqlite.broker import redelivery, routing, send
@@ -182,8 +183,8 @@ class Scheduler:
 
     # -- one batch of occurrences -----------------------------------------------------------
     async def _fire(self, rows: list[ScheduledRow], now: int) -> None:
-        """Stage each row's copy and step in one batch; route the copies once it
-        committed."""
+        """Stage each row's copy and step in one batch; route the copies (and the due
+        redeliveries) in the callback of its commit (``_route``)."""
         broker = self.broker
         batch = broker.writes.stage()
         copies: list[_Copy] = []
@@ -200,7 +201,22 @@ class Scheduler:
             batch.schedule_steps.append(step)
             if copy is not None:
                 copies.append(self._stage(copy, batch))
-        ok = await self._commit()
+        ok = await self._commit(lambda ok: self._route(copies, back, ok))
+        if not ok:
+            if broker.writes.failed:
+                raise StoreError("the store failed: this node is no longer master")
+            raise RoundFailed("the store refused a batch of scheduled messages")
+        self.fired += len(copies)
+
+    def _route(self, copies: list[_Copy], back: list[ScheduledRow], ok: bool) -> None:
+        """The round's batch committed (``ok``) or not: route what it made deliverable.
+        In the commit's own callback, as a SEND's messages are, never a loop turn later:
+        a page read after the commit (a consumer that SUBSCRIBEs meanwhile: every source
+        of a new master pages) resolves after this callback (the group committer resolves
+        in store order), so it finds the copy in memory (``Source.cursor``, ``ahead``)
+        or leaves it to the pager, and the copy is never in memory twice
+        (tests/broker/test_paged_while_committing.py)."""
+        broker = self.broker
         for row in back if ok else ():
             try:
                 redelivery.due(broker, row)
@@ -219,19 +235,18 @@ class Scheduler:
                     routing.publish_memory(broker, m)
             except Exception:  # stored: a restart delivers it at worst
                 log.exception("routing scheduled message %s failed", m.message_id)
-        if not ok:
-            if broker.writes.failed:
-                raise StoreError("the store failed: this node is no longer master")
-            raise RoundFailed("the store refused a batch of scheduled messages")
-        self.fired += len(copies)
 
-    async def _commit(self) -> bool:
-        """A commit point after what is staged: True once it committed."""
+    async def _commit(self, committed: Callable[[bool], None]) -> bool:
+        """A commit point after what is staged: True once it committed. ``committed``
+        runs with the outcome in the commit's callback (``_route``)."""
         fut: asyncio.Future[bool] = self.broker.loop.create_future()
 
         def done(ok: bool) -> None:
-            if not fut.done():
-                fut.set_result(ok)
+            try:
+                committed(ok)
+            finally:
+                if not fut.done():
+                    fut.set_result(ok)
 
         self.broker.writes.stage(done)
         return await fut

@@ -82,11 +82,6 @@ class Source:
         #: handed to a consumer up front: while any is pending, a newer
         #: message must not be handed over first (a consumer sees queue order).
         self.pending_inserts = 0
-        #: Ids a page loaded while inserts were pending: a committed insert the page
-        #: read before its ``append_committed`` (the scheduler routes its copies a loop
-        #: turn after the commit) is in memory already. At most a page of ids, cleared
-        #: by a page loaded with nothing pending.
-        self.paged_committing: set[int] = set()
         #: A topic subscription's wildcard pattern (``amqlite.wildcard``), if any.
         self.pattern: Pattern | None = None
         #: Consumers with a selector (a queue: see ``amqlite.broker.selective``).
@@ -137,12 +132,15 @@ class Source:
 
     def append_committed(self, message: Message) -> None:
         """A freshly committed message: keep it in memory unless the store pages
-        (it does once this destination or the broker is out of bytes). A page read
-        after it committed and loaded before this call may have brought it in already
-        (``paged_committing``): a second copy in the heap would be delivered twice."""
-        if message.id in self.paged_committing:
-            self.paged_committing.discard(message.id)
-            return  # paged in (page_loaded) between its commit and now
+        (it does once this destination or the broker is out of bytes).
+
+        Every caller (``routing.route_committed``: a SEND's, a dead letter's, an
+        operator's move, the scheduler's copies) calls it in the callback of the commit
+        that stored ``message``, never a loop turn later: a page read after that commit
+        is handled after this call (the group committer resolves in store order), so it
+        steps over what this pushed (``cursor``) or finds what it left to the pager.
+        Later, a page could have brought it in first: twice in memory, delivered twice
+        (tests/broker/test_paged_while_committing.py)."""
         if self.ledger is not None and limits.dropped_meanwhile(self, message):
             return  # drop-head took it while it committed (its ack deletes the row)
         if self.store_has_more or (
@@ -299,9 +297,6 @@ class Source:
         self.paging = False
         largest = 0
         ahead = self.ahead
-        committing = self.paged_committing
-        if not self.pending_inserts:
-            committing.clear()
         for row in rows:
             if row.id <= self.cursor:
                 continue  # already in memory (appended after commit)
@@ -310,8 +305,6 @@ class Source:
                 continue  # a selective scan has it (in memory or in flight)
             message = Message.from_row(row, self.name)
             largest = max(largest, message.size)
-            if self.pending_inserts:
-                committing.add(row.id)
             self.push(message)
         if largest:
             self.row_size = largest
