@@ -256,43 +256,85 @@ def test_cancel_stops_a_repeating_schedule(broker: BrokerProcess, api: Api,
     assert listed(api, queue) == []
 
 
+#: Messages due from 0.1 to 2 s ahead of their SEND (the first ones may be made
+#: deliverable by the master before it dies, the rest by its successor), and a repeating
+#: one: 1.2 s, then every 0.3 s, four copies.
+TAKEOVER_DELAYS = {f"m{i}": 100 + 100 * i for i in range(20)}
+REPEATING = {"AMQ_SCHEDULED_DELAY": "1200", "AMQ_SCHEDULED_PERIOD": "300",
+             "AMQ_SCHEDULED_REPEAT": "3"}
+
+
+def send_takeover_schedule(producer: Client, dest: str) -> float:
+    """SEND TAKEOVER_DELAYS and REPEATING to ``dest`` (the last with a RECEIPT: the
+    others committed before it); the wall clock just before the first."""
+    before = time.time()
+    for body, delay in TAKEOVER_DELAYS.items():
+        producer.conn.send(dest, body, headers={"AMQ_SCHEDULED_DELAY": str(delay)})
+    producer.send(dest, "rep", headers=REPEATING)
+    return before
+
+
+def assert_each_occurrence_once(consumer: Client, arrivals: Arrivals, before: float) -> None:
+    """Every occurrence of ``send_takeover_schedule``'s messages arrived exactly once,
+    none before its time (nothing more within a second after the last)."""
+    expected = len(TAKEOVER_DELAYS) + 4
+    got = consumer.listener.wait_messages(expected, timeout=60)
+    quiet = consumer.listener.holds_for(lambda: consumer.listener.count() == expected, 1.0)
+    assert quiet, collections.Counter(m.body for m in consumer.listener.snapshot())
+    counts = collections.Counter(m.body for m in got)
+    assert counts == {**{b: 1 for b in TAKEOVER_DELAYS}, "rep": 4}, counts
+    assert len({m.headers["message-id"] for m in got}) == expected
+    for at, frame in arrivals.snapshot():
+        if frame.body != "rep":
+            assert at >= before + TAKEOVER_DELAYS[frame.body] / 1000, (frame.body, at - before)
+    reps = sorted(at - before for at, f in arrivals.snapshot() if f.body == "rep")
+    assert all(at >= 1.2 + 0.3 * k for k, at in enumerate(reps)), reps  # 1.2 s, then 0.3 s
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_the_new_master_delivers_each_occurrence_once_at_or_after_its_time(
         broker_factory: BrokerFactory, clients: ClientPool, request: pytest.FixtureRequest,
         store: str) -> None:
-    """Two nodes on one store; messages due from 0.1 to 2 s ahead (the first ones may be
-    made deliverable by the master before it dies, the rest by its successor) and a
-    repeating one; SIGKILL the master at once. The new master delivers every occurrence
-    exactly once, none before its time."""
+    """Two nodes on one store; messages due from 0.1 to 2 s ahead and a repeating one;
+    SIGKILL the master at once. The new master delivers every occurrence exactly once,
+    none before its time."""
     master, slave = start_pair(broker_factory, ("sched-a", "sched-b"),
                                store_args=store_args(store, request))
     queue = f"/queue/{unique('ha')}"
-    producer = clients(master.port)
-    delays = {f"m{i}": 100 + 100 * i for i in range(20)}  # 0.1 .. 2.0 s
-    before = time.time()
-    for body, delay in delays.items():
-        producer.conn.send(queue, body, headers={"AMQ_SCHEDULED_DELAY": str(delay)})
-    producer.send(queue, "rep", headers={"AMQ_SCHEDULED_DELAY": "1200",
-                                         "AMQ_SCHEDULED_PERIOD": "300",
-                                         "AMQ_SCHEDULED_REPEAT": "3"})
+    before = send_takeover_schedule(clients(master.port), queue)
     master.kill()
     slave.wait_serving(timeout=30)
     consumer = clients(slave.port)
     arrivals = timed(consumer)
     consumer.subscribe(queue)
-    expected = len(delays) + 4
-    got = consumer.listener.wait_messages(expected, timeout=60)
-    quiet = consumer.listener.holds_for(lambda: consumer.listener.count() == expected, 1.0)
-    assert quiet, collections.Counter(m.body for m in consumer.listener.snapshot())
-    counts = collections.Counter(m.body for m in got)
-    assert counts == {**{b: 1 for b in delays}, "rep": 4}, counts
-    assert len({m.headers["message-id"] for m in got}) == expected
-    for at, frame in arrivals.snapshot():
-        if frame.body != "rep":
-            assert at >= before + delays[frame.body] / 1000, (frame.body, at - before)
-    reps = sorted(at - before for at, f in arrivals.snapshot() if f.body == "rep")
-    assert all(at >= 1.2 + 0.3 * k for k, at in enumerate(reps)), reps  # 1.2 s, then 0.3 s
+    assert_each_occurrence_once(consumer, arrivals, before)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_a_durable_subscriber_gets_each_occurrence_once_across_a_takeover(
+        broker_factory: BrokerFactory, clients: ClientPool, request: pytest.FixtureRequest,
+        store: str) -> None:
+    """The same for a topic's durable subscription: it subscribed on the first master and
+    went offline (its copies are stored for it); the master is SIGKILLed with the schedule
+    in flight; the subscriber comes back to the new master as it takes over (its backlog
+    is paged while the new master's first rounds commit copies for it) and gets every
+    occurrence exactly once, none before its time."""
+    master, slave = start_pair(broker_factory, ("sched-da", "sched-db"),
+                               store_args=store_args(store, request))
+    topic, client_id, name = f"/topic/{unique('ha')}", unique("cid"), unique("durable")
+    durable = {"activemq.subscriptionName": name}
+    offline = clients(master.port, headers={"client-id": client_id})
+    offline.subscribe(topic, headers=durable)
+    offline.close()
+    before = send_takeover_schedule(clients(master.port), topic)
+    master.kill()
+    slave.wait_serving(timeout=30)
+    back = clients(slave.port, headers={"client-id": client_id})
+    arrivals = timed(back)
+    back.subscribe(topic, headers=durable)
+    assert_each_occurrence_once(back, arrivals, before)
 
 
 def test_stomp_clients_see_a_non_persistent_scheduled_send_stored(
