@@ -145,15 +145,24 @@ def standalone_cluster(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.timeout(400)
-def test_audit_on_a_standalone_cluster(standalone_cluster: str, tmp_path: Path) -> None:
-    db = tmp_path / "amqlite.db"
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_audit_on_a_standalone_cluster(
+    standalone_cluster: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """SQLite: Spark reads every row on the executor. PostgreSQL: the driver runs the
+    store's statements while the executor starts and hands Spark what they returned
+    (the executor runs no Python of the audit)."""
     now = int(time.time() * 1000)
-    create_store(f"sqlite:///{db}", now, damaged=True)
+    if backend == "sqlite":
+        store = f"sqlite:///{tmp_path / 'amqlite.db'}"
+    else:
+        store = request.getfixturevalue("postgres_server").create_database()
+    create_store(store, now, damaged=True)
     out = tmp_path / "out"
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "spark-defaults.conf").write_text(CLUSTER_DEFAULTS)
-    result = _audit("--store", f"sqlite:///{db}", "--now", str(now), "--master",
+    result = _audit("--store", store, "--now", str(now), "--master",
                     standalone_cluster, "--output", str(out), "--json", "--progress",
                     timeout=CLUSTER_AUDIT_S, conf_dir=conf)
     assert result.returncode == EXIT_FINDINGS, result.stderr[-3000:]
@@ -167,6 +176,9 @@ def test_audit_on_a_standalone_cluster(standalone_cluster: str, tmp_path: Path) 
                 if line.startswith("amqlite audit: [")]
     assert any(f"starting Spark ({standalone_cluster})" in line for line in progress), progress
     assert any("read " in line and "rows of amq_messages" in line for line in progress)
+    if backend == "postgresql":
+        assert summary["pushed"]["run_by"] == "driver", summary["pushed"]
+        assert any("statements in the store on" in line for line in progress), progress
     assert progress[-1].endswith("done"), progress
     # The executor ran on the worker: its application directory is in the work dir.
     assert any((tmp_path / "w").iterdir()), "no executor ran on the worker"
