@@ -355,7 +355,7 @@ class FrameParser:
         """Lift a hold; buffered data is parsed on the next ``feed`` (``feed(b"")`` works)."""
         self._held = False
 
-    def feed(self, data: bytes) -> list[ParsedItem]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[ParsedItem]:
         """Consume ``data`` and return every frame and heart-beat it completes."""
         if not isinstance(data, bytes | bytearray):
             data = bytes(data)

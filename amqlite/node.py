@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable
 from pathlib import Path
 
-from amqlite import activation, pidfile
+from amqlite import activation, native, pidfile
 from amqlite.activation import ActivationAborted, ActivationGuard
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
@@ -175,8 +175,8 @@ class Node:
         )
         locker.add_listener(self._lock_state)
         locker.freeze = self._freeze
-        log.info("node %s of group %s: store %s, locker %s", s.name, s.group,
-                 store.description, locker.description)
+        log.info("node %s of group %s: store %s, locker %s; %s", s.name, s.group,
+                 store.description, locker.description, native.implementation())
         pid_info = pidfile.PidInfo(pid=os.getpid(), name=s.name, group=s.group,
                                    stomp=s.advertise, users_file=os.path.abspath(
                                        s.users_file) if s.users_file else None)

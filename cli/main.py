@@ -31,8 +31,20 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
     sys.exit(code)
 
 
+def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: the release, and which build of the hot path is installed
+    (compiled by mypyc, or pure Python: amqlite.native)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from amqlite.native import implementation
+
+    click.echo(f"amqlite, version {__version__} ({implementation()})")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="amqlite")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=print_version, help="Show the version and the build, and exit.")
 def cli() -> None:
     """amqlite: a highly available STOMP 1.2 message broker."""
 

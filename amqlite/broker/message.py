@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import time
-
 from amqlite.broker.schedule import (
     CRON_HEADER,
     DELAY_HEADER,
@@ -33,6 +31,10 @@ from amqlite.wire import (
     ORIGINAL_DESTINATION,
 )
 from store.api import StoredMessage
+from store.statements import now_ms as now_ms  # re-exported: send, scheduler
+
+# now_ms is the store's wall clock: one copy, and (from a module mypyc does not compile)
+# a global looked up at each call, so tests can set the clock (test_scheduled).
 
 #: Bytes a Python ``Message`` costs beyond its body and header characters,
 #: measured with tracemalloc (Message + Delivery + heap entry + empty headers
@@ -49,10 +51,6 @@ NON_USER_HEADERS = frozenset(
     }
 )
 DEFAULT_PRIORITY = 4  # JMS default priority
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def checked_send(frame: Frame) -> Message:
