@@ -1,11 +1,12 @@
 """Builds amqlite, compiling the broker's typed per-message path with mypyc when it can.
 
 The modules in ``amqlite.native.HOT_MODULES`` are compiled to C extensions (mypyc, as
-mypy and black ship) for ``pip install .``: about half the event loop's CPU per durable
-message (bench/README.md, "Issue 25 (session 10)"). Everything else, and everything
-when the build cannot compile, is the same pure Python: no C compiler or Python headers,
-mypyc failing, or ``AMQLITE_PURE_PYTHON=1`` give a pure-Python install with one warning
-on the build's output (``amqlite --version`` says which one is installed).
+mypy and black ship) for ``pip install .``: 40-50 % of the event loop's CPU per durable
+message (bench/README.md, "Issue 25, session 10: the hot path compiled with mypyc").
+Everything else, and everything when the build cannot compile, is the same pure Python:
+no C compiler or Python headers, mypyc failing, or ``AMQLITE_PURE_PYTHON=1`` give a
+pure-Python install with one warning on the build's output (``amqlite --version`` says
+which one is installed).
 
 Only wheels are compiled, never an editable install (``pip install -e``) or the source
 tree: a compiled module next to its ``.py`` would be imported instead of it, and an

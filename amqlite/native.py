@@ -17,10 +17,11 @@ from pathlib import Path
 PURE_ENV = "AMQLITE_PURE_PYTHON"
 
 #: The event loop's per-message path, compiled together (calls between them are C
-#: calls). Chosen by bench/loop_bench.py (bench/README.md, "Issue 25 (session 10)").
-#: Left out: amqlite/server.py and amqlite/broker/core.py (about 2 and 1 µs of the
-#: loop's ~33 per message), whose StompServer and Broker tests build or wrap attribute
-#: by attribute, which a compiled class does not allow.
+#: calls). Chosen by bench/loop_bench.py (bench/README.md, "Issue 25, session 10: the
+#: hot path compiled with mypyc"). Left out: amqlite/server.py and
+#: amqlite/broker/core.py (about 2 and 1 µs of the loop's ~33 per message), whose
+#: StompServer and Broker tests build or wrap attribute by attribute, which a compiled
+#: class does not allow.
 HOT_MODULES = (
     "amqlite.codec",
     "amqlite.protocol",

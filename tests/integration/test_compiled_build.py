@@ -116,7 +116,8 @@ def test_the_compiled_build_passes_the_hot_paths_tests(compiled: Path, tmp_path:
     args = ["-q", "-p", "no:cacheprovider", "--import-mode=append", f"--rootdir={ROOT}",
             "-c", str(ROOT / "pyproject.toml"), *(str(ROOT / s) for s in SUITES)]
     out = run_python(compiled, "-c", code, *args, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
+    failures = [ln for ln in out.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "E "))]
+    assert out.returncode == 0, "\n".join(failures)[-6000:] + out.stderr[-2000:]
     assert " passed" in out.stdout and "failed" not in out.stdout
 
 
