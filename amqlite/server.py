@@ -12,23 +12,23 @@ import contextlib
 import functools
 import itertools
 import logging
-import math
 import socket
 import ssl
 import time
 import uuid
-from asyncio import sslproto
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, cast
 
 from amqlite import __version__
 from amqlite.auth import CheckOutcome, CheckQueue, CredentialCache, PendingCheck
 from amqlite.broker import Broker, BrokerError
+from amqlite.broker.memory import WRITE_SHARE
 from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.hosts import HostGuard
 from amqlite.listen import STOMP_BACKLOG, listening_sockets
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
 from amqlite.settings import default_max_unauthenticated
+from amqlite.stomp_tls import TlsGate
 from amqlite.validation import check_connect
 from amqlite.websocket import WsGate, WsPolicy, parse_origins
 from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER, REBALANCE_HEADER
@@ -46,10 +46,9 @@ SWEEP_INTERVAL_MIN = 0.05
 #: Sockets not logged in looked at (oldest first) for one to close past
 #: max_unauthenticated (``StompServer._crowded_out``): a bounded scan per refused socket.
 EVICTION_SCAN = 64
-#: Transport write buffer limits: above HIGH we stop dispatching to this
-#: client (its socket is slow), below LOW we resume.
-WRITE_BUFFER_HIGH = 4 * 1024 * 1024
-WRITE_BUFFER_LOW = 1 * 1024 * 1024
+#: A closed connection's last frames (its ERROR, DISCONNECT's RECEIPT) get this long to
+#: be read; then the socket is dropped: a client that does not read keeps no memory.
+CLOSE_LINGER = 10.0
 
 
 class StompServer:
@@ -256,36 +255,6 @@ class StompServer:
                 await asyncio.wait_for(server.wait_closed(), 5)
 
 
-class TlsGate(sslproto.SSLProtocol):
-    """The TLS layer of one accepted socket, which tells its ClientConnection of the TCP
-    connection before the handshake (so it is counted and timed from then on) and of its
-    loss if the handshake never completed (the app protocol hears of nothing then). The
-    app protocol is the connection itself, or (wss://) the ``WsGate`` in front of it.
-
-    asyncio's own SSLProtocol, also under uvloop: ``loop.start_tls`` on a uvloop server
-    transport delivered the ClientHello to the old protocol (uvloop 0.23)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: ClientConnection,
-                 context: ssl.SSLContext, *, ssl_handshake_timeout: float,
-                 app: asyncio.Protocol | None = None) -> None:
-        # Nobody waits for the handshake: its outcome reaches conn; the exception of a
-        # failed one is taken here so asyncio does not log it as never retrieved.
-        waiter = loop.create_future()
-        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
-        super().__init__(loop, app or conn, context, waiter, server_side=True,
-                         ssl_handshake_timeout=math.ceil(ssl_handshake_timeout))
-        self.conn = conn
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.conn.tcp_accepted(cast(asyncio.Transport, transport))
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
-        if self.conn.handshaking:  # never got TLS up: the app protocol is not told
-            self.conn.connection_lost(exc if isinstance(exc, Exception) else None)
-
-
 class ClientConnection(asyncio.Protocol):
     """One client socket."""
 
@@ -313,7 +282,12 @@ class ClientConnection(asyncio.Protocol):
         self.partial_since: float | None = None
         #: Bytes buffered for it, as counted in the broker's memory budget (partial frames).
         self.partial_held = 0
+        #: The transport holds bytes its socket has not taken (pause_writing) ...
         self.writable = True
+        #: ... this many when last asked (counted in the memory budget's output_bytes,
+        #: as are ``_out_bytes``), and can_write() said no since (resume dispatch then).
+        self._sent_held = 0
+        self.refused = False
         self.pause_reasons: set[str] = set()  # reading resumes when none is left
         self.last_rx = self.loop.time()
         self.last_tx = self.last_rx
@@ -357,9 +331,15 @@ class ClientConnection(asyncio.Protocol):
             if self.closed:  # closed by us as the handshake completed
                 transport.abort()
                 return
-            transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+            self._watch_writes(transport)
             return
         self._admit(transport)
+
+    def _watch_writes(self, transport: asyncio.Transport) -> None:
+        """pause_writing as soon as the transport holds a byte, resume_writing once it
+        holds none: what it holds is known (counted in the memory budget) without
+        asking it on every write. (asyncio's TLS transport pauses at >= high.)"""
+        transport.set_write_buffer_limits(1 if self.tls else 0, 0)
 
     def _admit(self, transport: asyncio.Transport) -> None:
         """Count a new socket (against max_connections, max_unauthenticated) and time
@@ -367,7 +347,8 @@ class ClientConnection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        if not self.handshaking:  # a TLS socket's raw transport is TlsGate's
+            self._watch_writes(transport)
         if len(self.server.connections) >= self.server.settings.max_connections:
             log.warning("refusing %s: max_connections=%d reached", self.peer,
                         self.server.settings.max_connections)
@@ -431,7 +412,8 @@ class ClientConnection(asyncio.Protocol):
             self._hold_partial(0)
         self._forget_handshake()
         self._out.clear()
-        self._out_bytes = 0
+        self.broker.memory.output_changed(-self._out_bytes - self._sent_held)
+        self._out_bytes = self._sent_held = 0
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -446,7 +428,7 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writable = True
-        self.broker.connection_writable(self)
+        self._sent(0)
 
     # -- Client interface used by the broker --------------------------------------------
     def write_frame(self, frame: Frame) -> None:
@@ -466,7 +448,11 @@ class ClientConnection(asyncio.Protocol):
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
-        self._out_bytes += len(data)
+        n = len(data)
+        self._out_bytes += n
+        memory = self.broker.memory  # held from now: a MESSAGE frame is a copy
+        memory.output_bytes += n
+        memory.held_bytes += n
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
 
@@ -479,16 +465,37 @@ class ClientConnection(asyncio.Protocol):
         if not self._out:
             return
         out, self._out = self._out, []
-        held_back = self._out_bytes >= WRITE_BUFFER_HIGH
-        self._out_bytes = 0
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        flushed, self._out_bytes = self._out_bytes, 0
+        transport = self.transport
+        held = 0
+        if transport is not None and not transport.is_closing():
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
             self.last_tx = self.loop.time()
-            if held_back and self.writable and not self.closed:
-                self.broker.connection_writable(self)  # can_write() said no until now
+            held = transport.get_write_buffer_size() if not self.writable else 0
+        self._sent(held, flushed)
+
+    def _sent(self, held: int, flushed: int = 0) -> None:
+        """The transport holds ``held`` bytes now, ``flushed`` more were handed to it:
+        the memory budget follows; a connection refused frames gets a dispatch."""
+        delta = held - self._sent_held - flushed
+        self._sent_held = held
+        if delta:
+            self.broker.memory.output_changed(delta)
+        if self.refused and not self.closed and self.can_write():
+            self.refused = False
+            self.broker.connection_writable(self)
 
     def can_write(self) -> bool:
-        return self.writable and self._out_bytes < WRITE_BUFFER_HIGH
+        """Below its WRITE_SHARE of encoded frames waiting, and the broker below its
+        output budget; a connection with none waiting always gets one more."""
+        held = self._out_bytes + self._sent_held
+        if not held:
+            return True
+        memory = self.broker.memory
+        if held < WRITE_SHARE and memory.output_bytes < memory.output_budget:
+            return True
+        self.refused = True
+        return False
 
     def close_with_error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
         if self.closed or self.transport is None:
@@ -507,6 +514,8 @@ class ClientConnection(asyncio.Protocol):
         self._flush()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # flushes what is buffered, then closes
+            if self._sent_held:  # not taken by the socket yet (a no-op once gone)
+                self.loop.call_later(CLOSE_LINGER, self.transport.abort)
         self.closed = True
         if self.partial_held:
             self._hold_partial(0)

@@ -18,7 +18,15 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from amqlite.authz import Permission, Policy
-from amqlite.broker import destinations, limits, selective, send, temporary, wildcard_queues
+from amqlite.broker import (
+    destinations,
+    limits,
+    routing,
+    selective,
+    send,
+    temporary,
+    wildcard_queues,
+)
 from amqlite.broker.counters import Counters, Kind
 from amqlite.broker.dispatch import HANDLERS
 from amqlite.broker.memory import MemoryBudget
@@ -97,6 +105,9 @@ class Broker:
         #: Byte budgets and the producers held back for them (``memory``).
         self.memory = MemoryBudget(settings.max_memory, settings.max_destination_memory)
         self.memory.reclaim = self.reclaim
+        self.memory.redispatch = self._redispatch_soon
+        self.memory.delivered_to = self._delivered_to
+        self._redispatch_handle: asyncio.Handle | None = None
         #: Per-destination totals, kept in the store with the writes they count so a
         #: new master starts from them (``counters``); the three most read by name.
         self.counters = Counters(loop, self.destination_rows, self.writes.stage)
@@ -156,9 +167,24 @@ class Broker:
                 break
             freed += source.evict(want - freed)
         if freed:
-            log.info("memory budget: %d bytes of stored messages given back to the store "
-                     "for open transactions and partial frames", freed)
+            log.debug("memory budget: %d bytes of stored messages given back to the store "
+                      "for held bytes", freed)
         return freed
+
+    def _redispatch_soon(self) -> None:
+        """Held bytes were released with consumers left without credit for them: give
+        those sources a dispatch a loop turn later (not inside the release)."""
+        if self._redispatch_handle is None:
+            self._redispatch_handle = self.loop.call_soon(self._redispatch)
+
+    def _redispatch(self) -> None:
+        self._redispatch_handle = None
+        for source in self.memory.take_starved():
+            routing.dispatch_logged(source)
+
+    def _delivered_to(self, conn: Client) -> int:
+        session = self.sessions.get(conn)
+        return 0 if session is None else session.inflight_bytes
 
     # -- the memory budget's figures, as the metrics and tests read them ----------------
     @property

@@ -27,10 +27,23 @@ transactions, partial frames):
   completion (or close) resumes the largest paused connection, and below
   ``RESUME_FRACTION`` of the budget every one of them. A hostile largest one is
   closed by ``frame_timeout`` like any trickler.
-* unacknowledged deliveries are ``Subscription.inflight_bytes`` (bounded per
-  subscription), pending writes ``Session.pending_bytes`` (persistent sends until
-  their commit) and the transport's write buffer (``WRITE_BUFFER_HIGH`` per
-  connection, dispatch stops above it).
+* unacknowledged deliveries (``Subscription.track``): a consumer in a client ack mode
+  gets no more past the budget or its connection's share, whatever its prefetch (the
+  message stays waiting, or in the store); the same message left its source's waiting
+  bytes as it was taken, so it is counted once. Releases dispatch those sources again
+  (``starved``, ``redispatch``);
+* persistent SENDs awaiting their commit (``hold_pending``): past the budget (after
+  ``reclaim``) the producer is not read from until its commits land with room to spare
+  (``Session.pending_bytes`` bounds each connection too). A message handed to a
+  consumer in its commit counts as that consumer's delivery only;
+* encoded frames not yet taken by a socket (``output_bytes``, ``amqlite.server``): a
+  MESSAGE frame is a copy of its body, counted apart from the message. A connection
+  gets no more frames past its ``WRITE_SHARE``, nor past the broker-wide
+  ``output_budget`` unless nothing of its own is waiting (a client that reads keeps
+  getting messages, one that does not keeps what it has); a close releases them.
+
+A producer paused for the budget cannot send its ACKs: what its own connection holds
+unacknowledged does not keep it paused (``_paused_own``).
 """
 
 from __future__ import annotations
@@ -63,6 +76,32 @@ RESUME_NONPERSISTENT_BACKLOG = MAX_NONPERSISTENT_BACKLOG // 2
 CONNECTION_SHARE_DIVISOR = 2
 #: The pause reason of a connection not read from for the partial-frame budget.
 PARTIAL_REASON = "memory:partial"
+#: The pause reason of a producer whose persistent SENDs awaiting their commit found
+#: the budget full (``hold_pending``).
+PENDING_REASON = "memory:pending"
+#: Past the budget, stored messages are given back this much beyond what one SEND
+#: needs (an eighth of the budget): the next ones fit without a walk of the sources each.
+RECLAIM_SLACK_DIVISOR = 8
+#: Unacknowledged deliveries: one connection may hold ``max_memory //
+#: DELIVERY_SHARE_DIVISOR`` (8 MiB of the default 256 MiB: one subscription's
+#: MAX_INFLIGHT_BYTES), so that many consumers that never ACK are needed to fill the
+#: budget; and they may fill it only up to ``1 - 1/DELIVERY_RESERVE_DIVISOR``: the rest is
+#: kept for connections holding less than ``max_memory // DELIVERY_FLOOR_DIVISOR`` (a
+#: consumer that ACKs as it goes), which keep getting messages (one client never
+#: starves another of deliveries).
+DELIVERY_SHARE_DIVISOR = 32
+DELIVERY_RESERVE_DIVISOR = 4
+DELIVERY_FLOOR_DIVISOR = 64
+#: Encoded frames one connection may have waiting to be written (its share of
+#: ``output_budget``): past it, no more MESSAGEs are written to it until its socket
+#: takes what it has. 4 MiB keeps a fast reader's pipe full (a loopback socket takes
+#: about as much again in the kernel).
+WRITE_SHARE = 4 * 1024 * 1024
+#: Encoded frames waiting to be written, broker-wide, may take ``max_memory //
+#: OUTPUT_SHARE_DIVISOR``: past it, only connections with nothing waiting get a frame
+#: (clients that read keep getting messages; those that do not keep what they have),
+#: and the rest of the budget stays for deliveries, transactions and waiting messages.
+OUTPUT_SHARE_DIVISOR = 4
 
 
 class MemoryBudget:
@@ -83,8 +122,18 @@ class MemoryBudget:
         #: Bytes clients make the broker hold: open transactions and partial frames.
         self.held_bytes = 0
         self.connection_share = max_memory // CONNECTION_SHARE_DIVISOR
+        self.delivery_share = max_memory // DELIVERY_SHARE_DIVISOR
+        self.delivery_budget = max_memory - max_memory // DELIVERY_RESERVE_DIVISOR
+        self.delivery_floor = max_memory // DELIVERY_FLOOR_DIVISOR
+        #: Encoded frames not yet taken by the sockets (in held_bytes too): a MESSAGE
+        #: frame is a copy of its message's body, so it counts apart from the message.
+        self.output_bytes = 0
+        self.output_budget = max_memory // OUTPUT_SHARE_DIVISOR
         #: Connections buffering a partial frame -> its bytes so far.
         self.partial: dict[Client, int] = {}
+        #: Producers not read from because their SENDs awaiting commit found the
+        #: budget full.
+        self.pending_paused: set[Client] = set()
         #: Connections not read from for the partial-frame budget.
         self.partial_paused: set[Client] = set()
         #: Past the budget, the one connection still read from for its partial frame.
@@ -95,21 +144,29 @@ class MemoryBudget:
         #: ``waiting_bytes`` when a reclaim last fell short: nothing more can be given
         #: back until more stored messages came into memory (saves a walk per chunk).
         self.reclaim_exhausted_at = -1
+        #: Sources a consumer could not take from for the held bytes (the budget or
+        #: its connection's share of unacknowledged deliveries): dispatched again, once,
+        #: soon after bytes are released (``redispatch``, set by the broker).
+        self.starved: set[Source] = set()
+        self.redispatch: Callable[[], None] | None = None
+        #: Unacknowledged bytes by connection (the broker's sessions): a producer paused
+        #: for the budget cannot send its ACKs, so its own are not in its way to resume.
+        self.delivered_to: Callable[[Client], int] = lambda conn: 0
 
     @property
     def used(self) -> int:
         """Bytes counted against ``max_memory``: waiting messages and held bytes."""
         return self.waiting_bytes + self.held_bytes
 
-    def make_room(self, size: int) -> bool:
+    def make_room(self, size: int, slack: int = 0) -> bool:
         """Whether ``size`` more bytes fit in the budget, after giving back stored
-        messages waiting in memory if need be (``reclaim``)."""
+        messages waiting in memory if need be (``reclaim``, ``slack`` more if it can)."""
         over = self.used + size - self.memory_budget
         if over <= 0:
             return True
         if self.reclaim is None or self.waiting_bytes <= self.reclaim_exhausted_at:
             return False
-        freed = self.reclaim(over)
+        freed = self.reclaim(over + slack)
         if freed < over:
             self.reclaim_exhausted_at = self.waiting_bytes
             return False
@@ -138,9 +195,37 @@ class MemoryBudget:
             source.blocked_producers.clear()
         self._maybe_resume()
 
+    def release_held(self, size: int) -> None:
+        """``size`` held bytes (unacknowledged deliveries) were released: consumers left
+        without credit for the budget may take again, producers may resume."""
+        self.held_bytes -= size
+        if self.starved and self.held_bytes < self.memory_budget \
+                and self.redispatch is not None:
+            self.redispatch()
+        self._maybe_resume()
+
+    def output_changed(self, delta: int) -> None:
+        """Encoded frames waiting to be written grew (or shrank) by ``delta`` bytes."""
+        self.output_bytes += delta
+        if delta > 0:
+            self.held_bytes += delta
+        else:
+            self.release_held(-delta)
+
+    def take_starved(self) -> list[Source]:
+        """The sources to dispatch again (``redispatch`` runs them a loop turn later)."""
+        starved, self.starved = list(self.starved), set()
+        return starved
+
     def _maybe_resume(self) -> None:
         """Below the resume level: paused producers and partial frames read again."""
+        if self.pending_paused and (self.held_bytes - self._own(self.pending_paused)
+                                    <= self.memory_resume):
+            self._resume_pending()
         if self.used > self.memory_resume:
+            if not self.blocked_producers or self._paused_own() <= self.memory_resume:
+                return
+            self.resume_producers()  # the rest is theirs: their ACKs must be read
             return
         if self.blocked_producers:
             self.resume_producers()
@@ -148,6 +233,15 @@ class MemoryBudget:
             paused, self.partial_paused = self.partial_paused, set()
             for c in paused:
                 c.resume_reading(PARTIAL_REASON)
+
+    def _own(self, producers: set[Client]) -> int:
+        """The unacknowledged deliveries of ``producers``, paused for the budget: they
+        can only go once those connections are read again (their ACKs)."""
+        return sum(self.delivered_to(c) for c in producers)
+
+    def _paused_own(self) -> int:
+        """``used`` but for what the producers paused for the budget hold unacknowledged."""
+        return self.used - self._own(self.blocked_producers)
 
     def block_producer(self, producer: Client, source: Source) -> None:
         """Stop reading from a producer whose message put ``source`` or the broker
@@ -167,6 +261,8 @@ class MemoryBudget:
             log.info("memory budget reached (%d bytes waiting, %d held): pausing producers",
                      self.waiting_bytes, self.held_bytes)
             producer.pause_reading("memory")
+            if self._paused_own() <= self.memory_resume:
+                self.resume_producers()  # its own unacknowledged bytes fill the budget
         if not reasons:
             del self.blocked_producers_all[producer]
 
@@ -184,7 +280,43 @@ class MemoryBudget:
             if not reasons:
                 del self.blocked_producers_all[producer]
 
-    # -- what clients make the broker hold: transactions, partial frames ----------------
+    # -- what clients make the broker hold: pending SENDs, transactions, partial frames ---
+    def hold_pending(self, producer: Client, size: int) -> None:
+        """A persistent SEND's ``size`` bytes are held until its commit. Past the budget,
+        stored messages waiting in memory are given back to the store; once what clients
+        hold is past it, the producer is no longer read from until its commits land
+        (``release_pending``) or held bytes are below the resume level. What cannot be
+        given back (a queue's MIN_IN_MEMORY floor, non-persistent messages) does not hold
+        a persistent producer: it would wait for consumers that may never come, while
+        its messages need memory only until they are stored. Nothing is refused: the
+        bytes were read already."""
+        self.held_bytes += size
+        if self.used <= self.memory_budget:
+            return
+        self.make_room(0, self.memory_budget // RECLAIM_SLACK_DIVISOR)
+        if (self.held_bytes > self.memory_budget and producer not in self.pending_paused
+                and not producer.closed):
+            if not self.pending_paused:  # one line per episode, not per producer
+                log.info("memory budget reached (%d bytes waiting, %d held): pausing "
+                         "producers until their persistent SENDs commit",
+                         self.waiting_bytes, self.held_bytes)
+            self.pending_paused.add(producer)
+            producer.pause_reading(PENDING_REASON)
+
+    def release_pending(self, producer: Client, size: int, left: int) -> None:
+        """``size`` bytes of ``producer``'s SENDs committed (or failed), ``left`` are still
+        pending: with none left and held bytes within the budget, it is read again."""
+        self.release_held(size)
+        if (not left and producer in self.pending_paused
+                and self.held_bytes <= self.memory_budget):
+            self.pending_paused.discard(producer)
+            producer.resume_reading(PENDING_REASON)
+
+    def _resume_pending(self) -> None:
+        paused, self.pending_paused = self.pending_paused, set()
+        for producer in paused:
+            producer.resume_reading(PENDING_REASON)
+
     def hold_transaction(self, session: Session, size: int) -> None:
         """Count ``size`` bytes a transaction of ``session`` now holds; BrokerError (and
         nothing counted) past the connection's share or the broker-wide budget."""
@@ -254,6 +386,7 @@ class MemoryBudget:
         for source in self.blocked_producers_all.pop(conn, ()):
             (self if source is None else source).blocked_producers.discard(conn)
         self.partial_paused.discard(conn)
+        self.pending_paused.discard(conn)
         if self.partial_reader is conn:
             self.partial_reader = None
 

@@ -47,11 +47,15 @@ def answer(broker: Broker, session: Session, receipt: str | None,
     ``pending_bytes``: persistent message bytes the session holds until then."""
     conn = session.conn
     session.commit_started(pending_bytes)
+    if pending_bytes:  # held in the broker-wide budget too, until the commit
+        broker.memory.hold_pending(conn, pending_bytes)
     if unit is not None:
         unit.receipt = receipt
 
     def completed(result: BatchResult | None) -> None:
         session.commit_finished(pending_bytes)
+        if pending_bytes:
+            broker.memory.release_pending(conn, pending_bytes, session.pending_bytes)
         if result is None and unit is not None and unit.rejected is not None:
             reject(unit)
         if on_result is not None:

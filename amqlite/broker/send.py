@@ -98,8 +98,10 @@ def send(broker: Broker, session: Session, checked: list[Message], receipt: str 
     for m, durables in to_store:
         row = new_row(broker, m, batch, durables)
         batch.inserts.append(row)
-        stored.append((m, durables, None if durables else hand_over(broker, m, row)))
-        pending_bytes += m.size
+        hand = None if durables else hand_over(broker, m, row)
+        stored.append((m, durables, hand))
+        if hand is None:  # else held as its consumer's delivery already (the same bytes)
+            pending_bytes += m.size
     for m in identity_only:
         batch.identities.append(new_row(broker, m, batch))
     for m in scheduled:

@@ -112,6 +112,9 @@ class Session:
         self.tx_bytes = 0
         self.pending_commits = 0
         self.pending_bytes = 0  # Message.size of persistent sends not yet committed
+        #: Message bytes its subscriptions hold unacknowledged (their ``inflight_bytes``),
+        #: against the connection's share of the memory budget.
+        self.inflight_bytes = 0
         self.on_idle: list[Callable[[], object]] = []
 
     def all_subscriptions(self) -> Iterator[Subscription]:

@@ -287,10 +287,13 @@ class Source:
 
     def page_limit(self) -> int:
         """Rows to page in: what the byte budgets leave room for (by the largest
-        row seen), at most PAGE_SIZE, at least up to the MIN_IN_MEMORY floor."""
+        row seen), at most PAGE_SIZE, at least up to the MIN_IN_MEMORY floor (not
+        while its consumers are refused for the held bytes: they could not take it)."""
         free = self.memory.room(self.bytes)
         limit = min(PAGE_SIZE, LOW_WATER * 2 - self.in_memory_stored,
                     max(free, 0) // max(self.row_size, 1))
+        if self in self.memory.starved:
+            return limit
         return max(limit, MIN_IN_MEMORY - self.in_memory_stored)
 
     def page_loaded(self, rows: list[StoredMessage], limit: int) -> None:

@@ -104,7 +104,7 @@ def subscribe(broker: Broker, session: Session, frame: Frame) -> None:
         source = topic
     if kind == "topic":
         source.no_local = no_local
-    sub = Subscription(session.conn, sub_id, next(session.keys), destination, ack_mode,
+    sub = Subscription(session, sub_id, next(session.keys), destination, ack_mode,
                        prefetch, source, selector, priority, exclusive)
     session.subscriptions[sub_id] = sub
     session.by_key[sub.key] = sub

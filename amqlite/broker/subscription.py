@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from amqlite.broker.counters import Kind
 from amqlite.broker.message import Message
 from amqlite.broker.selector import Selector
-from amqlite.broker.session import Client
+from amqlite.broker.session import Session
 from amqlite.broker.source import Source, TopicSubscriptionSource
 from amqlite.codec import Frame, join_head
 from amqlite.validation import headers_for
@@ -23,13 +23,13 @@ from store.api import Ref
 
 if TYPE_CHECKING:
     from amqlite.broker.core import Broker
-    from amqlite.broker.session import Session
 
 log = logging.getLogger("amqlite.broker")
 
 #: Message bytes one subscription may hold unacknowledged, whatever its
 #: ``activemq.prefetchSize``: a huge prefetch must not page the backlog into
-#: RAM. 8 MiB is ActiveMQ's default prefetch (1000) of 8 KB messages.
+#: RAM. 8 MiB is ActiveMQ's default prefetch (1000) of 8 KB messages. Past this, the
+#: broker-wide budget and the connection's share bound them too (``memory``).
 MAX_INFLIGHT_BYTES = 8 * 1024 * 1024
 #: Headers a MESSAGE frame sets itself: a message carrying one of them (none from a
 #: SEND: ``NON_USER_HEADERS``) takes ``_write_frame``, where the frame's value wins.
@@ -60,11 +60,12 @@ class Delivery:
 class Subscription:
     """One SUBSCRIBE of one connection."""
 
-    def __init__(self, conn: Client, sub_id: str, key: int, destination: str,
+    def __init__(self, session: Session, sub_id: str, key: int, destination: str,
                  ack_mode: str, prefetch: int, source: Source,
                  selector: Selector | None = None, priority: int = 0,
                  exclusive: bool = False) -> None:
-        self.conn = conn
+        self.session = session  # counts the connection's unacknowledged bytes
+        self.conn = session.conn
         self.id = sub_id
         self.key = key  # small per-connection number, prefix of STOMP 1.2 ack ids
         self.destination = destination
@@ -93,11 +94,23 @@ class Subscription:
             return False
         if self.ack_mode == ACK_AUTO:
             return True
+        memory = self.source.memory
         if (len(self.inflight) - len(self.held) < self.prefetch
                 and self.inflight_bytes < MAX_INFLIGHT_BYTES):
-            return True
-        return self.source.memory.may_overdraw(self.conn, self.inflight_bytes,
-                                               MAX_INFLIGHT_BYTES)
+            # Unacknowledged deliveries are held bytes: past the connection's share, or
+            # the part of the budget deliveries may fill (the rest only for connections
+            # holding next to nothing), the message stays waiting (or in the store).
+            mine = self.session.inflight_bytes
+            if mine < memory.delivery_share and (
+                    memory.held_bytes < memory.delivery_budget
+                    or (mine < memory.delivery_floor
+                        and memory.held_bytes < memory.memory_budget)):
+                return True
+            memory.starved.add(self.source)  # dispatched again once bytes are released
+            if mine >= memory.delivery_share:
+                return memory.may_overdraw(self.conn, mine, memory.delivery_share)
+            return False
+        return memory.may_overdraw(self.conn, self.inflight_bytes, MAX_INFLIGHT_BYTES)
 
     def deliver(self, message: Message, group_first: bool = False) -> None:
         broker = self.source.broker
@@ -124,15 +137,22 @@ class Subscription:
             ref, lambda ok: self._delivery_recorded(delivery, previous, ok))
 
     def track(self, delivery: Delivery) -> None:
-        """Awaiting acknowledgement: in ``inflight``, its bytes in ``inflight_bytes``."""
+        """Awaiting acknowledgement: in ``inflight``, its bytes in ``inflight_bytes``, the
+        connection's and the broker's held bytes (the message left its source's
+        waiting bytes as it was taken: the same object, counted once)."""
         self.inflight[delivery.message.message_id] = delivery
-        self.inflight_bytes += delivery.message.size
+        size = delivery.message.size
+        self.inflight_bytes += size
+        self.session.inflight_bytes += size
+        self.source.memory.held_bytes += size
 
     def untrack(self, message_ids: list[str]) -> list[Delivery]:
         """Settled or returned: out of ``inflight``, with their bytes."""
         taken = [self.inflight.pop(mid) for mid in message_ids]
-        for d in taken:
-            self.inflight_bytes -= d.message.size
+        size = sum(d.message.size for d in taken)
+        self.inflight_bytes -= size
+        self.session.inflight_bytes -= size
+        self.source.memory.release_held(size)
         return taken
 
     def _delivery_recorded(self, delivery: Delivery, previous: int, ok: bool) -> None:
@@ -250,6 +270,9 @@ def close_subscription(broker: Broker, session: Session, sub: Subscription) -> N
     session.by_key.pop(sub.key, None)
     source = sub.source
     source.remove_consumer(sub)
+    # Out of the held bytes whatever happens to them next (a topic's are dropped).
+    deliveries = sub.untrack(list(sub.inflight)) if sub.inflight else []
+    sub.held.clear()
     if isinstance(source, TopicSubscriptionSource):
         peers = broker.topics.get(sub.destination, [])
         if source in peers:
@@ -260,9 +283,9 @@ def close_subscription(broker: Broker, session: Session, sub: Subscription) -> N
             broker.topic_patterns.remove(source.pattern, source)
         source.discard()
         return
-    if sub.inflight:
+    if deliveries:
         returned = []
-        for delivery in sub.inflight.values():
+        for delivery in deliveries:
             if delivery.pending:
                 delivery.orphaned = True  # its commit requeues it
             else:
@@ -272,9 +295,6 @@ def close_subscription(broker: Broker, session: Session, sub: Subscription) -> N
             broker.writes.stage_releases(releases)
         for delivery in returned:
             source.push(delivery.message)
-        sub.inflight.clear()
-        sub.held.clear()
-        sub.inflight_bytes = 0
         source.dispatch()
     if type(source) is Source and not source.consumers:
         broker.queue_left(source)  # nothing left in it: out of memory (issue 23)

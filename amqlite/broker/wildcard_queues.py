@@ -55,7 +55,7 @@ def join(broker: Broker, qp: QueuePattern, name: str) -> None:
     if name in qp.children or not broker.may_read(session.conn.login, name):
         return
     source = broker.queue(name)
-    child = Subscription(session.conn, qp.id, next(session.keys), name, qp.ack_mode,
+    child = Subscription(session, qp.id, next(session.keys), name, qp.ack_mode,
                          qp.prefetch, source, qp.selector, qp.priority, qp.exclusive)
     qp.children[name] = child
     session.by_key[child.key] = child

@@ -4,7 +4,7 @@ aiohttp's own TLS (``create_server(ssl=...)``) holds every half-open handshake f
 whole timeout and counts none of them: a client opening sockets to the HTTPS port and
 never finishing a handshake takes memory and file descriptors without limit. Here the
 listener accepts plain TCP and runs TLS in an ``HttpTlsGate`` per socket, as the STOMP
-listener does (``amqlite.server.TlsGate``), counted in the listener's
+listener does (``amqlite.stomp_tls.TlsGate``), counted in the listener's
 ``HttpConnections`` (``amqlite.management.connections``) from its accept, so that
 
 - at most ``MAX_HTTP_CONNECTIONS`` sockets are open on it, handshakes included (past

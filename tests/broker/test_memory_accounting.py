@@ -116,7 +116,8 @@ def test_many_queues_pause_the_producer_at_the_broker_budget(
             consumer = connect(broker)
             subscribe(broker, consumer, "/queue/m0")
             subscribe(broker, consumer, "/queue/m1")
-            ack_all(broker, consumer, set())
+            done: set[str] = set()  # a message at a time: the connection's share is 4 KiB
+            await until(lambda: ack_all(broker, consumer, done) == 0 and len(done) == 4)
             assert not producer.paused
             assert broker.waiting_bytes == 4 * broker.queues["/queue/m2"].bytes // 2
 
@@ -164,9 +165,16 @@ def test_persistent_messages_past_the_budget_stay_in_the_store(
             subscribe(broker, consumer, "/queue/p")
             done: set[str] = set()
 
+            sub = broker.sessions[consumer].subscriptions["/queue/p"]
+
             def drained() -> bool:
                 ack_all(broker, consumer, done)
-                assert queue.bytes <= broker.destination_budget + queue.row_size
+                # Waiting: the destination budget or the MIN_IN_MEMORY floor; held
+                # unacknowledged: the broker-wide budget (a row past either).
+                row = queue.row_size
+                assert queue.bytes <= max(broker.destination_budget,
+                                          source_mod.MIN_IN_MEMORY * row) + row
+                assert sub.inflight_bytes <= broker.memory.memory_budget + row
                 return len(done) == total
 
             await until(drained)
