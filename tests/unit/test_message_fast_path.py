@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from amqlite.broker.message import Message
+from amqlite.broker.session import Session
 from amqlite.broker.subscription import Subscription
 from amqlite.codec import Frame
 from amqlite.protocol import State, StompProtocol
@@ -45,7 +46,8 @@ class Conn:
 def subscription(conn: Conn, ack_mode: str, sub_id: str = "sub-1") -> Subscription:
     broker = SimpleNamespace(stats=collections.Counter(), delivered=collections.Counter())
     source: Any = SimpleNamespace(broker=broker)
-    return Subscription(conn, sub_id, 3, "/queue/q", ack_mode, 10, source)  # type: ignore[arg-type]
+    return Subscription(Session(conn), sub_id, 3, "/queue/q", ack_mode, 10,  # type: ignore[arg-type]
+                        source)
 
 
 def message(headers: dict[str, str], body: bytes, message_id: str = "ID:g:42",
