@@ -28,6 +28,7 @@ from amqlite.activation import ActivationAborted, ActivationGuard
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
 from amqlite.broker import Broker, inactive, limits
+from amqlite.broker.heap import tune_malloc
 from amqlite.listen import bound_sockets
 from amqlite.management import ManagementServer
 from amqlite.name_check import refuse_duplicate_name
@@ -660,6 +661,7 @@ def tune_gc() -> None:
 def run_node(settings: Settings) -> int:
     """Run a node until it stops; returns the process exit code."""
     tune_gc()
+    tune_malloc()
     try:
         import uvloop
 
