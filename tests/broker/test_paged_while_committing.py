@@ -129,20 +129,24 @@ def test_a_scheduled_copy_paged_in_by_a_durable_subscriber_is_delivered_once(
     run(second)
 
 
+@pytest.mark.parametrize("selector", [None, "colour = 'red'"])
 def test_a_scheduled_copy_paged_in_by_a_queue_consumer_is_delivered_once(
-        store: SqlStore, settings: Settings, clock: Clock) -> None:
+        store: SqlStore, settings: Settings, clock: Clock, selector: str | None) -> None:
+    """A selective consumer also scans the store with its selector (``selective.scan``)."""
+    options = {} if selector is None else {"selector": selector}
+
     async def first() -> None:
         async with Master(store, settings, "a") as broker:
             producer = connect(broker)
             broker.handle(producer, Frame("SEND", {
-                "destination": QUEUE, "receipt": "r", "AMQ_SCHEDULED_DELAY": str(DELAY_MS)},
-                b"later"))
+                "destination": QUEUE, "receipt": "r", "AMQ_SCHEDULED_DELAY": str(DELAY_MS),
+                "colour": "red"}, b"later"))
             await until(lambda: len(producer.of("RECEIPT")) == 1)
 
     async def second() -> None:
         clock.ms += DELAY_MS + 1
         async with Master(store, settings, "b") as broker:
-            made = consumer_during_round(broker, lambda: subscribe(broker, QUEUE))
+            made = consumer_during_round(broker, lambda: subscribe(broker, QUEUE, **options))
             await until(lambda: broker.scheduler.fired == 1)
             [sub] = made
             await until(lambda: len(sub.of("MESSAGE")) >= 1)
