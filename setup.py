@@ -20,11 +20,13 @@ import runpy
 import shutil
 import sys
 import sysconfig
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 # amqlite/native.py by path: importing amqlite here would import the source tree's.
 NATIVE = runpy.run_path(str(Path(__file__).resolve().parent / "amqlite" / "native.py"))
@@ -81,6 +83,22 @@ def hot_extensions() -> list[Any]:
         return []
 
 
+class BuildPackages(build_py):
+    """build_py that also drops the extensions an earlier build left in the build
+    directory (pip builds in the tree's build/): a module since dropped from
+    HOT_MODULES, or every one of them before a pure-Python build, would go into the
+    wheel and be imported instead of its .py. build_ext runs after it and puts back
+    what this build compiles."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        for path in Path(self.build_lib).rglob("*"):
+            if path.name.endswith(tuple(EXTENSION_SUFFIXES)):
+                path.unlink()
+
+
 class BuildHotModules(build_ext):
     """build_ext that falls back to pure Python when the C compiler fails."""
 
@@ -95,4 +113,5 @@ class BuildHotModules(build_ext):
                 Path(out).unlink(missing_ok=True)
 
 
-setup(ext_modules=hot_extensions(), cmdclass={"build_ext": BuildHotModules})
+setup(ext_modules=hot_extensions(),
+      cmdclass={"build_py": BuildPackages, "build_ext": BuildHotModules})
