@@ -14,7 +14,7 @@ plus a frame per reading connection. When held bytes need room that waiting mess
 take, stored messages waiting in memory are given back to the store (``reclaim``,
 ``Source.evict``: the newest first, paged in again later), so a transaction is refused
 only when what fills the budget cannot be given back (non-persistent messages, other
-transactions, partial frames):
+transactions, partial frames, deliveries, SENDs awaiting commit, unsent frames):
 
 * transaction contents (``hold_transaction``): a SEND, ACK or NACK in a transaction
   past the broker-wide budget (after ``reclaim``) or the connection's share (``max_memory //
