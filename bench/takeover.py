@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from amqlite.codec import HEARTBEAT, Frame, FrameParser, encode_frame  # noqa: E402
 from amqlite.wire import STOMP_1_2  # noqa: E402
+from bench.procs import port_open  # noqa: E402
 from tests.helpers.servers import PostgresServer, free_port  # noqa: E402
 
 #: How often the client retries the nodes while none serves (ActiveMQ's
@@ -77,14 +78,6 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def serving(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 class Node:
@@ -133,7 +126,7 @@ def wait_master(nodes: list[Node], timeout: float) -> Node:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for n in nodes:
-            if n.proc and n.proc.poll() is None and serving(n.port):
+            if n.proc and n.proc.poll() is None and port_open(n.port):
                 return n
         time.sleep(RECONNECT_POLL)
     raise TimeoutError("no master came up")
