@@ -2,8 +2,10 @@
 
 ``Settings.max_memory`` is broker-wide, ``Settings.max_destination_memory`` per
 destination (a queue, a durable or a non-durable topic subscription). Sources add
-and subtract ``Message.size`` as messages wait (``Source.bytes``, and
-``MemoryBudget.waiting_bytes`` here); subscriptions count what is in flight
+and subtract ``Message.size`` as messages wait (``Source.bytes``), and here
+(``MemoryBudget.waiting_bytes``) what they really take: a topic message waiting in many
+subscriptions is one body, counted once, plus each copy's own object
+(``message.hold``); subscriptions count what is in flight
 (``Subscription.inflight_bytes``). Past a budget: persistent messages stay in the
 store, producers of non-persistent messages are paused (flow control) until below
 ``RESUME_FRACTION`` of it, and a slow non-durable topic subscriber misses messages.
@@ -125,7 +127,8 @@ class MemoryBudget:
         self.memory_resume = int(max_memory * RESUME_FRACTION)
         self.destination_budget = max_destination_memory
         self.destination_resume = int(max_destination_memory * RESUME_FRACTION)
-        self.waiting_bytes = 0  # Message.size of every message waiting in a source
+        #: Messages waiting in sources, a body shared by copies once (``message.hold``).
+        self.waiting_bytes = 0
         #: Producers paused because the broker-wide budget was reached.
         self.blocked_producers: set[Client] = set()
         #: Producers paused for any memory reason -> the sources that paused them
@@ -199,7 +202,9 @@ class MemoryBudget:
                    self.memory_budget - self.used)
 
     def released(self, source: Source, size: int) -> None:
-        """``size`` bytes left ``source``: let producers held back for it (or for the
+        """Messages left ``source`` (its own ``bytes`` are down already), ``size`` bytes
+        of ``waiting_bytes`` with them (``message.unhold``: maybe only their objects,
+        when other sources hold copies): let producers held back for it (or for the
         whole broker) read again once below the resume levels."""
         self.waiting_bytes -= size
         self._churned(size)

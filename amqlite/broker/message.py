@@ -1,7 +1,9 @@
 """The message model: a message in memory, what it costs, and the SEND that makes one.
 
 ``Message.size`` is computed once and is what every byte budget adds and subtracts
-(``amqlite.broker.memory``).
+(``amqlite.broker.memory``). Copies of one message (a topic's subscribers each get one)
+share its body and headers: the broker-wide figure counts what they share once, however
+many sources hold copies (``Message.origin``, ``hold``, ``unhold``).
 """
 
 from __future__ import annotations
@@ -115,8 +117,8 @@ class Message:
 
     __slots__ = (
         "body", "deliver_at", "delivery_count", "destination", "enqueued_at", "expires_at",
-        "floor", "headers", "id", "message_id", "persistent", "plan", "priority",
-        "producer_id", "producer_seq", "size",
+        "floor", "headers", "held_size", "holders", "id", "message_id", "origin",
+        "persistent", "plan", "priority", "producer_id", "producer_seq", "size",
     )
 
     def __init__(
@@ -145,6 +147,13 @@ class Message:
         #: then (``amqlite.broker.scheduler``). None and 0 for every other message.
         self.plan: Plan | None = None
         self.deliver_at = 0
+        #: The message this one is a copy of (None: itself): its body and headers are
+        #: the origin's, and the origin counts the sources holding any of its copies
+        #: (``holders``) and what the first one added to the broker-wide figure
+        #: (``held_size``). A field, not a shared object: no allocation per message.
+        self.origin: Message | None = None
+        self.holders = 0
+        self.held_size = 0
 
     @classmethod
     def from_row(cls, row: StoredMessage, destination: str) -> Message:
@@ -156,13 +165,17 @@ class Message:
         )
 
     def copy(self, persistent: bool | None = None) -> Message:
-        """Each subscriber tracks its own delivery count, so each gets its own object."""
-        return Message(
+        """Each subscriber tracks its own delivery count, so each gets its own object;
+        the body and headers are shared, and so is the holder count (``hold``)."""
+        m = Message(
             self.id, self.destination, self.message_id, self.headers, self.body,
             self.priority, self.expires_at,
             self.persistent if persistent is None else persistent, self.delivery_count,
             self.enqueued_at, self.producer_id, self.producer_seq, self.size, self.floor,
         )
+        origin = self.origin
+        m.origin = self if origin is None else origin
+        return m
 
     @property
     def dedup_key(self) -> str | None:
@@ -172,3 +185,47 @@ class Message:
 
     def expired(self, now: int) -> bool:
         return 0 < self.expires_at <= now
+
+
+def hold(message: Message) -> int:
+    """A source now holds ``message``: the bytes this adds to the broker-wide figure.
+    The first holder of a message or of any of its copies adds its whole ``size``;
+    every other one only ``MESSAGE_OVERHEAD`` (its own object and heap entry: the body
+    and headers are the first one's). Not less: a stuck holder's copies are real."""
+    origin = message.origin
+    if origin is None:
+        origin = message
+    origin.holders += 1
+    if origin.holders == 1:
+        origin.held_size = message.size
+        return message.size
+    return MESSAGE_OVERHEAD
+
+
+def holding(message: Message) -> int:
+    """What ``hold`` would add to the broker-wide figure now."""
+    origin = message.origin
+    if origin is None:
+        origin = message
+    return MESSAGE_OVERHEAD if origin.holders else message.size
+
+
+def releases(message: Message) -> int:
+    """What ``unhold`` would take off the broker-wide figure now."""
+    origin = message.origin
+    if origin is None:
+        origin = message
+    return origin.held_size if origin.holders == 1 else MESSAGE_OVERHEAD
+
+
+def unhold(message: Message) -> int:
+    """A source let go of ``message``: the bytes this takes off the broker-wide figure
+    (what ``hold`` added, summed over the holders: the last one gives back the
+    shared part)."""
+    origin = message.origin
+    if origin is None:
+        origin = message
+    origin.holders -= 1
+    if origin.holders == 0:
+        return origin.held_size
+    return MESSAGE_OVERHEAD

@@ -6,6 +6,13 @@ Queues are never loaded whole: each keeps stored messages in memory while the
 destination and the broker are under their byte budgets (at most
 ``MAX_IN_MEMORY``, at least ``MIN_IN_MEMORY``) and pages the rest in by id (ids
 are allocated in commit order). Bytes are accounted in ``amqlite.broker.memory``.
+
+Two figures per waiting message: ``Source.bytes`` adds its whole ``Message.size`` to
+each source holding it, for that source's own limits (``max_destination_memory``: how
+far one queue or subscriber may fall behind, what its producers are paused for); the
+broker-wide ``MemoryBudget.waiting_bytes`` adds what ``message.hold`` says, the shared
+body and headers of a topic message once however many subscriptions hold copies (real
+memory: one body), and each further copy's own object.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from amqlite.broker import choice, limits, memory, selective
-from amqlite.broker.message import Message, now_ms
+from amqlite.broker.message import Message, hold, holding, now_ms, releases, unhold
 from amqlite.wildcard import Pattern
 from amqlite.wire import ACK_AUTO, AMQ_GROUP_ID
 from store.api import Ref, StoredMessage
@@ -68,7 +75,9 @@ class Source:
         self.heap: list[tuple[int, int, Message]] = []
         self.in_memory_stored = 0  # stored messages in the heap
         self.nonpersistent = 0
-        self.bytes = 0  # Message.size of everything in the heap
+        #: Message.size of everything in the heap, whoever else holds copies: this
+        #: source's own limits (the broker-wide figure counts shared bytes once).
+        self.bytes = 0
         #: Size of a stored row, to page in no more than the budget holds: the
         #: largest seen (a recovered queue starts from the largest frame).
         self.row_size = broker.settings.max_frame_size
@@ -118,9 +127,8 @@ class Source:
         if (not self.groups_seen and AMQ_GROUP_ID in message.headers
                 and self.SELECTS_AT_DISPATCH):
             self.groups_seen = True
-        size = message.size
-        self.bytes += size
-        self.memory.waiting_bytes += size
+        self.bytes += message.size
+        self.memory.waiting_bytes += hold(message)
         if message.persistent:
             self.in_memory_stored += 1
         else:
@@ -170,20 +178,21 @@ class Source:
         if message.id > self.taken_max:
             self.taken_max = message.id
         if message.persistent:
-            self._released(message.size, 1, 0)
+            self._released(message.size, 1, 0, unhold(message))
         else:
-            self._released(message.size, 0, 1)
+            self._released(message.size, 0, 1, unhold(message))
             if self.ledger is not None:
                 limits.forget(self.broker, self, message.id)
         return message
 
-    def _released(self, size: int, stored: int, nonpersistent: int) -> None:
-        """Messages left memory: give their bytes back and let producers that were
-        held back for this destination (or the whole broker) read again."""
+    def _released(self, size: int, stored: int, nonpersistent: int, freed: int) -> None:
+        """Messages left this source: ``size`` bytes of its own figure, ``freed`` of the
+        broker-wide one (``unhold``'s); let producers that were held back for this
+        destination (or the whole broker) read again."""
         self.bytes -= size
         self.in_memory_stored -= stored
         self.nonpersistent -= nonpersistent
-        self.memory.released(self, size)
+        self.memory.released(self, freed)
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -191,8 +200,11 @@ class Source:
     def discard(self) -> None:
         """The source is gone (its subscription ended): free what waited in it,
         in the budgets too, and let its paused producers go."""
+        freed = 0
+        for entry in self.heap:
+            freed += unhold(entry[2])
         self.heap.clear()
-        self._released(self.bytes, self.in_memory_stored, self.nonpersistent)
+        self._released(self.bytes, self.in_memory_stored, self.nonpersistent, freed)
 
     # -- consumers ----------------------------------------------------------
     def add_consumer(self, sub: Subscription) -> None:
@@ -323,9 +335,9 @@ class Source:
         if message.id > self.taken_max:
             self.taken_max = message.id
         if message.persistent:
-            self._released(message.size, 1, 0)
+            self._released(message.size, 1, 0, unhold(message))
         else:
-            self._released(message.size, 0, 1)
+            self._released(message.size, 0, 1, unhold(message))
             if self.ledger is not None:
                 limits.forget(self.broker, self, message.id)
         return message
@@ -334,7 +346,9 @@ class Source:
         """Give back up to ``want`` bytes (``MemoryBudget.reclaim``) of stored messages
         waiting in memory, the newest ids first, keeping MIN_IN_MEMORY: they stay in the
         store, and the pager's cursor goes back to below them so a consumer pages them
-        in again. Only ids past ``taken_max`` (none of them was delivered or acked), and
+        in again; returns what that took off the broker-wide figure (a message other
+        durable subscriptions hold copies of gives back only its own object). Only ids
+        past ``taken_max`` (none of them was delivered or acked), and
         not while a page or a selective scan is under way (it would move the cursor), nor
         from a bounded queue (its policy's ledger bounds it; drop-head takes its head)."""
         if (not self.stored or self.store_id is None or self.paging or self.ahead
@@ -350,11 +364,11 @@ class Source:
             if freed >= want:
                 break
             chosen.add(m.id)
-            freed += m.size
+            freed += releases(m)  # a copy other sources hold frees only its own object
         if not chosen:
             return 0
         floor_kept = self.taken_max
-        self.drop(lambda m: m.id in chosen)
+        freed = self._drop(lambda m: m.id in chosen)[1]
         self.taken_max = floor_kept  # given back, not taken: they may be again
         self.cursor = min(chosen) - 1  # every older one is in the heap or was taken
         self.store_has_more = True
@@ -365,12 +379,16 @@ class Source:
         """Remove the waiting messages ``predicate`` picks (purge, move, delete by an
         operator), freeing their bytes like ``pop``; what is in flight to consumers is
         not here and is left alone."""
+        return self._drop(predicate)[0]
+
+    def _drop(self, predicate: Callable[[Message], bool]) -> tuple[list[Message], int]:
+        """``drop``, and the bytes it took off the broker-wide figure."""
         kept: list[tuple[int, int, Message]] = []
         dropped: list[tuple[int, int, Message]] = []
         for entry in self.heap:
             (dropped if predicate(entry[2]) else kept).append(entry)
         if not dropped:
-            return []
+            return [], 0
         heapq.heapify(kept)
         self.heap = kept
         messages = [e[2] for e in dropped]
@@ -380,8 +398,11 @@ class Source:
                 if not m.persistent:
                     limits.forget(self.broker, self, m.id)
         stored = sum(1 for m in messages if m.persistent)
-        self._released(sum(m.size for m in messages), stored, len(messages) - stored)
-        return messages
+        freed = 0
+        for m in messages:
+            freed += unhold(m)
+        self._released(sum(m.size for m in messages), stored, len(messages) - stored, freed)
+        return messages, freed
 
     def inflight_ids(self) -> set[int]:
         """Ids of this source's messages delivered and not yet acknowledged."""
@@ -422,8 +443,14 @@ class TopicSubscriptionSource(Source):
         self.login = login
 
     def add_nonpersistent(self, message: Message, producer: Client | None = None) -> None:
-        """A subscriber that is behind past the count or byte limits misses this one."""
-        if self.heap and (self.nonpersistent >= MAX_TOPIC_BACKLOG or self.over_budget()):
+        """A subscriber that is behind past the count or byte limits misses this one.
+        The broker-wide budget counts what holding it adds (a copy of a message other
+        subscriptions hold: its own object only); past it, stored messages waiting in
+        memory are given back to the store first (``MemoryBudget.make_room``), as for a
+        transaction: they can be paged in again, a missed message cannot."""
+        if self.heap and (self.nonpersistent >= MAX_TOPIC_BACKLOG
+                          or self.bytes >= self.memory.destination_budget
+                          or not self.memory.make_room(holding(message))):
             self.dropped += 1
             self.broker.stats["dropped"] += 1
             if self.dropped % DROP_LOG_EVERY == 1:

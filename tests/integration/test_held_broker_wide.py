@@ -15,7 +15,9 @@ RSS asserted as in ``test_memory_budget`` (idle + budget + RSS_OVERHEAD):
 * clients that never read their sockets: each alone may have ``WRITE_SHARE`` (4 MiB) of
   encoded MESSAGEs waiting, and its deliveries unacknowledged; past the broker-wide
   output budget they get no more, while the consumers that read keep getting theirs,
-  and what the stuck ones held comes back (and is delivered) when they go.
+  and what the stuck ones held comes back (and is delivered) when they go. A topic's
+  message waiting for a dozen stuck subscribers is one body, counted once: its
+  subscriber that reads misses none of them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from tests.integration.test_held_memory import _pump
 from tests.integration.test_memory_budget import (
     BODY_SIZE,
     BUDGET,
+    DESTINATION_BUDGET,
     MIB,
     RssBound,
     body,
@@ -192,9 +195,17 @@ def _pending_body(p: int, i: int) -> bytes:
 #: Each may hold WRITE_SHARE, 4 MiB: 96 MiB in all if only that held.
 STUCK = 24
 STUCK_RCVBUF = 4096
+#: The receive buffer of the stuck topic subscriber that reads at the end: a frame's
+#: worth (the broker keeps the rest). A 4 KiB window never opens by a segment once it
+#: reads (TCP's silly-window avoidance): it would get its messages at probe pace.
+DRAINED_RCVBUF = BODY_SIZE
 #: Persistent messages to the queue and non-persistent ones to the topic (256 KiB each).
 QUEUE_MESSAGES = 128
 TOPIC_MESSAGES = 64
+#: What a stuck topic subscriber holds at least, to be delivered once it reads: its
+#: destination budget's worth (the copies share their bodies: the broker-wide figure
+#: counts each once, so a dozen of them does not fill it).
+STUCK_TOPIC_HOLDS = DESTINATION_BUDGET // BODY_SIZE
 
 
 def test_clients_that_do_not_read_are_bounded_by_the_budget(
@@ -206,15 +217,28 @@ def test_clients_that_do_not_read_are_bounded_by_the_budget(
     reader.subscribe(queue, ack="client-individual")
     listener = clients(broker.port)  # a topic subscriber that reads
     listener.subscribe(topic)
-    stuck = [_stuck(broker, queue if n % 2 else topic) for n in range(STUCK)]
+    stuck = [_stuck(broker, queue if n % 2 else topic, DRAINED_RCVBUF if n == 0 else
+                    STUCK_RCVBUF) for n in range(STUCK)]
     producer = clients(broker.port)
+    # The topic first: its stuck subscribers hold what they cannot take, copies of the
+    # same messages, counted once; its subscriber that reads, behind by a batch at times
+    # (past the output budget it gets a frame only when it has none waiting), gets every
+    # one. (With the queue's stuck consumers' deliveries filling the budget first, a
+    # subscriber behind would miss messages by design: those bytes are real.)
+    for start in range(0, TOPIC_MESSAGES, 8):
+        send_many(producer, topic, [body(i) for i in range(start, start + 8)],
+                  headers={"persistent": "false"}, timeout=60)
+    topic_bodies = [body(i)[:8] for i in range(TOPIC_MESSAGES)]
+    listener.listener.wait_for(lambda: listener.listener.count() >= TOPIC_MESSAGES, 20)
+    got = [f.body[:8] for f in listener.listener.snapshot()]
+    assert got == topic_bodies, (
+        f"the topic's subscriber that reads got {len(got)} of {TOPIC_MESSAGES} while "
+        f"{STUCK - STUCK // 2} did not read")
+    rss.check()
     acked: list[str] = []
     for start in range(0, QUEUE_MESSAGES, 8):
         send_many(producer, queue, [body(i) for i in range(start, start + 8)], timeout=60)
         _ack_new(reader, acked)
-    for start in range(0, TOPIC_MESSAGES, 8):
-        send_many(producer, topic, [body(i) for i in range(start, start + 8)],
-                  headers={"persistent": "false"}, timeout=60)
     # The clients that read keep getting messages: the queue's reader all but what the
     # stuck consumers hold (their connections' share: 1 MiB, a message past it at most),
     # the topic's subscriber each marker published after the rest.
@@ -228,6 +252,13 @@ def test_clients_that_do_not_read_are_bounded_by_the_budget(
         assert got, f"the topic's subscriber did not get {marker}"
     print(f"the queue's reader got {len(acked)} of {QUEUE_MESSAGES} while {STUCK // 2} "
           f"consumers did not read; the topic's {listener.listener.count()} messages")
+    assert [f.body[:8] for f in listener.listener.snapshot()] == (
+        topic_bodies + [f"marker-{n}" for n in range(3)])
+    # A stuck topic subscriber held its share all along: it gets it once it reads.
+    held = _drain(stuck[0])
+    print(f"a stuck topic subscriber got {held} messages once it read")
+    assert held >= STUCK_TOPIC_HOLDS, f"a stuck topic subscriber held {held} messages"
+    rss.check()
     for s in stuck:  # what they held goes back to the queue, and to its reader
         s.close()
     _ack_until(reader, acked, QUEUE_MESSAGES)
@@ -236,10 +267,10 @@ def test_clients_that_do_not_read_are_bounded_by_the_budget(
     rss.check()
 
 
-def _stuck(broker: BrokerProcess, destination: str) -> RawStomp:
+def _stuck(broker: BrokerProcess, destination: str, rcvbuf: int) -> RawStomp:
     """A client that subscribes (big prefetch, client ack on a queue) and never reads."""
     s = RawStomp(broker.port, timeout=30)
-    s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, STUCK_RCVBUF)
+    s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.connect()
     headers = {"destination": destination, "id": "s", "receipt": "subscribed",
                "activemq.prefetchSize": "1000"}
@@ -248,6 +279,15 @@ def _stuck(broker: BrokerProcess, destination: str) -> RawStomp:
     s.send_frame("SUBSCRIBE", headers)
     s.expect("RECEIPT", f"SUBSCRIBE {destination}")
     return s
+
+
+def _drain(s: RawStomp) -> int:
+    """Read ``s`` until nothing more comes (QUIET): the MESSAGEs it got."""
+    n = 0
+    while (frame := s.read_frame(QUIET)) is not None:
+        assert frame.command == "MESSAGE", f"a stuck subscriber got {frame}"
+        n += 1
+    return n
 
 
 def _ack_until(client: Client, acked: list[str], count: int) -> None:
