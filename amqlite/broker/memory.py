@@ -284,7 +284,10 @@ class MemoryBudget:
 
     def _own(self, producers: set[Client]) -> int:
         """The unacknowledged deliveries of ``producers``, paused for the budget: they
-        can only go once those connections are read again (their ACKs)."""
+        can only go once those connections are read again (their ACKs). Each counts its
+        whole copies; a topic message others hold unacknowledged too is in
+        ``held_bytes`` once (``message.track``): this may take off more, resuming
+        sooner, never later."""
         return sum(self.delivered_to(c) for c in producers)
 
     def _paused_own(self) -> int:

@@ -3,7 +3,8 @@
 ``Message.size`` is computed once and is what every byte budget adds and subtracts
 (``amqlite.broker.memory``). Copies of one message (a topic's subscribers each get one)
 share its body and headers: the broker-wide figure counts what they share once, however
-many sources hold copies (``Message.origin``, ``hold``, ``unhold``).
+many sources hold copies (``Message.origin``, ``hold``, ``unhold``), or however many
+subscriptions have copies in flight (``track``, ``untrack``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class Message:
         "body", "deliver_at", "delivery_count", "destination", "enqueued_at", "expires_at",
         "floor", "headers", "held_size", "holders", "id", "message_id", "origin",
         "persistent", "plan", "priority", "producer_id", "producer_seq", "size",
+        "tracked", "tracked_size",
     )
 
     def __init__(
@@ -154,6 +156,9 @@ class Message:
         self.origin: Message | None = None
         self.holders = 0
         self.held_size = 0
+        #: The same for the subscriptions holding a copy unacknowledged (``track``).
+        self.tracked = 0
+        self.tracked_size = 0
 
     @classmethod
     def from_row(cls, row: StoredMessage, destination: str) -> Message:
@@ -187,34 +192,33 @@ class Message:
         return 0 < self.expires_at <= now
 
 
+def _origin(message: Message) -> Message:
+    """The message whose counts a copy shares (itself when it is no copy)."""
+    origin = message.origin
+    return message if origin is None else origin
+
+
 def hold(message: Message) -> int:
     """A source now holds ``message``: the bytes this adds to the broker-wide figure.
     The first holder of a message or of any of its copies adds its whole ``size``;
     every other one only ``MESSAGE_OVERHEAD`` (its own object and heap entry: the body
     and headers are the first one's). Not less: a stuck holder's copies are real."""
-    origin = message.origin
-    if origin is None:
-        origin = message
+    origin = _origin(message)
     origin.holders += 1
-    if origin.holders == 1:
-        origin.held_size = message.size
-        return message.size
-    return MESSAGE_OVERHEAD
+    if origin.holders > 1:
+        return MESSAGE_OVERHEAD
+    origin.held_size = message.size
+    return message.size
 
 
 def holding(message: Message) -> int:
     """What ``hold`` would add to the broker-wide figure now."""
-    origin = message.origin
-    if origin is None:
-        origin = message
-    return MESSAGE_OVERHEAD if origin.holders else message.size
+    return MESSAGE_OVERHEAD if _origin(message).holders else message.size
 
 
 def releases(message: Message) -> int:
     """What ``unhold`` would take off the broker-wide figure now."""
-    origin = message.origin
-    if origin is None:
-        origin = message
+    origin = _origin(message)
     return origin.held_size if origin.holders == 1 else MESSAGE_OVERHEAD
 
 
@@ -222,10 +226,26 @@ def unhold(message: Message) -> int:
     """A source let go of ``message``: the bytes this takes off the broker-wide figure
     (what ``hold`` added, summed over the holders: the last one gives back the
     shared part)."""
-    origin = message.origin
-    if origin is None:
-        origin = message
+    origin = _origin(message)
     origin.holders -= 1
-    if origin.holders == 0:
-        return origin.held_size
-    return MESSAGE_OVERHEAD
+    return MESSAGE_OVERHEAD if origin.holders else origin.held_size
+
+
+def track(message: Message) -> int:
+    """A subscription holds ``message`` unacknowledged: the bytes this adds to the
+    broker-wide held bytes, as ``hold`` counts waiting ones (a count of its own: a
+    copy may wait in one subscription while another has it in flight)."""
+    origin = _origin(message)
+    origin.tracked += 1
+    if origin.tracked > 1:
+        return MESSAGE_OVERHEAD
+    origin.tracked_size = message.size
+    return message.size
+
+
+def untrack(message: Message) -> int:
+    """A subscription's delivery of ``message`` was settled or given back: the bytes
+    this takes off the held bytes (what ``track`` added, summed over the holders)."""
+    origin = _origin(message)
+    origin.tracked -= 1
+    return MESSAGE_OVERHEAD if origin.tracked else origin.tracked_size

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amqlite.broker.counters import Kind
-from amqlite.broker.message import Message
+from amqlite.broker.message import Message, track, untrack
 from amqlite.broker.selector import Selector
 from amqlite.broker.session import Session
 from amqlite.broker.source import Source, TopicSubscriptionSource
@@ -138,21 +138,26 @@ class Subscription:
 
     def track(self, delivery: Delivery) -> None:
         """Awaiting acknowledgement: in ``inflight``, its bytes in ``inflight_bytes``, the
-        connection's and the broker's held bytes (the message left its source's
-        waiting bytes as it was taken: the same object, counted once)."""
-        self.inflight[delivery.message.message_id] = delivery
-        size = delivery.message.size
+        connection's (whole: its shares) and the broker's held bytes (the message left
+        its source's waiting bytes as it was taken; a topic message other subscriptions
+        hold unacknowledged too is one body: ``message.track``)."""
+        message = delivery.message
+        self.inflight[message.message_id] = delivery
+        size = message.size
         self.inflight_bytes += size
         self.session.inflight_bytes += size
-        self.source.memory.held_bytes += size
+        self.source.memory.held_bytes += track(message)
 
     def untrack(self, message_ids: list[str]) -> list[Delivery]:
         """Settled or returned: out of ``inflight``, with their bytes."""
         taken = [self.inflight.pop(mid) for mid in message_ids]
-        size = sum(d.message.size for d in taken)
+        size = freed = 0
+        for d in taken:
+            size += d.message.size
+            freed += untrack(d.message)
         self.inflight_bytes -= size
         self.session.inflight_bytes -= size
-        self.source.memory.release_held(size)
+        self.source.memory.release_held(freed)
         return taken
 
     def _delivery_recorded(self, delivery: Delivery, previous: int, ok: bool) -> None:

@@ -6,7 +6,8 @@ further copy (``message.hold``); each source's own ``bytes`` keeps the whole siz
 its own limits. Every path a message leaves a source by gives back what it added, so the
 figure is back to 0 when the last holder lets go: pop (a delivery), take (a selective
 dispatch), drop (an operator's purge), evict (given back to the store), discard (an
-UNSUBSCRIBE, or a connection's close).
+UNSUBSCRIBE, or a connection's close). Copies in flight unacknowledged count the same
+way in the held bytes (``message.track``), each connection the whole size (its share).
 
 The RSS side (a dozen stuck topic subscribers, one that reads and misses nothing) runs
 against a real broker in tests/integration/test_held_broker_wide.py.
@@ -70,6 +71,52 @@ def test_a_topic_message_waiting_for_many_subscribers_is_counted_once(
             # discard, by the connection's close: the last holder
             broker.detach(slow[2])
             assert broker.waiting_bytes == 0
+            assert broker.memory.used == 0
+
+    run(scenario)
+
+
+@pytest.fixture
+def roomy_settings(tmp_path: Path) -> Settings:
+    """A connection's share of deliveries (1/32 of max_memory) takes MESSAGES."""
+    return Settings(group="g1", data_dir=str(tmp_path), max_memory=4 * KIB * KIB,
+                    max_destination_memory=KIB * KIB).resolved()
+
+
+def test_a_topic_message_unacknowledged_by_many_subscribers_is_held_once(
+        store: Store, roomy_settings: Settings) -> None:
+    """Client-ack subscribers of one topic each have a copy in flight: the held bytes
+    count the body once and each further copy's overhead; each subscription and its
+    connection count the whole message (their own shares). ACKs and a close give back
+    their part, the last one the body."""
+    async def scenario() -> None:
+        async with Master(store, roomy_settings, "a") as broker:
+            subs = [connect(broker) for _ in range(HOLDERS)]
+            for c in subs:
+                broker.handle(c, Frame("SUBSCRIBE", {
+                    "destination": "/topic/acked", "id": "s", "ack": "client",
+                    "activemq.prefetchSize": str(MESSAGES)}))
+            producer = connect(broker)
+            for _ in range(MESSAGES):
+                send(broker, producer, "/topic/acked", BODY, persistent="false")
+            sessions = [broker.sessions[c] for c in subs]
+            size = next(iter(sessions[0].subscriptions["s"].inflight.values())).message.size
+            assert [s.inflight_bytes for s in sessions] == [MESSAGES * size] * HOLDERS
+            assert broker.waiting_bytes == 0
+
+            def held(holders: int) -> int:
+                return MESSAGES * (size + (holders - 1) * MESSAGE_OVERHEAD) if holders else 0
+
+            assert broker.memory.held_bytes == held(HOLDERS)
+            broker.handle(subs[0], Frame("ACK", {"id": subs[0].of("MESSAGE")[-1]
+                                                 .headers["ack"]}))  # cumulative: all
+            assert sessions[0].inflight_bytes == 0
+            assert broker.memory.held_bytes == held(HOLDERS - 1)
+            broker.detach(subs[1])  # a close gives its deliveries back (dropped: a topic)
+            assert broker.memory.held_bytes == held(HOLDERS - 2)
+            broker.handle(subs[2], Frame("ACK", {"id": subs[2].of("MESSAGE")[-1]
+                                                 .headers["ack"]}))
+            assert broker.memory.held_bytes == 0
             assert broker.memory.used == 0
 
     run(scenario)
