@@ -30,6 +30,7 @@ import os
 import resource
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -358,7 +359,62 @@ def _spark_conf(conf: dict[str, str]) -> Iterator[None]:
             os.environ["PYSPARK_SUBMIT_ARGS"] = before
 
 
+def _cpu_of_tree(pid: int) -> float:
+    """CPU seconds of ``pid`` (user + system, its reaped children's included) and
+    of its live children: a PostgreSQL postmaster's is all its backends' and
+    parallel workers' CPU, the ended ones too (the postmaster reaps them)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def fields(p: int | str) -> list[str]:
+        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+
+    total = sum(int(v) for v in fields(pid)[11:15])  # utime stime cutime cstime
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    total += sum(int(v) for v in fields(child)[11:13])
+    return total / tick
+
+
+def _audit_child(argv_job: list[str], conf: dict[str, str]) -> None:
+    """One audit as ``amqlite audit`` runs it, in a process of its own (so that each
+    run starts its JVM cold): prints wall and CPU seconds as one JSON line. The JVM
+    is made to exit and reaped after the audit, so its CPU (and the launcher JVM's
+    before it) is in this process's children's usage."""
+    from pyspark import SparkContext
+
+    from spark.audit.jvm import plan_archive
+
+    archive = plan_archive().state.value  # what this run's JVM does: used, making, none
+    rss = PeakRss()
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(io.StringIO()), _spark_conf(conf):
+        code = audit_job.main(argv_job)
+    wall = time.monotonic() - t0
+    peak_mb = rss.stop()
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.poll() is None:
+        gateway.shutdown()
+        proc.stdin.close()  # the JVM exits when its stdin closes
+        proc.wait(timeout=120)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({
+        "exit_code": code, "audit_wall_s": round(wall, 2), "jvm_class_archive": archive,
+        "jvm_cpu_s": round(kids.ru_utime + kids.ru_stime, 2),
+        "python_cpu_s": round(own.ru_utime + own.ru_stime, 2),
+        "driver_jvm_peak_rss_mb": peak_mb,
+        "driver_python_peak_rss_mb": round(own.ru_maxrss / 1024, 1),
+    }))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--audit-child"]:
+        _audit_child(json.loads(argv[1]), json.loads(argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=DEFAULT_COUNT, help="messages to seed")
     ap.add_argument("--store", default=None, help="empty PostgreSQL database or sqlite:///path")
@@ -372,6 +428,20 @@ def main(argv: list[str] | None = None) -> int:
         "--plant", action="store_true",
         help="also seed tests/spark/seed.py's groups: one per finding type, each with its "
         "damage, and healthy borderline ones; the audit must find exactly that",
+    )  # fmt: skip
+    ap.add_argument(
+        "--repeat", type=int, default=1,
+        help="audits (each followed by the SQL bound) on the one seeded store: a JSON "
+        "line each",
+    )  # fmt: skip
+    ap.add_argument(
+        "--ab-env", action="append", default=[], metavar="KEY=VALUE",
+        help="set in the audit's environment on even runs only (with --repeat: A/B on one "
+        "store), e.g. AMQLITE_AUDIT_JVM_NICE=0",
+    )  # fmt: skip
+    ap.add_argument(
+        "--ab-conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a Spark setting on even runs only, e.g. spark.cores.max=2",
     )  # fmt: skip
     args = ap.parse_args(argv)
 
@@ -394,62 +464,107 @@ def main(argv: list[str] | None = None) -> int:
             seed_postgres(store, args.count, now)
         planted = plant(store, now) if args.plant else 0
         seed_s = time.monotonic() - t0
-
-        out = os.path.join(tmp, "out")
+        postmaster = server.postmaster_pid() if server is not None else None
         conf = dict(c.split("=", 1) for c in args.conf)
-        # What `amqlite audit` costs the user: the job from its command line in this
-        # process, the JVM's (and a cluster's executors') start included.
-        argv_job = ["--store", store, "--output", out, "--json", "--now", str(now),
-                    "--rows-per-partition", str(args.rows_per_partition),
-                    "--master", args.master, "--progress"]  # fmt: skip
-        load_before = os.getloadavg()
-        rss = PeakRss()
-        t0 = time.monotonic()
-        with contextlib.redirect_stdout(io.StringIO()), _spark_conf(conf):
-            code = audit_job.main(argv_job)
-        audit_s = time.monotonic() - t0
-        peak_mb = rss.stop()
-        python_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        sql_s, sql_counts = (None, None)
-        if not store.startswith("sqlite"):
-            sql_s, sql_counts = sql_lower_bound(store, now)
-        load_after = os.getloadavg()
-        summary = json.loads(Path(out, "summary.json").read_text()) if code in (0, 1) else {}
-        rows = summary.get("rows_read", 0)
-        print(
-            json.dumps(
-                {
-                    "bench": "audit",
-                    "backend": "sqlite" if store.startswith("sqlite") else "postgresql",
-                    "messages": args.count,
-                    "rows_read": rows,
-                    "reads": summary.get("reads"),
-                    "timings": summary.get("timings"),
-                    "pushed": summary.get("pushed"),
-                    "seed_s": round(seed_s, 2),
-                    "audit_wall_s": round(audit_s, 2),
-                    "sql_lower_bound_s": round(sql_s, 2) if sql_s is not None else None,
-                    # The whole command (JVM start included) over the SQL bound.
-                    "audit_wall_vs_sql": round(audit_s / sql_s, 2) if sql_s else None,
-                    "load_avg_1m_before_after": [round(load_before[0], 2),
-                                                 round(load_after[0], 2)],
-                    "returned": summary.get("returned"),
-                    "sql_findings": sql_counts,
-                    "driver_jvm_peak_rss_mb": peak_mb,
-                    "driver_python_peak_rss_mb": python_mb,
-                    "messages_per_s": round(args.count / audit_s),
-                    "conf": conf,
-                    "rows_per_s": round(rows / audit_s),
-                    "exit_code": code,
-                    "planted": planted,
-                    "findings": summary.get("total"),
-                    "findings_by_type": {k: v for k, v in summary.get("counts", {}).items() if v},
-                    "master": args.master,
-                    "cpus": os.cpu_count(),
+        failed = 0
+        lines: list[str] = []
+        for run in range(1, args.repeat + 1):
+            out = os.path.join(tmp, f"out{run}")
+            # What `amqlite audit` costs the user: the job from its command line, the
+            # JVM's (and a cluster's executors') start included.
+            argv_job = ["--store", store, "--output", out, "--json", "--now", str(now),
+                        "--rows-per-partition", str(args.rows_per_partition),
+                        "--master", args.master, "--progress"]  # fmt: skip
+            load_before = os.getloadavg()
+            pg0 = _cpu_of_tree(postmaster) if postmaster else None
+            b_side = run % 2 == 0 and bool(args.ab_env or args.ab_conf)
+            env = dict(os.environ)
+            run_conf = dict(conf)
+            if b_side:
+                env.update(dict(c.split("=", 1) for c in args.ab_env))
+                run_conf.update(dict(c.split("=", 1) for c in args.ab_conf))
+            child = subprocess.run(
+                [sys.executable, __file__, "--audit-child", json.dumps(argv_job),
+                 json.dumps(run_conf)],
+                stdout=subprocess.PIPE, text=True, check=True, env=env,
+            )  # fmt: skip
+            measured = json.loads(child.stdout.strip().splitlines()[-1])
+            pg1 = _cpu_of_tree(postmaster) if postmaster else None
+            sql_s, sql_counts = (None, None)
+            if not store.startswith("sqlite"):
+                sql_s, sql_counts = sql_lower_bound(store, now)
+            pg2 = _cpu_of_tree(postmaster) if postmaster else None
+            load_after = os.getloadavg()
+            code = measured["exit_code"]
+            audit_s = measured["audit_wall_s"]
+            summary = json.loads(Path(out, "summary.json").read_text()) if code in (0, 1) else {}
+            rows = summary.get("rows_read", 0)
+            cpu = None
+            if pg0 is not None and pg1 is not None and pg2 is not None:
+                audit_cpu = measured["jvm_cpu_s"] + measured["python_cpu_s"] + pg1 - pg0
+                cpu = {
+                    "audit_postgres_cpu_s": round(pg1 - pg0, 2),
+                    "audit_jvm_cpu_s": measured["jvm_cpu_s"],
+                    "audit_python_cpu_s": measured["python_cpu_s"],
+                    "audit_cpu_s": round(audit_cpu, 2),
+                    "sql_bound_postgres_cpu_s": round(pg2 - pg1, 2),
+                    "audit_cpu_vs_sql": round(audit_cpu / (pg2 - pg1), 2),
                 }
+            print(
+                json.dumps(
+                    {
+                        "bench": "audit",
+                        "run": run,
+                        "backend": "sqlite" if store.startswith("sqlite") else "postgresql",
+                        "messages": args.count,
+                        "rows_read": rows,
+                        "reads": summary.get("reads"),
+                        "timings": summary.get("timings"),
+                        "pushed": summary.get("pushed"),
+                        "seed_s": round(seed_s, 2),
+                        "audit_wall_s": audit_s,
+                        "sql_lower_bound_s": round(sql_s, 2) if sql_s is not None else None,
+                        # The whole command (JVM start included) over the SQL bound.
+                        "audit_wall_vs_sql": round(audit_s / sql_s, 2) if sql_s else None,
+                        # CPU seconds (PostgreSQL's only when this bench started it).
+                        "cpu": cpu,
+                        "jvm_class_archive": measured["jvm_class_archive"],
+                        "load_avg_1m_before_after": [round(load_before[0], 2),
+                                                     round(load_after[0], 2)],
+                        "returned": summary.get("returned"),
+                        "sql_findings": sql_counts,
+                        "driver_jvm_peak_rss_mb": measured["driver_jvm_peak_rss_mb"],
+                        "driver_python_peak_rss_mb": measured["driver_python_peak_rss_mb"],
+                        "messages_per_s": round(args.count / audit_s),
+                        "conf": run_conf,
+                        "ab": ("B: " + " ".join(args.ab_env + args.ab_conf)) if b_side else "A",
+                        "rows_per_s": round(rows / audit_s),
+                        "exit_code": code,
+                        "planted": planted,
+                        "findings": summary.get("total"),
+                        "findings_by_type": {
+                            k: v for k, v in summary.get("counts", {}).items() if v
+                        },
+                        "master": args.master,
+                        "cpus": os.cpu_count(),
+                    }
+                ),
+                flush=True,
             )
-        )
-        return 0 if code == (1 if args.plant else 0) else 1
+            failed += code != (1 if args.plant else 0)
+            c = cpu or {}
+            lines.append(
+                f"run {run} {'B' if b_side else 'A'} archive={measured['jvm_class_archive']}: "
+                f"audit {audit_s} s / SQL {sql_s and round(sql_s, 2)} s = "
+                f"{sql_s and round(audit_s / sql_s, 2)}x wall; CPU audit "
+                f"{c.get('audit_cpu_s')} s (JVM {c.get('audit_jvm_cpu_s')}, PostgreSQL "
+                f"{c.get('audit_postgres_cpu_s')}) / SQL {c.get('sql_bound_postgres_cpu_s')} s = "
+                f"{c.get('audit_cpu_vs_sql')}x; load {load_before[0]:.2f} -> {load_after[0]:.2f}; "
+                f"found {summary.get('total')} of {planted} planted"
+            )
+        # The runs at a glance (stderr: stdout stays one JSON line a run).
+        print("\n".join(lines), file=sys.stderr)
+        return 1 if failed else 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if server is not None:

@@ -113,6 +113,12 @@ LOCAL_SHUFFLE_PARTITIONS_PER_CORE = 2
 #: the session starts in about half the time, the audit too; at 1,000,000 on a
 #: standalone master with two workers, 3.0x the SQL lower bound without, 1.7x with.
 AUDIT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: Cores a standalone cluster gives the audit when the store runs the statements
+#: (``spark.cores.max``): Spark checks the few thousand rows they return, which one
+#: task of one executor does in milliseconds, while every executor more is a JVM
+#: starting on the machine. Reads the store leaves to Spark (over
+#: DRIVER_READ_MAX_ROWS) then run on this one core too.
+PUSHED_CLUSTER_CORES = 1
 #: Rows of check input per task and per shuffle partition: Spark's per-task cost
 #: (milliseconds) dwarfs a few thousand narrow rows, and half a million of them
 #: (SQLite's full reads) are seconds of work in a few MB.

@@ -21,6 +21,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from spark.audit.data import StorePlan, all_findings, plan_store, read_store
+from spark.audit.jvm import ArchiveState
 from spark.audit.limits import (
     CHECK_ROWS_PER_TASK,
     DEBUG_ENV,
@@ -79,6 +80,8 @@ def _plan(
             reader = StoreReader(None, source, group, rows_per_partition, progress, snapshot)
             plan = plan_store(reader, now_ms)
             pool = StatementPool(source, snapshot.snapshot_id, plan.pushed, connections, progress)
+            if isinstance(spark, SessionStarter):  # the JVM's priority back once the store is done
+                _raise_when_done(spark, pool)
             session = spark.get() if isinstance(spark, SessionStarter) else spark
             progress.watch(session)
             spark_up = time.monotonic() - pool.started
@@ -98,6 +101,8 @@ def _plan(
             snapshot.close()
             raise
     else:
+        if isinstance(spark, SessionStarter):
+            spark.raise_priority()
         session = spark.get() if isinstance(spark, SessionStarter) else spark
         progress.watch(session)
         snapshot = open_snapshot(session, source)
@@ -109,6 +114,17 @@ def _plan(
             raise
     reader.spark = session
     return session, snapshot, reader, plan
+
+
+def _raise_when_done(starter: SessionStarter, pool: StatementPool) -> None:
+    """The JVM's priority back as soon as the store's statements are done, even while
+    the audit still waits for the session to start."""
+
+    def wait() -> None:
+        pool.wait_done()
+        starter.raise_priority()
+
+    threading.Thread(target=wait, name="audit-jvm-priority", daemon=True).start()
 
 
 #: How often the warm-up's waiter looks whether the store is done (s).
@@ -317,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             jars = check_driver(source, args.jdbc_jar)
             check_reachable(source)
             progress.say(f"starting Spark ({args.master or 'local[*]'})")
-            spark = starter = SessionStarter(args.master, jars)
+            # Whether the store's statements run (``_plan``): Spark then gets few rows.
+            pushed = source.backend == "postgresql" and psycopg_installed()
+            spark = starter = SessionStarter(args.master, jars, pushed=pushed)
         else:
             check_reachable(source)
         result = run_audit(
@@ -331,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     finally:
         if starter is not None:
+            if starter.archive.state is ArchiveState.MAKING:
+                progress.say("saving the JVM's class archive for the next audits (once)")
             starter.stop()
     if args.json:
         print(json.dumps(result.summary, indent=2))

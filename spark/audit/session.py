@@ -12,13 +12,24 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from spark.audit.jvm import (
+    ArchiveState,
+    ClassArchive,
+    can_lower_jvm,
+    finish_archive,
+    lower_this_thread,
+    plan_archive,
+    raise_back,
+)
 from spark.audit.limits import (
     AUDIT_JVM_OPTIONS,
     CHECK_ROWS_PER_TASK,
     LOCAL_SHUFFLE_PARTITIONS_PER_CORE,
     PROGRESS_INTERVAL_S,
+    PUSHED_CLUSTER_CORES,
 )
 
 
@@ -74,9 +85,11 @@ def build_session(
     master: str | None = None,
     jars: Sequence[str] = (),
     conf: dict[str, str] | None = None,
+    driver_options: str = "",
 ) -> SparkSession:
     """The session the job uses when nobody gave it one. Local masters stay on
-    loopback with no UI: the audit is a batch job, not a service."""
+    loopback with no UI: the audit is a batch job, not a service. ``driver_options``:
+    more options of the driver's JVM when this process starts it (its class archive)."""
     builder = SparkSession.builder.appName("amqlite-audit")
     local = master is None and "PYSPARK_GATEWAY_PORT" not in os.environ
     if master is not None:
@@ -90,7 +103,7 @@ def build_session(
         "spark.executor.extraJavaOptions": AUDIT_JVM_OPTIONS,
     }
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # this process starts the driver's JVM
-        settings["spark.driver.extraJavaOptions"] = AUDIT_JVM_OPTIONS
+        settings["spark.driver.extraJavaOptions"] = f"{AUDIT_JVM_OPTIONS} {driver_options}".strip()
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         cores = os.cpu_count() or 2
@@ -118,19 +131,36 @@ def build_session(
 class SessionStarter:
     """A Spark session started in a thread, so that the driver's work in the store
     (``spark.audit.pool``) runs while the JVM, and on a cluster the executors, start.
-    ``get`` waits for it; ``stop`` stops it (after waiting for a start in progress)."""
+    ``get`` waits for it; ``stop`` stops it (after waiting for a start in progress).
+    The driver's JVM maps the saved class archive, or makes it (``spark.audit.jvm``).
+    ``pushed``: the store's statements run meanwhile and Spark gets only their rows,
+    so the JVM starts at a lower priority (``JVM_NICE``) until ``raise_priority``,
+    and a standalone cluster gives it ``PUSHED_CLUSTER_CORES``."""
 
     def __init__(
-        self, master: str | None, jars: Sequence[str], conf: dict[str, str] | None = None
+        self, master: str | None, jars: Sequence[str], conf: dict[str, str] | None = None,
+        pushed: bool = False,
     ) -> None:
         self._session: SparkSession | None = None
         self._error: BaseException | None = None
         self.seconds = 0.0
+        own_jvm = "PYSPARK_GATEWAY_PORT" not in os.environ
+        self.archive = plan_archive() if own_jvm else ClassArchive(ArchiveState.NONE)
+        #: The nice value to give the JVM back (``raise_priority``); None: not lowered.
+        self._nice: int | None = os.getpriority(os.PRIO_PROCESS, 0) if (
+            pushed and own_jvm and can_lower_jvm()) else None  # fmt: skip
+        if pushed and master is not None and master.startswith("spark://"):
+            # The checks see only the store's returned rows: one executor of one core
+            # (one JVM less starting on the machine), unless spark-submit says otherwise.
+            conf = {"spark.cores.max": str(PUSHED_CLUSTER_CORES), **(conf or {})}
+        self._nice_lock = threading.Lock()
 
         def start() -> None:
             started = time.monotonic()
             try:
-                self._session = build_session(master, jars, conf)
+                if self._nice is not None:
+                    lower_this_thread()
+                self._session = build_session(master, jars, conf, self.archive.java_options)
             except BaseException as exc:  # raised by get()
                 self._error = exc
             self.seconds = time.monotonic() - started
@@ -145,10 +175,36 @@ class SessionStarter:
         assert self._session is not None
         return self._session
 
-    def stop(self) -> None:
+    def raise_priority(self) -> None:
+        """The JVM back to this process's priority: the store's statements are done,
+        and the JVM is what the audit waits for now."""
+        with self._nice_lock:
+            if self._nice is None:
+                return
+            # The starting thread first (what it starts later inherits it), then what
+            # it started: the JVM (and, while it starts, the launcher's).
+            if self._thread.native_id is not None:
+                raise_back(self._thread.native_id, self._nice, tree=False)
+            raise_back(os.getpid(), self._nice, only_children=True)
+            self._nice = None
+
+    def stop(self) -> bool:
+        """Stop the session; when its JVM makes the class archive, end the JVM and
+        save the archive (a new session in this process starts a JVM of its own).
+        Whether an archive was saved."""
         self._thread.join()
-        if self._session is not None:
-            self._session.stop()
+        if self._session is None:
+            return False
+        self._session.stop()
+        if self.archive.state is not ArchiveState.MAKING:
+            return False
+        gateway = SparkContext._gateway
+        proc = getattr(gateway, "proc", None)
+        with contextlib.suppress(Exception):  # py4j's own shutdown: best effort
+            gateway.shutdown()  # type: ignore[union-attr]
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        return finish_archive(self.archive, proc)
 
 
 @contextlib.contextmanager
