@@ -443,7 +443,13 @@ def main(argv: list[str] | None = None) -> int:
         "--ab-conf", action="append", default=[], metavar="KEY=VALUE",
         help="a Spark setting on even runs only, e.g. spark.cores.max=2",
     )  # fmt: skip
+    ap.add_argument(
+        "--cluster-pids", default="",
+        help="comma-separated pids of a standalone master and workers: their CPU seconds "
+        "(the executors' too, which the workers reap) are counted as the audit's",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    cluster = [int(p) for p in args.cluster_pids.split(",") if p]
 
     server = None
     tmp = tempfile.mkdtemp(prefix="amqlite-audit-bench-")
@@ -477,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--master", args.master, "--progress"]  # fmt: skip
             load_before = os.getloadavg()
             pg0 = _cpu_of_tree(postmaster) if postmaster else None
+            cl0 = sum(_cpu_of_tree(p) for p in cluster)
             b_side = run % 2 == 0 and bool(args.ab_env or args.ab_conf)
             env = dict(os.environ)
             run_conf = dict(conf)
@@ -490,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             measured = json.loads(child.stdout.strip().splitlines()[-1])
             pg1 = _cpu_of_tree(postmaster) if postmaster else None
+            cluster_cpu = sum(_cpu_of_tree(p) for p in cluster) - cl0
             sql_s, sql_counts = (None, None)
             if not store.startswith("sqlite"):
                 sql_s, sql_counts = sql_lower_bound(store, now)
@@ -501,8 +509,10 @@ def main(argv: list[str] | None = None) -> int:
             rows = summary.get("rows_read", 0)
             cpu = None
             if pg0 is not None and pg1 is not None and pg2 is not None:
-                audit_cpu = measured["jvm_cpu_s"] + measured["python_cpu_s"] + pg1 - pg0
+                audit_cpu = (measured["jvm_cpu_s"] + measured["python_cpu_s"] + pg1 - pg0
+                             + cluster_cpu)  # fmt: skip
                 cpu = {
+                    "audit_cluster_cpu_s": round(cluster_cpu, 2) if cluster else None,
                     "audit_postgres_cpu_s": round(pg1 - pg0, 2),
                     "audit_jvm_cpu_s": measured["jvm_cpu_s"],
                     "audit_python_cpu_s": measured["python_cpu_s"],
@@ -557,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"run {run} {'B' if b_side else 'A'} archive={measured['jvm_class_archive']}: "
                 f"audit {audit_s} s / SQL {sql_s and round(sql_s, 2)} s = "
                 f"{sql_s and round(audit_s / sql_s, 2)}x wall; CPU audit "
-                f"{c.get('audit_cpu_s')} s (JVM {c.get('audit_jvm_cpu_s')}, PostgreSQL "
+                f"{c.get('audit_cpu_s')} s (JVM {c.get('audit_jvm_cpu_s')}, cluster "
+                f"{c.get('audit_cluster_cpu_s')}, PostgreSQL "
                 f"{c.get('audit_postgres_cpu_s')}) / SQL {c.get('sql_bound_postgres_cpu_s')} s = "
                 f"{c.get('audit_cpu_vs_sql')}x; load {load_before[0]:.2f} -> {load_after[0]:.2f}; "
                 f"found {summary.get('total')} of {planted} planted"

@@ -149,9 +149,10 @@ class SessionStarter:
         #: The nice value to give the JVM back (``raise_priority``); None: not lowered.
         self._nice: int | None = os.getpriority(os.PRIO_PROCESS, 0) if (
             pushed and own_jvm and can_lower_jvm()) else None  # fmt: skip
-        if pushed and master is not None and master.startswith("spark://"):
+        standalone = master is not None and master.startswith("spark://")
+        if pushed and own_jvm and standalone and not _user_sets(CORES_KEYS):
             # The checks see only the store's returned rows: one executor of one core
-            # (one JVM less starting on the machine), unless spark-submit says otherwise.
+            # (one JVM less starting on the machine), unless the user chose.
             conf = {"spark.cores.max": str(PUSHED_CLUSTER_CORES), **(conf or {})}
         self._nice_lock = threading.Lock()
 
@@ -205,6 +206,28 @@ class SessionStarter:
         SparkContext._gateway = None
         SparkContext._jvm = None
         return finish_archive(self.archive, proc)
+
+
+#: How a user gives the audit's application its cores on a standalone cluster.
+CORES_KEYS = ("spark.cores.max", "--total-executor-cores")
+
+
+def _user_sets(keys: Sequence[str]) -> bool:
+    """Whether the spark-submit arguments pyspark passes (``PYSPARK_SUBMIT_ARGS``) or
+    spark-defaults.conf name any of ``keys``: the builder's settings would override
+    them (pyspark sets its conf on the JVM's after the JVM starts)."""
+    import pyspark
+
+    text = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(
+        os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "conf"
+    )
+    defaults = os.path.join(conf_dir, "spark-defaults.conf")
+    with contextlib.suppress(OSError), open(defaults, encoding="utf-8") as f:
+        text += "\n" + "\n".join(
+            line for line in f.read().splitlines() if not line.lstrip().startswith("#")
+        )
+    return any(key in text for key in keys)
 
 
 @contextlib.contextmanager
