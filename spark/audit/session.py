@@ -150,6 +150,11 @@ class SessionStarter:
         self._nice: int | None = os.getpriority(os.PRIO_PROCESS, 0) if (
             pushed and own_jvm and can_lower_jvm()) else None  # fmt: skip
         standalone = master is not None and master.startswith("spark://")
+        if standalone and self.archive.state is ArchiveState.USED:
+            # Executors on this machine have the driver's class path and so can map its
+            # archive too; on another machine the path names nothing and is ignored.
+            executor_options = f"{AUDIT_JVM_OPTIONS} {self.archive.java_options}"
+            conf = {"spark.executor.extraJavaOptions": executor_options, **(conf or {})}
         if pushed and own_jvm and standalone and not _user_sets(CORES_KEYS):
             # The checks see only the store's returned rows: one executor of one core
             # (one JVM less starting on the machine), unless the user chose.
