@@ -128,6 +128,22 @@ def build_session(
     return spark
 
 
+def cluster_conf(master: str | None, pushed: bool, archive: ClassArchive) -> dict[str, str]:
+    """What the audit asks of a standalone cluster (``spark://``): its executors map
+    the driver's class archive (on the driver's machine they have its class path; on
+    another the path names nothing and is ignored), and, when the store runs the
+    statements (``pushed``) and the user chose no cores, ``PUSHED_CLUSTER_CORES``:
+    the checks see only the returned rows, and every executor more is a JVM more."""
+    if master is None or not master.startswith("spark://"):
+        return {}
+    conf: dict[str, str] = {}
+    if archive.state is ArchiveState.USED:
+        conf["spark.executor.extraJavaOptions"] = f"{AUDIT_JVM_OPTIONS} {archive.java_options}"
+    if pushed and not _user_sets(CORES_KEYS):
+        conf["spark.cores.max"] = str(PUSHED_CLUSTER_CORES)
+    return conf
+
+
 class SessionStarter:
     """A Spark session started in a thread, so that the driver's work in the store
     (``spark.audit.pool``) runs while the JVM, and on a cluster the executors, start.
@@ -149,16 +165,7 @@ class SessionStarter:
         #: The nice value to give the JVM back (``raise_priority``); None: not lowered.
         self._nice: int | None = os.getpriority(os.PRIO_PROCESS, 0) if (
             pushed and own_jvm and can_lower_jvm()) else None  # fmt: skip
-        standalone = master is not None and master.startswith("spark://")
-        if standalone and self.archive.state is ArchiveState.USED:
-            # Executors on this machine have the driver's class path and so can map its
-            # archive too; on another machine the path names nothing and is ignored.
-            executor_options = f"{AUDIT_JVM_OPTIONS} {self.archive.java_options}"
-            conf = {"spark.executor.extraJavaOptions": executor_options, **(conf or {})}
-        if pushed and own_jvm and standalone and not _user_sets(CORES_KEYS):
-            # The checks see only the store's returned rows: one executor of one core
-            # (one JVM less starting on the machine), unless the user chose.
-            conf = {"spark.cores.max": str(PUSHED_CLUSTER_CORES), **(conf or {})}
+        conf = {**cluster_conf(master, pushed and own_jvm, self.archive), **(conf or {})}
         self._nice_lock = threading.Lock()
 
         def start() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from spark.audit import jvm
 from spark.audit.jvm import ArchiveState, finish_archive, plan_archive
+from spark.audit.session import cluster_conf
 
 pytestmark = pytest.mark.spark
 
@@ -123,3 +124,25 @@ def test_the_jvm_starts_lower_and_is_raised_back() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_standalone_cluster_gives_one_core_and_its_executors_the_archive(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(cache.parent))  # no spark-defaults.conf
+    used = jvm.ClassArchive(ArchiveState.USED, cache / "a.jsa")
+    conf = cluster_conf("spark://127.0.0.1:7077", True, used)
+    assert conf["spark.cores.max"] == "1"
+    assert f"-XX:SharedArchiveFile={cache / 'a.jsa'}" in conf["spark.executor.extraJavaOptions"]
+    assert "-XX:+UseSerialGC" in conf["spark.executor.extraJavaOptions"]
+    # Spark reads every row itself (no pushed statements): all the cluster gives.
+    none = jvm.ClassArchive(ArchiveState.NONE)
+    assert cluster_conf("spark://127.0.0.1:7077", False, none) == {}
+    assert cluster_conf("local[*]", True, used) == {}  # local: executors are the driver
+    # The user's choice wins (pyspark would set the builder's over spark-submit's).
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--total-executor-cores 2 pyspark-shell")
+    assert "spark.cores.max" not in cluster_conf("spark://127.0.0.1:7077", True, none)
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
+    (cache.parent / "spark-defaults.conf").write_text("spark.cores.max 4\n")
+    assert "spark.cores.max" not in cluster_conf("spark://127.0.0.1:7077", True, none)
