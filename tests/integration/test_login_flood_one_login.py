@@ -60,9 +60,11 @@ def connect_bytes(login: str, passcode: str) -> bytes:
 class OneLoginFlood(threading.Thread):
     """Sockets sending a wrong passcode for ``login``, opened as fast as one thread can."""
 
-    def __init__(self, port: int, login: str, passcode: Callable[[int], str]) -> None:
+    def __init__(self, port: int, login: str, passcode: Callable[[int], str],
+                 source: str = HOST) -> None:
         super().__init__(daemon=True)
         self.port, self.login, self.passcode = port, login, passcode
+        self.source = source
         self.stopping = threading.Event()
         self.sent = 0
         self.failed = 0
@@ -74,7 +76,8 @@ class OneLoginFlood(threading.Thread):
         try:
             while not self.stopping.is_set():
                 try:
-                    sock = socket.create_connection((HOST, self.port), timeout=5)
+                    sock = socket.create_connection((HOST, self.port), timeout=5,
+                                                    source_address=(self.source, 0))
                     sock.sendall(connect_bytes(self.login, self.passcode(self.sent)))
                 except OSError:
                     self.failed += 1
@@ -142,10 +145,12 @@ class Floods:
 
 
 def start_flood(floods: list[OneLoginFlood], port: int,
-                passcode: Callable[[int], str], run_in: float = FLOOD_RUN_IN) -> Floods:
+                passcode: Callable[[int], str], run_in: float = FLOOD_RUN_IN,
+                sources: tuple[str, ...] = (HOST,)) -> Floods:
     new = []
     for n in range(FLOOD_THREADS):
-        flood = OneLoginFlood(port, ALICE, lambda i, n=n: passcode(i * FLOOD_THREADS + n))
+        flood = OneLoginFlood(port, ALICE, lambda i, n=n: passcode(i * FLOOD_THREADS + n),
+                              source=sources[n % len(sources)])
         floods.append(flood)
         new.append(flood)
         flood.start()
@@ -326,6 +331,37 @@ def test_login_never_verified_retrying_gets_in_during_flood_of_unique_passcodes(
     flood.stop()
     said = (f"alice retrying a new password each round, during a flood of "
             f"{flood.rate:.0f} unique passcodes/s: (s, tries) {logins}")
+    print(said)
+    assert flood.rate >= MIN_FLOOD_RATE, f"the flood ran at {flood.rate:.0f}/s only"
+    assert max(t for t, _ in logins) <= LOGIN_DEADLINE, f"{said}\n{broker.log_tail()}"
+
+
+#: Loopback addresses the flood comes from in the test below (one a flood thread), none
+#: of them alice's (127.0.0.1): many clients of a botnet, not her NAT.
+OTHER_ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
+
+
+@pytest.mark.parametrize("passcodes", ["same", "unique"])
+def test_login_never_verified_gets_in_during_flood_from_other_addresses(
+        broker: BrokerProcess, users_file: Path, floods: list[OneLoginFlood],
+        passcodes: str) -> None:
+    """The issue's "from any address": a flood of wrong passcodes for alice from four
+    other addresses (one repeated passcode, or a new one on every socket); round after
+    round alice gets a new password (never verified) and logs in from 127.0.0.1, trying
+    again after "server busy" as a client would: CONNECTED within LOGIN_DEADLINE of her
+    first try."""
+    flood = start_flood(floods, broker.port,
+                        (lambda i: "wrong") if passcodes == "same" else (lambda i: f"u-{i}"),
+                        sources=OTHER_ADDRESSES)
+    logins = []
+    for n in range(NEW_PASSWORD_ROUNDS):
+        password = f"alice-elsewhere-{n}"
+        set_password(broker, users_file, password)
+        logins.append(retrying_login(broker.port, ALICE, password, LOGIN_DEADLINE))
+    flood.stop()
+    said = (f"alice from 127.0.0.1 with a new password each round, during a flood of "
+            f"{flood.rate:.0f} sockets/s from {len(OTHER_ADDRESSES)} other addresses "
+            f"({passcodes}): (s, tries) {[(round(t, 3), k) for t, k in logins]}")
     print(said)
     assert flood.rate >= MIN_FLOOD_RATE, f"the flood ran at {flood.rate:.0f}/s only"
     assert max(t for t, _ in logins) <= LOGIN_DEADLINE, f"{said}\n{broker.log_tail()}"

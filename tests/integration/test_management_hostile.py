@@ -50,9 +50,14 @@ auto_create = true
 """
 
 
+#: A name the node is told to answer to (``http_allowed_hosts``: a reverse proxy's).
+PROXY_NAME = "broker.internal"
+
+
 @pytest.fixture(scope="module")
 def broker(module_factory: BrokerFactory) -> BrokerProcess:
-    return start_with_http(module_factory, "hostile")
+    return start_with_http(module_factory, "hostile",
+                           env={"AMQLITE_HTTP_ALLOWED_HOSTS": PROXY_NAME})
 
 
 @pytest.fixture
@@ -100,21 +105,36 @@ def test_bad_numbers_and_bodies_are_one_line_4xx(api: Api, broker: BrokerProcess
     assert "Traceback" not in log and "internal error" not in log
 
 
-def test_a_host_this_node_does_not_serve_is_refused(api: Api, broker: BrokerProcess) -> None:
+def test_a_host_this_node_does_not_serve_is_refused(api: Api, broker: BrokerProcess,
+                                                    clients: ClientPool) -> None:
     """DNS rebinding: evil.example resolving to 127.0.0.1 reaches the listener with its
-    own name in Host; refused before routing and before any action."""
+    own name in Host; refused before routing and before any action: the issue's purge
+    and browse (which returned the bodies) included. The names the node serves (its
+    address, localhost, http_allowed_hosts) are answered, a purge among them."""
     port = broker.http.rsplit(":", 1)[1]  # type: ignore[attr-defined]
     dest = f"/queue/{unique('rebind')}"
+    clients(broker.port).send(dest, "secret-body")
+    wait_until(lambda: (d := api.destination(dest)) and d["waiting"] == 1,
+               what="one message waiting")
+    browse = f"/api/v1/messages{dest}"
     for host in (f"evil.example:{port}", "evil.example", f"10.0.0.1:{port}",
-                 f"127.0.0.1.evil.example:{port}"):
+                 f"127.0.0.1.evil.example:{port}", f"{PROXY_NAME}.evil.example:{port}"):
         for method, path in (("GET", "/api/v1/node"), ("GET", "/metrics"),
                              ("GET", "/healthz"), ("POST", f"/api/v1/purge{dest}"),
-                             ("GET", "/nothing")):
+                             ("GET", browse), ("GET", "/nothing")):
             status, body, _ = api.call(method, path, headers={
                 "Host": host, "Origin": f"http://{host}"})
             assert status == 421 and "host" in body["error"], (host, path, status, body)
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+            assert "secret-body" not in str(body)
+    assert api.destination(dest)["waiting"] == 1  # nothing purged
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}",
+                 f"{PROXY_NAME}:{port}"):
         assert api.call("GET", "/api/v1/node", headers={"Host": host})[0] == 200, host
+    status, body, _ = api.call("GET", browse, headers={"Host": f"{PROXY_NAME}:{port}"})
+    assert status == 200 and [m["body"] for m in body["messages"]] == ["secret-body"], body
+    status, body, _ = api.call("POST", f"/api/v1/purge{dest}", headers={
+        "Host": f"{PROXY_NAME}:{port}", "Origin": f"http://{PROXY_NAME}:{port}"})
+    assert status == 200 and body["purged"] == 1, body
 
 
 def test_state_changes_need_the_listeners_own_origin(api: Api, broker: BrokerProcess,
