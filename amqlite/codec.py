@@ -13,6 +13,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from amqlite.frame_rules import (
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_HEADER_COUNT,
+    DEFAULT_MAX_HEADER_LENGTH,
+    MAX_CONTENT_LENGTH,
+    Limits,
+    ProtocolError,
+    header_too_long,
+    parse_uint,
+    too_many_headers,
+)
 from amqlite.wire import STOMP_1_0, STOMP_1_2, SUPPORTED_VERSIONS
 
 __all__ = [
@@ -33,8 +44,6 @@ __all__ = [
     "parse_uint",
 ]
 
-Fault = Literal["remote", "local"]
-
 # SUPPORTED_VERSIONS (amqlite.wire, re-exported): the versions this codec knows how to
 # escape; anything else is a caller bug (local).
 
@@ -47,94 +56,6 @@ HANDSHAKE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "STOMP", "CONNECTED"}
 #: put a space after the colon ("login: <username>") and ActiveMQ trims 1.0 values
 #: (Java's String.trim); 1.1 and 1.2 keep every byte.
 TRIMMED_1_0 = " \t"
-
-# ActiveMQ's StompWireFormat.MAX_HEADERS: more headers than this is an attack, not a message.
-DEFAULT_MAX_HEADER_COUNT = 1000
-# ActiveMQ's StompWireFormat.MAX_HEADER_LENGTH (10 KiB per "name:value" line).
-DEFAULT_MAX_HEADER_LENGTH = 10 * 1024
-# ActiveMQ allows 100 MB (maxDataLength) because the JVM streams frames into one buffer.
-# In CPython a frame lives as the receive buffer, the body bytes and the store row at once,
-# per connection, so 100 MB x a few connections would exhaust a small broker's RAM;
-# 10 MiB is still far above any sane STOMP message.
-DEFAULT_MAX_FRAME_SIZE = 10 * 1024 * 1024
-
-
-#: The largest content-length we parse at all: a signed 64-bit size, what every other
-#: STOMP implementation (Java's long) can hold. Anything bigger fails the frame-size
-#: limit anyway; the cap only keeps int() off a 5,000-digit string.
-MAX_CONTENT_LENGTH = 2**63 - 1
-
-
-#: Digits of each bound parse_uint was called with (a handful of constants).
-_DIGITS: dict[int, int] = {}
-
-
-def parse_uint(text: str, max_value: int) -> int | None:
-    """``text`` as a non-negative integer in ``0..max_value``, or None.
-
-    The one strict integer parser for client input: ASCII digits only (``int()`` also
-    takes ``1_0``, signs, spaces and non-ASCII digits), and the digit count is capped
-    before ``int()`` runs, so a 5,000-digit value costs nothing and raises nothing.
-    Leading zeros are allowed (``007`` is 7), as Java's parseInt allows them.
-    """
-    if not (text.isascii() and text.isdigit()):
-        return None  # also the empty string
-    digits = _DIGITS.get(max_value)
-    if digits is None:
-        digits = _DIGITS[max_value] = len(str(max_value))
-    if len(text) > digits:
-        text = text.lstrip("0") or "0"  # header lines are bounded: at most 10 KiB
-        if len(text) > digits:
-            return None
-    value = int(text)
-    return value if value <= max_value else None
-
-
-class ProtocolError(Exception):
-    """A STOMP protocol violation, attributed to whoever caused it.
-
-    ``fault="remote"``: the peer sent something bad (answer with ERROR and close).
-    ``fault="local"``: our own code asked to send something invalid (a bug here).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        detail: str = "",
-        *,
-        fault: Fault = "remote",
-        receipt_id: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(f"{message}: {detail}" if detail else message)
-        self.fault: Fault = fault
-        self.message = message
-        self.detail = detail
-        self.receipt_id = receipt_id
-        # Extra ERROR frame headers the spec asks for (e.g. ``version`` on failed negotiation).
-        self.headers: dict[str, str] = dict(headers or {})
-
-    def __repr__(self) -> str:
-        return (
-            f"ProtocolError({self.message!r}, {self.detail!r}, fault={self.fault!r}, "
-            f"receipt_id={self.receipt_id!r})"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Per-connection parser limits; a violation is the peer's fault."""
-
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
-    max_header_length: int = DEFAULT_MAX_HEADER_LENGTH
-
-    def __post_init__(self) -> None:
-        for name in ("max_frame_size", "max_header_count", "max_header_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
-
 
 @dataclass(slots=True)
 class Frame:
@@ -309,13 +230,28 @@ _IDLE = 0  # between frames: skipping EOLs
 _HEAD = 1  # inside command + headers
 _BODY = 2  # headers parsed, waiting for the body / NUL
 
+#: A frame whose body has this much buffered without being complete is held as the
+#: list of reads it arrives in (``FrameParser._pieces``), joined once when it completes,
+#: instead of one buffer grown by each read: a bytearray grows by about 1/8 at a time, so
+#: a 10 MiB body was reallocated some 37 times (each a copy unless the allocator extends
+#: it in place) and held up to 1/8 spare capacity: 10 MiB in 64 KiB reads took 19-29 ms,
+#: now under 1 ms (bench/partial_frame_bench.py). Below it (every frame of the usual
+#: traffic) one buffer is cheaper than a list. 128 KiB: two of a slow sender's reads.
+PIECES_AFTER = 128 * 1024
+#: Reads shorter than this are gathered before they join the pieces, so that a client
+#: trickling a big frame a few bytes at a time does not make the broker hold one bytes
+#: object (33 bytes of header, 8 of list slot) per few bytes; 64 KiB: 0.06 % of it.
+PIECE_MIN = 64 * 1024
+
 
 class FrameParser:
     """Incremental STOMP frame parser.
 
     ``feed`` may be called with any slicing of the stream; parsed frames and heart-beats come
     back in order. Limits are enforced as bytes arrive, so a hostile peer can never make us
-    buffer more than ``max_frame_size`` (plus one chunk) for a frame.
+    buffer more than ``max_frame_size`` (plus one chunk) for a frame. A body past
+    ``PIECES_AFTER`` is kept as the reads it arrives in and joined once (no re-copying
+    as it grows); the answers are the same however the stream is cut.
 
     ``version`` selects header unescaping; the owner sets it after negotiation. ``hold_after``
     names commands after which parsing pauses (data is kept) until :meth:`resume`: the
@@ -340,6 +276,13 @@ class FrameParser:
         self._content_length: int | None = None
         self._command = ""
         self._headers: dict[str, str] = {}
+        # A big body in progress (PIECES_AFTER), outside _buf: the head's length, the
+        # reads so far (PIECE_MIN or more each) and the short ones not yet among them.
+        self._pieces = False
+        self._head_len = 0
+        self._parts: list[bytes] = []
+        self._parts_len = 0  # body bytes in _parts and _tail
+        self._tail = bytearray()
 
     @property
     def held(self) -> bool:
@@ -349,6 +292,8 @@ class FrameParser:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
+        if self._pieces:
+            return self._head_len + self._parts_len
         return len(self._buf)
 
     def resume(self) -> None:
@@ -359,6 +304,8 @@ class FrameParser:
         """Consume ``data`` and return every frame and heart-beat it completes."""
         if not isinstance(data, bytes | bytearray):
             data = bytes(data)
+        if self._pieces:
+            return self._feed_pieces(data)
         buf: bytes | bytearray
         if self._buf:
             self._buf += data
@@ -385,6 +332,8 @@ class FrameParser:
             self._buf = bytearray()  # also drops the capacity a big frame left behind
         elif pos:
             del self._buf[:pos]  # O(1)-ish in CPython: bytearray moves its start pointer
+        if self._state == _BODY and len(self._buf) - self._body_start >= PIECES_AFTER:
+            self._to_pieces()
         return out
 
     def _reset(self) -> None:
@@ -392,6 +341,91 @@ class FrameParser:
         self._state = _IDLE
         self._held = False
         self._headers = {}
+        self._end_pieces()
+
+    def _to_pieces(self) -> None:
+        """Hold the body in progress as pieces from now on (its head is parsed)."""
+        body_start = self._body_start
+        with memoryview(self._buf) as view:
+            first = view[body_start:].tobytes()
+        self._buf = bytearray()
+        self._pieces = True
+        self._head_len = body_start
+        self._parts = [first]
+        self._parts_len = len(first)
+
+    def _end_pieces(self) -> None:
+        self._pieces = False
+        self._head_len = self._parts_len = 0
+        self._parts = []
+        self._tail = bytearray()
+
+    def _feed_pieces(self, data: bytes | bytearray) -> list[ParsedItem]:
+        """``feed`` while a big body is held in pieces: the same checks and errors as
+        ``_parse``'s body state, on this read alone (the pieces held hold no NUL)."""
+        if type(data) is not bytes:
+            data = bytes(data)  # kept by reference below: it must not change
+        try:
+            at = self._body_end(data)
+        except ProtocolError:
+            self._reset()
+            raise
+        if at < 0:
+            self._keep(data)
+            return []
+        if at:
+            self._keep(data[:at])
+        if self._tail:
+            self._parts.append(bytes(self._tail))
+        frame = Frame(self._command, self._headers, b"".join(self._parts))
+        self._headers = {}
+        self._end_pieces()
+        self._state = _IDLE
+        rest = data[at + 1:]
+        if frame.command in self.hold_after:
+            self._held = True
+            self._buf += rest
+            return [frame]
+        if not rest:
+            return [frame]
+        return [frame, *self.feed(rest)]
+
+    def _body_end(self, data: bytes) -> int:
+        """Where in ``data`` the held body's NUL is, or -1 if not in it; raises what
+        ``_parse`` raises for the same frame."""
+        held = self._parts_len
+        length = self._content_length
+        if length is not None:  # its size was checked against the limit with the head
+            at = length - held
+            if at >= len(data):
+                return -1
+            if data[at] != 0:
+                raise self._unterminated(length)
+            return at
+        max_frame = self.limits.max_frame_size
+        at = data.find(b"\x00")
+        if at < 0:
+            if self._head_len + held + len(data) > max_frame:
+                raise self._limit_error(
+                    "frame too large", f"frame exceeds {max_frame} bytes before its NUL")
+            return -1
+        if self._head_len + held + at > max_frame:
+            raise self._limit_error("frame too large", f"frame exceeds {max_frame} bytes")
+        return at
+
+    def _keep(self, data: bytes) -> None:
+        """Add ``data`` to the held body: as a piece of its own, or gathered when short."""
+        self._parts_len += len(data)
+        if len(data) >= PIECE_MIN:
+            if self._tail:
+                self._parts.append(bytes(self._tail))
+                self._tail = bytearray()
+            self._parts.append(data)
+            return
+        self._tail += data
+        if len(self._tail) >= PIECE_MIN:
+            self._parts.append(bytes(self._tail))
+            self._tail = bytearray()
 
     def _check_held_size(self, size: int) -> None:
         if size > self.limits.max_frame_size:
@@ -464,12 +498,7 @@ class FrameParser:
                 if nul >= end:
                     break
                 if buf[nul] != 0:
-                    raise ProtocolError(
-                        "malformed frame",
-                        f"{self._command} frame not terminated by NUL after content-length "
-                        f"{length} bytes",
-                        receipt_id=self._headers.get("receipt"),
-                    )
+                    raise self._unterminated(length)
             else:
                 nul = buf.find(b"\x00", self._body_scan)
                 if nul < 0:
@@ -509,6 +538,14 @@ class FrameParser:
     def _limit_error(self, message: str, detail: str) -> ProtocolError:
         return ProtocolError(message, detail, receipt_id=self._headers.get("receipt"))
 
+    def _unterminated(self, length: int) -> ProtocolError:
+        return ProtocolError(
+            "malformed frame",
+            f"{self._command} frame not terminated by NUL after content-length {length} "
+            f"bytes",
+            receipt_id=self._headers.get("receipt"),
+        )
+
     def _check_partial_head(self, buf: bytes | bytearray, start: int, end: int) -> None:
         """Enforce limits on headers still in flight, resuming where the last call stopped."""
         limits = self.limits
@@ -526,11 +563,11 @@ class FrameParser:
             self._check_line_length(buf, line_start, nl, max_len)
             count += 1
             if count - 1 > limits.max_header_count:
-                raise _too_many_headers(limits.max_header_count)
+                raise too_many_headers(limits.max_header_count)
             line_start = nl + 1
         # The incomplete tail may still get its CR; allow that one byte.
         if end - line_start > max_len + 1:
-            raise _header_too_long(max_len, end - line_start)
+            raise header_too_long(max_len, end - line_start)
         self._line_start = line_start
         self._line_count = count
 
@@ -540,7 +577,7 @@ class FrameParser:
         if length > 0 and buf[nl - 1] == 13:
             length -= 1
         if length > max_len:
-            raise _header_too_long(max_len, length)
+            raise header_too_long(max_len, length)
 
     def _receipt_of_bad_head(self, raw: bytes) -> str | None:
         """Best effort, for the ERROR of a head we refuse: its ``receipt``, when that
@@ -583,7 +620,7 @@ class FrameParser:
         if has_cr:
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         if len(lines) - 1 > limits.max_header_count:
-            raise _too_many_headers(limits.max_header_count)
+            raise too_many_headers(limits.max_header_count)
         command = lines[0]
         if not command:
             raise ProtocolError("malformed frame", "empty command line")
@@ -655,11 +692,3 @@ def _receipt_line(raw: bytes) -> bytes | None:
         if line.startswith(b"receipt:"):
             return line[len(b"receipt:"):].rstrip(b"\r")
     return None
-
-
-def _too_many_headers(limit: int) -> ProtocolError:
-    return ProtocolError("too many headers", f"frame has more than {limit} headers")
-
-
-def _header_too_long(limit: int, length: int) -> ProtocolError:
-    return ProtocolError("header too long", f"header line of {length} bytes exceeds {limit}")

@@ -24,6 +24,7 @@ PURE_ENV = "AMQLITE_PURE_PYTHON"
 #: class does not allow.
 HOT_MODULES = (
     "amqlite.codec",
+    "amqlite.frame_rules",  # the codec's limits and ProtocolError, split off for its size
     "amqlite.protocol",
     "amqlite.validation",
     "amqlite.broker.send",

@@ -8,6 +8,7 @@ Prints {"compiled": bool, "cases": [...]}: per case what ``FrameParser.feed`` re
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -33,6 +34,19 @@ PARSE_CASES: list[tuple[bytes, str, Limits | None]] = [
     (b"SEND\ndestination:/q\n\n\xff\xfe\x00SUBSCRIBE\nid:0\ndestination:/t\n\n\x00", "1.1", None),
 ]
 
+#: Big frames (past amqlite.codec.PIECES_AFTER, whose body is held as the reads it
+#: arrives in), fed in 64 KiB and in 1,000-byte reads: with and without content-length,
+#: a frame behind them in the same read, and each refusal of the body state.
+_BIG = 600 * 1024
+_BIG_LIMITS = Limits(max_frame_size=_BIG)
+BIG_CASES: list[tuple[bytes, str, Limits | None]] = [
+    (b"SEND\ndestination:/q\n\n" + b"a" * _BIG + b"\x00ACK\nid:1\n\n\x00\n", "1.2", None),
+    (b"SEND\ncontent-length:%d\n\n" % _BIG + b"\x00b" * (_BIG // 2) + b"\x00\n", "1.2", None),
+    (b"SEND\ndestination:/q\nreceipt:r\n\n" + b"c" * _BIG, "1.2", _BIG_LIMITS),
+    (b"SEND\nreceipt:r\n\n" + b"d" * (_BIG - 16) + b"\x00", "1.2", _BIG_LIMITS),
+    (b"SEND\ncontent-length:%d\n\n" % (_BIG // 2) + b"e" * (_BIG // 2) + b"!", "1.2", None),
+]
+
 #: (frame, version): frames the encoder writes (escapes per version, content-length).
 ENCODE_CASES: list[tuple[Frame, str]] = [
     (Frame("MESSAGE", {"destination": "/queue/a", "k:ey": "v\na\\l"}, b"body"), "1.2"),
@@ -47,7 +61,8 @@ def item(x: Any) -> Any:
     if x is HEARTBEAT:
         return "heartbeat"
     assert isinstance(x, Frame)
-    return [x.command, list(x.headers.items()), x.body.hex()]
+    body = x.body.hex() if len(x.body) <= 1024 else hashlib.sha256(x.body).hexdigest()
+    return [x.command, list(x.headers.items()), body]
 
 
 def parse(stream: bytes, version: str, limits: Limits | None, chunk: int) -> Any:
@@ -70,6 +85,7 @@ def encode(frame: Frame, version: str) -> Any:
 
 def main() -> None:
     cases = [[parse(s, v, lim, len(s)), parse(s, v, lim, 1)] for s, v, lim in PARSE_CASES]
+    cases += [[parse(s, v, lim, 64 * 1024), parse(s, v, lim, 1000)] for s, v, lim in BIG_CASES]
     cases += [encode(f, v) for f, v in ENCODE_CASES]
     print(json.dumps({"compiled": is_compiled("amqlite.codec"), "cases": cases}))
 

@@ -31,7 +31,8 @@ BUILD_TIMEOUT = 900
 SOURCES = ("amqlite", "store", "lockers", "cli", "spark", "setup.py", "pyproject.toml",
            "README.md", "docs/openapi.yaml")
 #: The in-process tests of the compiled modules.
-SUITES = ("tests/unit/test_codec.py", "tests/unit/test_protocol.py",
+SUITES = ("tests/unit/test_codec.py", "tests/unit/test_codec_big_frames.py",
+          "tests/unit/test_protocol.py",
           "tests/unit/test_protocol_client.py", "tests/unit/test_protocol_heartbeat.py",
           "tests/unit/test_protocol_hold.py", "tests/unit/test_protocol_state.py",
           "tests/unit/test_validation.py", "tests/unit/test_wire.py", "tests/broker")

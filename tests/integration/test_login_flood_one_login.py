@@ -315,6 +315,18 @@ def retrying_login(port: int, login: str, passcode: str, deadline: float) -> tup
     raise AssertionError(f"{login} not logged in within {deadline + 5:g} s ({tries} tries)")
 
 
+def retrying_rounds(broker: BrokerProcess, users_file: Path,
+                    prefix: str) -> list[tuple[float, int]]:
+    """NEW_PASSWORD_ROUNDS times: alice gets a new password, never verified, and logs in
+    with it, retrying after "server busy" (``retrying_login``: seconds, tries)."""
+    logins = []
+    for n in range(NEW_PASSWORD_ROUNDS):
+        password = f"{prefix}-{n}"
+        set_password(broker, users_file, password)
+        logins.append(retrying_login(broker.port, ALICE, password, LOGIN_DEADLINE))
+    return logins
+
+
 def test_login_never_verified_retrying_gets_in_during_flood_of_unique_passcodes(
         broker: BrokerProcess, users_file: Path, floods: list[OneLoginFlood]) -> None:
     """A flood of wrong passcodes for alice from her own address, a new one on every
@@ -323,11 +335,7 @@ def test_login_never_verified_retrying_gets_in_during_flood_of_unique_passcodes(
     within LOGIN_DEADLINE of its first try (its passcode, tried again, is preferred to
     the flood's, each tried once: ``amqlite.auth.CheckGroup.rank``)."""
     flood = start_flood(floods, broker.port, lambda i: f"unique-{i}")
-    logins = []
-    for n in range(NEW_PASSWORD_ROUNDS):
-        password = f"alice-retry-{n}"
-        set_password(broker, users_file, password)
-        logins.append(retrying_login(broker.port, ALICE, password, LOGIN_DEADLINE))
+    logins = retrying_rounds(broker, users_file, "alice-retry")
     flood.stop()
     said = (f"alice retrying a new password each round, during a flood of "
             f"{flood.rate:.0f} unique passcodes/s: (s, tries) {logins}")
@@ -353,11 +361,7 @@ def test_login_never_verified_gets_in_during_flood_from_other_addresses(
     flood = start_flood(floods, broker.port,
                         (lambda i: "wrong") if passcodes == "same" else (lambda i: f"u-{i}"),
                         sources=OTHER_ADDRESSES)
-    logins = []
-    for n in range(NEW_PASSWORD_ROUNDS):
-        password = f"alice-elsewhere-{n}"
-        set_password(broker, users_file, password)
-        logins.append(retrying_login(broker.port, ALICE, password, LOGIN_DEADLINE))
+    logins = retrying_rounds(broker, users_file, "alice-elsewhere")
     flood.stop()
     said = (f"alice from 127.0.0.1 with a new password each round, during a flood of "
             f"{flood.rate:.0f} sockets/s from {len(OTHER_ADDRESSES)} other addresses "

@@ -63,17 +63,19 @@ def proc_status(pid: int, field: str) -> int:
 class RssBound:
     """The broker's idle RSS when created; ``check`` asserts the peak since start."""
 
-    def __init__(self, broker: BrokerProcess, budget: int = BUDGET) -> None:
+    def __init__(self, broker: BrokerProcess, budget: int = BUDGET,
+                 overhead: int = RSS_OVERHEAD) -> None:
         self.broker = broker
         self.budget = budget
+        self.overhead = overhead
         self.idle = proc_status(broker.pid, "VmRSS")
-        self.limit = self.idle + budget + RSS_OVERHEAD
+        self.limit = self.idle + budget + overhead
 
     def check(self) -> None:
         peak = proc_status(self.broker.pid, "VmHWM")
         assert peak <= self.limit, (
             f"broker peak RSS {peak / MIB:.1f} MiB > idle {self.idle / MIB:.1f} MiB + budget "
-            f"{self.budget / MIB:.0f} MiB + overhead {RSS_OVERHEAD / MIB:.0f} MiB")
+            f"{self.budget / MIB:.0f} MiB + overhead {self.overhead / MIB:.0f} MiB")
         print(f"peak RSS {peak / MIB:.1f} MiB = idle {self.idle / MIB:.1f} + "
               f"{(peak - self.idle) / MIB:.1f} MiB (limit {self.limit / MIB:.1f})")
 
