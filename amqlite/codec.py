@@ -234,9 +234,10 @@ _BODY = 2  # headers parsed, waiting for the body / NUL
 #: list of reads it arrives in (``FrameParser._pieces``), joined once when it completes,
 #: instead of one buffer grown by each read: a bytearray grows by about 1/8 at a time, so
 #: a 10 MiB body was reallocated some 37 times (each a copy unless the allocator extends
-#: it in place) and held up to 1/8 spare capacity: 10 MiB in 64 KiB reads took 19-29 ms,
-#: now under 1 ms (bench/partial_frame_bench.py). Below it (every frame of the usual
-#: traffic) one buffer is cheaper than a list. 128 KiB: two of a slow sender's reads.
+#: or remaps it) and held up to 1/8 spare capacity; the held-memory tests' brokers peak
+#: 8-12 MiB lower without (bench/README.md, "Partial frames held as their reads").
+#: Below it (every frame of the usual traffic) one buffer is cheaper than a list.
+#: 128 KiB: two of a slow sender's 64 KiB reads.
 PIECES_AFTER = 128 * 1024
 #: Reads shorter than this are gathered before they join the pieces, so that a client
 #: trickling a big frame a few bytes at a time does not make the broker hold one bytes
