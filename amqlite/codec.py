@@ -235,7 +235,7 @@ _BODY = 2  # headers parsed, waiting for the body / NUL
 #: instead of one buffer grown by each read: a bytearray grows by about 1/8 at a time, so
 #: a 10 MiB body was reallocated some 37 times (each a copy unless the allocator extends
 #: or remaps it) and held up to 1/8 spare capacity; the held-memory tests' brokers peak
-#: 8-12 MiB lower without (bench/README.md, "Partial frames held as their reads").
+#: 7-13 MiB lower this way (bench/README.md, "Partial frames held as their reads").
 #: Below it (every frame of the usual traffic) one buffer is cheaper than a list.
 #: 128 KiB: two of a slow sender's 64 KiB reads.
 PIECES_AFTER = 128 * 1024
