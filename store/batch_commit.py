@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, insert, text
 
-from store import pg_arrays, pg_batch, schema
+from store import pg_batch, schema
 from store.api import (
     Batch,
     BatchResult,
@@ -25,6 +25,7 @@ from store.api import (
 )
 from store.errors import store_error
 from store.fencing import Changes, FencedStore
+from store.pg_pipeline import Pipeline
 from store.statements import chunks, encode_headers, now_ms
 
 #: The store's log lines keep the logger name they always had (``store.sql``),
@@ -61,9 +62,10 @@ class BatchCommitting(FencedStore):
                 proxy = self.engine.raw_connection()
                 writer = proxy.driver_connection
                 proxy.detach()  # ours for good: no pool reset between batches
-                pg_arrays.register(writer)
                 self._writer = writer
-            result = pg_batch.commit(self._writer, self.group, epoch, batch, now_ms(),
+                self._pipeline = Pipeline(writer)
+            assert self._pipeline is not None
+            result = pg_batch.commit(self._pipeline, self.group, epoch, batch, now_ms(),
                                      encode_headers)
         except Exception as e:  # a database error, or e.g. a value it cannot encode
             # Whatever failed, the connection's state is unknown (the fence may

@@ -41,6 +41,7 @@ from store.api import Fenced, StaleClaim, Store, StoreError, StoreUnusable
 from store.engine import make_engine, retry_while_locked, store_application_name
 from store.errors import is_lock_timeout, is_permanent, store_error
 from store.migrations import ensure_schema
+from store.pg_pipeline import Pipeline
 from store.statements import ARRAY_CHUNK, IN_CHUNK, Statements, greatest, now_ms
 from store.url import parse_store_url
 
@@ -88,6 +89,8 @@ class FencedStore(Store):
         #: PostgreSQL: the committer thread's own connection for pipelined
         #: batches (``store.pg_batch``), outside the pool.
         self._writer: psycopg.Connection[Any] | None = None
+        #: What drives it (libpq's pipeline mode, its prepared statements).
+        self._pipeline: Pipeline | None = None
         #: Batches committed by the one-round-trip path (for tests and metrics).
         self.pipelined_commits = 0
         self._sqlite = self.dialect == "sqlite"
@@ -159,6 +162,7 @@ class FencedStore(Store):
 
     def _discard_writer(self) -> None:
         writer, self._writer = self._writer, None
+        self._pipeline = None
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()  # an open transaction is rolled back by the server

@@ -104,10 +104,10 @@ class GroupCommitter:
         #: call), None while it waits for work: how long a commit has been stuck
         #: (amqlite.replication diagnoses one stuck on a missing synchronous standby).
         self.busy_since: float | None = None
-        self._thread = threading.Thread(
+        self._worker = threading.Thread(
             target=self._run, name=f"amqlite-store-{store.group}", daemon=True
         )
-        self._thread.start()
+        self._worker.start()
 
     # -- loop side -----------------------------------------------------------
     @property
@@ -162,8 +162,8 @@ class GroupCommitter:
 
     def join(self, timeout: float | None = None) -> bool:
         """Block until the thread ended (for synchronous callers); True if it did."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        self._worker.join(timeout)
+        return not self._worker.is_alive()
 
     # -- store thread --------------------------------------------------------
     def _post(self, fn: Callable[..., None], *args: Any) -> None:

@@ -5,8 +5,8 @@ psycopg dumps a Python list to a binary array one element at a time in Python
 nesting and element type). The group commit sends a dozen one-dimensional
 arrays per transaction, and that loop was most of the committer thread's CPU
 under W1 (bench/README.md, session 9). Here each array is packed with C-level
-``struct``/``bytes.join`` calls into a ``bytes`` subclass whose psycopg dumper
-passes it through with the array's type oid.
+``struct``/``bytes.join`` calls into the bytes of a binary parameter, which
+``store.pg_pipeline`` sends with the array's type oid.
 
 The format (``array_recv``): ndim, has-null flag, element oid, then per dimension
 its length and lower bound, then per element its byte length (-1: NULL) and bytes.
@@ -17,10 +17,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from itertools import repeat
-from typing import Any
-
-from psycopg.adapt import Dumper
-from psycopg.pq import Format
 
 _HEAD = struct.Struct(">iiiii")  # ndim 1, has_null, element oid, length, lower bound 1
 _EMPTY = struct.Struct(">iii")  # ndim 0, has_null 0, element oid
@@ -34,69 +30,6 @@ _INT2 = struct.Struct(">ih")
 INT8_OID, INT4_OID, INT2_OID, TEXT_OID, BYTEA_OID = 20, 23, 21, 25, 17
 INT8_ARRAY_OID, INT4_ARRAY_OID, INT2_ARRAY_OID = 1016, 1007, 1005
 TEXT_ARRAY_OID, BYTEA_ARRAY_OID = 1009, 1001
-
-
-class PackedArray(bytes):
-    """An array already in binary form (its subclass says which type)."""
-
-    __slots__ = ()
-
-
-class Int8Array(PackedArray):
-    __slots__ = ()
-
-
-class Int4Array(PackedArray):
-    __slots__ = ()
-
-
-class Int2Array(PackedArray):
-    __slots__ = ()
-
-
-class TextArray(PackedArray):
-    __slots__ = ()
-
-
-class ByteaArray(PackedArray):
-    __slots__ = ()
-
-
-class _PackedDumper(Dumper):
-    format = Format.BINARY
-
-    def dump(self, obj: Any) -> bytes:
-        return obj  # type: ignore[no-any-return]  # a PackedArray: bytes already
-
-
-class _Int8ArrayDumper(_PackedDumper):
-    oid = INT8_ARRAY_OID
-
-
-class _Int4ArrayDumper(_PackedDumper):
-    oid = INT4_ARRAY_OID
-
-
-class _Int2ArrayDumper(_PackedDumper):
-    oid = INT2_ARRAY_OID
-
-
-class _TextArrayDumper(_PackedDumper):
-    oid = TEXT_ARRAY_OID
-
-
-class _ByteaArrayDumper(_PackedDumper):
-    oid = BYTEA_ARRAY_OID
-
-
-def register(conn: Any) -> None:
-    """Teach a psycopg connection the packed arrays (once per connection)."""
-    adapters = conn.adapters
-    adapters.register_dumper(Int8Array, _Int8ArrayDumper)
-    adapters.register_dumper(Int4Array, _Int4ArrayDumper)
-    adapters.register_dumper(Int2Array, _Int2ArrayDumper)
-    adapters.register_dumper(TextArray, _TextArrayDumper)
-    adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
 
 
 def _fixed(values: Sequence[int | None], elem: struct.Struct, size: int, oid: int) -> bytes:
@@ -115,16 +48,16 @@ def _fixed(values: Sequence[int | None], elem: struct.Struct, size: int, oid: in
         raise OverflowError(f"{exc} (a {size}-byte integer column)") from None
 
 
-def int8s(values: Sequence[int | None]) -> Int8Array:
-    return Int8Array(_fixed(values, _INT8, 8, INT8_OID))
+def int8s(values: Sequence[int | None]) -> bytes:
+    return _fixed(values, _INT8, 8, INT8_OID)
 
 
-def int4s(values: Sequence[int | None]) -> Int4Array:
-    return Int4Array(_fixed(values, _INT4, 4, INT4_OID))
+def int4s(values: Sequence[int | None]) -> bytes:
+    return _fixed(values, _INT4, 4, INT4_OID)
 
 
-def int2s(values: Sequence[int | None]) -> Int2Array:
-    return Int2Array(_fixed(values, _INT2, 2, INT2_OID))
+def int2s(values: Sequence[int | None]) -> bytes:
+    return _fixed(values, _INT2, 2, INT2_OID)
 
 
 def _varlen(values: Sequence[bytes | None], oid: int) -> bytes:
@@ -137,9 +70,9 @@ def _varlen(values: Sequence[bytes | None], oid: int) -> bytes:
     return _HEAD.pack(1, has_null, oid, n, 1) + body
 
 
-def texts(values: Sequence[str | None]) -> TextArray:
-    return TextArray(_varlen([None if v is None else v.encode() for v in values], TEXT_OID))
+def texts(values: Sequence[str | None]) -> bytes:
+    return _varlen([None if v is None else v.encode() for v in values], TEXT_OID)
 
 
-def byteas(values: Sequence[bytes | None]) -> ByteaArray:
-    return ByteaArray(_varlen(values, BYTEA_OID))
+def byteas(values: Sequence[bytes | None]) -> bytes:
+    return _varlen(values, BYTEA_OID)

@@ -3,9 +3,11 @@
 A W1 commit (a few dozen SENDs, their deliveries, a few dozen ACKs) used to be
 seven statements, each waiting for its answer before the next was sent; the
 store thread spent most of its time waiting on the network, and every message
-cost psycopg's per-row Python. Here the whole transaction is one psycopg
-pipeline: the fence, one set-based statement per kind of write (arrays of
-values, ``unnest``), and COMMIT go out together and PostgreSQL answers once.
+cost psycopg's per-row Python. Here the whole transaction is one pipeline
+(``store.pg_pipeline``: libpq's pipeline mode, statements prepared once per
+connection, parameters in binary): the fence, one set-based statement per kind
+of write (arrays of values, ``unnest``), and COMMIT go out together and
+PostgreSQL answers once.
 
 That needs two things the step-by-step path did in Python:
 
@@ -29,8 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from store import pg_arrays as arr
 from store.api import Batch, BatchResult, NewMessage
-from store.pg_arrays import PackedArray, byteas, int2s, int4s, int8s, texts
+from store.pg_arrays import byteas, int2s, int4s, int8s, texts
+from store.pg_pipeline import Pipeline, Statement, int8
 from store.schema import COUNTER_KINDS
 
 #: SQLSTATE division_by_zero: only the fence divides, so it means "fenced".
@@ -76,7 +80,7 @@ WITH d AS (
 ), total AS (
   UPDATE amq_groups SET msg_count = msg_count + (SELECT count(*) FROM m) WHERE grp = %(g)s
 )
-SELECT coalesce(array_agg(k), '{}') FROM unnest(%(dk)b::text[]) AS k
+SELECT k FROM unnest(%(dk)b::text[]) AS k
 WHERE k NOT IN (SELECT dedup_key FROM d)"""
 
 # Rows by id: a join with unnest, not ``id = ANY(array)``. With ANY, the
@@ -148,54 +152,67 @@ def fits(batch: Batch) -> bool:
     return True
 
 
-def commit(conn: Any, group: str, epoch: int, batch: Batch, now: int,
+#: The type of each parameter of the statements above, by name.
+TYPES = {
+    "g": arr.TEXT_OID, "e": arr.INT8_OID, "now": arr.INT8_OID, "max_id": arr.INT8_OID,
+    **dict.fromkeys(("dk", "dp", "mid", "pid", "k", "h"), arr.TEXT_ARRAY_OID),
+    **dict.fromkeys(("ds", "di", "id", "dst", "pseq", "exp", "enq", "d", *COUNTER_KINDS),
+                    arr.INT8_ARRAY_OID),
+    "prio": arr.INT2_ARRAY_OID, "dc": arr.INT4_ARRAY_OID, "n": arr.INT4_ARRAY_OID,
+    "b": arr.BYTEA_ARRAY_OID,
+}
+#: Prepared once per connection (``store.pg_pipeline``).
+S_FENCE, S_INSERT, S_UNDELIVER, S_DELIVER, S_RELEASE, S_ACK, S_ACK_COUNT, S_COUNT = (
+    Statement(f"amqlite_{name}", sql, TYPES) for name, sql in (
+        ("fence", FENCE), ("insert", INSERT), ("undeliver", UNDELIVER),
+        ("deliver", DELIVER), ("release", RELEASE), ("ack", ACK), ("ack_count", ACK_COUNT),
+        ("count", COUNT)))
+
+
+def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
            encode_headers: Any) -> BatchResult:
-    """Run ``batch`` as one pipelined transaction on the psycopg connection
-    ``conn`` (not in autocommit). Raises psycopg errors as they are; the caller
-    maps them (``FENCED_SQLSTATE`` = fenced) and rolls back."""
+    """Run ``batch`` as one pipelined transaction. Raises psycopg errors as they are;
+    the caller maps them (``FENCED_SQLSTATE`` = fenced) and closes the connection."""
     result = BatchResult()
     inserts, identities, ids_by_key = _dedup_in_batch(batch.inserts, batch.identities, result)
-    base = {"g": group, "e": epoch, "now": now}
+    base: dict[str, bytes | None] = {"g": group.encode(), "e": int8(epoch), "now": int8(now)}
     acked = {mid for _, mid in batch.acks}
     deliveries: dict[int, int] = {}
     for _, mid in batch.deliveries:
         if mid not in acked:
             deliveries[mid] = deliveries.get(mid, 0) + 1
     max_id = max((x.id for x in batch.inserts), default=0)
-    fence = conn.cursor()
-    dup_cur = conn.cursor() if inserts or identities else None
-    cur = conn.cursor()
-    with conn.pipeline():
-        fence.execute(FENCE, {**base, "max_id": max_id})
-        if dup_cur is not None:
-            arrays = _insert_arrays(inserts, identities, now, encode_headers)
-            dup_cur.execute(INSERT, {**base, **arrays})
-        if batch.undeliveries:
-            cur.execute(UNDELIVER, {**base, "id": int8s(batch.undeliveries)})
-        if deliveries:
-            cur.execute(DELIVER, {**base, "id": int8s(list(deliveries)),
-                                  "n": int4s(list(deliveries.values()))})
-        if batch.releases:
-            cur.execute(RELEASE, {**base, "id": int8s([mid for _, mid in batch.releases])})
-        if acked and batch.counters:
-            cur.execute(ACK_COUNT, {**base, "id": int8s(list(acked)),
-                                    **_count_arrays(batch.counters)})
-        elif acked:
-            cur.execute(ACK, {**base, "id": int8s(list(acked))})
-        elif batch.counters:
-            cur.execute(COUNT, {**base, **_count_arrays(batch.counters)})
-        conn.commit()
-    if dup_cur is not None:
-        row = dup_cur.fetchone()
-        for key in row[0] if row else ():
+    steps: list[tuple[Statement, dict[str, bytes | None]]] = [
+        (S_FENCE, {**base, "max_id": int8(max_id)})]
+    inserting = bool(inserts or identities)
+    if inserting:
+        steps.append((S_INSERT, {**base, **_insert_arrays(inserts, identities, now,
+                                                           encode_headers)}))
+    if batch.undeliveries:
+        steps.append((S_UNDELIVER, {**base, "id": int8s(batch.undeliveries)}))
+    if deliveries:
+        steps.append((S_DELIVER, {**base, "id": int8s(list(deliveries)),
+                                  "n": int4s(list(deliveries.values()))}))
+    if batch.releases:
+        steps.append((S_RELEASE, {**base, "id": int8s([mid for _, mid in batch.releases])}))
+    if acked and batch.counters:
+        steps.append((S_ACK_COUNT, {**base, "id": int8s(list(acked)),
+                                    **_count_arrays(batch.counters)}))
+    elif acked:
+        steps.append((S_ACK, {**base, "id": int8s(list(acked))}))
+    elif batch.counters:
+        steps.append((S_COUNT, {**base, **_count_arrays(batch.counters)}))
+    results = pipeline.transaction(steps)
+    if inserting:
+        for key in pipeline.texts(results[1]):
             result.duplicates.add(key)
             result.duplicate_ids.add(ids_by_key[key])
     return result
 
 
-def _count_arrays(counts: dict[int, list[int]]) -> dict[str, PackedArray]:
+def _count_arrays(counts: dict[int, list[int]]) -> dict[str, bytes | None]:
     """``Batch.counters`` as one array per column (``COUNT``, ``store.pg_arrays``)."""
-    arrays: dict[str, PackedArray] = {"d": int8s(list(counts))}
+    arrays: dict[str, bytes | None] = {"d": int8s(list(counts))}
     for k, kind in enumerate(COUNTER_KINDS):
         arrays[kind] = int8s([deltas[k] for deltas in counts.values()])
     return arrays
@@ -225,7 +242,7 @@ def _dedup_in_batch(
 
 
 def _insert_arrays(inserts: list[NewMessage], identities: list[NewMessage], now: int,
-                   encode_headers: Any) -> dict[str, PackedArray]:
+                   encode_headers: Any) -> dict[str, bytes | None]:
     """Column arrays for INSERT (``store.pg_arrays``): a dedup row per key (an
     identity's names no message), and the message rows."""
     keyed = [x for x in inserts if x.dedup_key is not None]

@@ -27,6 +27,7 @@ from store import (
 )
 from store import fencing as store_fencing
 from store.engine import store_application_name
+from store.pg_pipeline import Statement
 from tests.helpers.poll import poll
 from tests.helpers.store import (
     DLQ,
@@ -553,3 +554,17 @@ def test_a_value_the_driver_cannot_encode_fails_cleanly(
          what="the failed commit's transaction rolled back (group row free)")
     assert written(s) == before
     assert_usable(s, e, 10)
+
+
+def test_the_writer_prepares_its_statements_once(make_store: MakeStore) -> None:
+    """store.pg_pipeline: each statement is parsed once per writer session, and later
+    commits only bind and execute it (preparing it again would be an error)."""
+    s, e = seeded(make_store)
+    for i in range(3):
+        commit_fast(s, e, Batch(inserts=[msg(10 + i)], acks=[(None, 1 + i)]))
+    pipeline = s._pipeline
+    assert pipeline is not None
+    probe = Statement("probe", "SELECT name FROM pg_prepared_statements "
+                                "WHERE name LIKE 'amqlite%' ORDER BY name", {})
+    names = pipeline.texts(pipeline.transaction([(probe, {})])[0])
+    assert names == ["amqlite_ack", "amqlite_fence", "amqlite_insert"]

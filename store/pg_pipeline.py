@@ -1,0 +1,152 @@
+"""One transaction of prepared statements in one round trip, on libpq's pipeline mode
+directly (psycopg's ``pq`` layer, its documented libpq wrapper).
+
+psycopg's cursors, their parameter adaptation, pipeline bookkeeping and result
+handling are Python run for every statement: under W1 they were most of the
+group committer's CPU per commit (bench/README.md, issue 25 session 11). The
+committer's statements are few and fixed, and their parameters are already in
+PostgreSQL's binary format (``store.pg_arrays``), so here each is prepared once
+per connection and every commit is: ``BEGIN``, the prepared statements with their
+binary parameters, ``COMMIT``, one Sync, one flush, then the results read as they
+come. PostgreSQL runs them as psycopg's pipeline did: in order, and after an error
+none of the rest (``COMMIT`` included) until the Sync, so a failed statement
+leaves nothing written.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import OperationalError, errors, pq
+
+_INT8 = struct.Struct(">q")
+BINARY = 1
+_STATUS = pq.ExecStatus
+_FATAL = _STATUS.FATAL_ERROR
+_SYNC = _STATUS.PIPELINE_SYNC
+_ABORTED = _STATUS.PIPELINE_ABORTED
+_OK = (_STATUS.COMMAND_OK, _STATUS.TUPLES_OK)
+#: A placeholder as the statements spell them (psycopg's named style): %(name)s or %(name)b.
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
+
+
+class Statement:
+    """A statement with psycopg-style named placeholders, in libpq's ``$n`` form."""
+
+    def __init__(self, name: str, sql: str, types: Mapping[str, int]) -> None:
+        names: list[str] = []
+
+        def number(m: re.Match[str]) -> str:
+            if m.group(1) not in names:
+                names.append(m.group(1))
+            return f"${names.index(m.group(1)) + 1}"
+
+        self.name = name.encode()
+        self.sql = _PLACEHOLDER.sub(number, sql).encode()
+        #: Parameter names in ``$n`` order, and their type oids.
+        self.params = tuple(names)
+        self.oids = tuple(types[n] for n in names)
+        self.formats = (BINARY,) * len(names)
+
+
+def int8(value: int) -> bytes:
+    """An int8 parameter in binary form."""
+    return _INT8.pack(value)
+
+
+class Pipeline:
+    """Runs transactions of ``Statement``s on one psycopg connection, which it owns
+    from then on (nothing else may use it: its state is libpq's, not psycopg's)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self._pg: Any = conn.pgconn
+        self._pg.nonblocking = 1
+        self._pg.enter_pipeline_mode()  # for good: the connection is only ours
+        self._encoding = conn.info.encoding
+        self._prepared: set[bytes] = set()
+        self._poll = select.poll()
+        self._fd = self._pg.socket
+
+    def transaction(self, steps: Sequence[tuple[Statement, Mapping[str, bytes | None]]]
+                    ) -> list[Any]:
+        """Run ``steps`` (statement, parameters by name) between BEGIN and COMMIT in
+        one round trip. Returns each step's result (a ``pq.PGresult``); raises the
+        first error as psycopg would (``psycopg.errors``), after reading the rest
+        (the connection is then in a failed transaction: close it)."""
+        pg = self._pg
+        parsed: list[bytes] = []  # statements prepared by this transaction
+        pg.send_query_params(b"BEGIN", None)
+        for st, values in steps:
+            name = st.name
+            if name not in self._prepared and name not in parsed:
+                pg.send_prepare(name, st.sql, st.oids)
+                parsed.append(name)
+            pg.send_query_prepared(name, [values[n] for n in st.params], st.formats)
+        pg.send_query_params(b"COMMIT", None)
+        pg.pipeline_sync()
+        self._flush()
+        answers = self._answers()
+        # BEGIN, a Parse per statement prepared here (before its first use), each
+        # step's result, COMMIT.
+        expected = 2 + len(parsed) + len(steps)
+        if len(answers) != expected:
+            raise OperationalError(f"pipeline: {len(answers)} answers to {expected} queries")
+        self._prepared.update(parsed)
+        results: list[Any] = []
+        i = 1
+        for st, _ in steps:
+            if parsed and st.name == parsed[0]:
+                del parsed[0]  # its Parse's answer
+                i += 1
+            results.append(answers[i])
+            i += 1
+        return results
+
+    def texts(self, result: Any) -> list[str]:
+        """The first column of a result's rows (text format), as strings."""
+        encoding = self._encoding
+        return [result.get_value(i, 0).decode(encoding) for i in range(result.ntuples)]
+
+    def _answers(self) -> list[Any]:
+        """Every query's result up to the Sync; the first error raised once all are in."""
+        pg = self._pg
+        answers: list[Any] = []
+        error: Any = None
+        while True:
+            while pg.is_busy():
+                self._wait(select.POLLIN)
+                pg.consume_input()
+            res = pg.get_result()
+            if res is None:  # the end of one query's results
+                continue
+            status = res.status
+            if status == _SYNC:
+                break
+            answers.append(res)
+            if error is None and status not in _OK and status != _ABORTED:
+                error = res
+        if error is not None:
+            raise errors.error_from_result(error, encoding=self._encoding)
+        return answers
+
+    def _flush(self) -> None:
+        """Send everything libpq holds; read meanwhile, so that a server blocked on
+        sending its answers cannot block us (libpq's advice for pipeline mode)."""
+        pg = self._pg
+        while pg.flush():
+            ready = self._wait(select.POLLIN | select.POLLOUT)
+            if ready & select.POLLIN:
+                pg.consume_input()
+
+    def _wait(self, events: int) -> int:
+        poll = self._poll
+        poll.register(self._fd, events)
+        while True:
+            ready = poll.poll()
+            if ready:
+                return int(ready[0][1])
