@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from store.errors import store_error
 
@@ -214,13 +214,23 @@ def _names(names: Any) -> str:
 
 def read_replication(engine: Engine, description: str) -> ReplicationState:
     """The store server's replication state, in one round trip on a pooled connection
-    (read only: it never waits for a standby itself). Raises ``StoreError``."""
-    try:
-        with engine.connect() as conn:
-            row = conn.execute(text(_STATE)).one()
-            conn.rollback()
-    except SQLAlchemyError as e:
-        raise store_error(description, "reading the replication state", e) from None
+    (read only: it never waits for a standby itself). Raises ``StoreError``.
+
+    Read again once on a new connection when the pooled one had lost its server: a
+    node taking over after its PostgreSQL failed over reads this first, on a
+    connection it pooled before the failover (SQLAlchemy drops the pool's older
+    connections when it sees one gone)."""
+    for retry in (True, False):
+        try:
+            with engine.connect() as conn:
+                row = conn.execute(text(_STATE)).one()
+                conn.rollback()
+            break
+        except DBAPIError as e:
+            if not (retry and e.connection_invalidated):
+                raise store_error(description, "reading the replication state", e) from None
+        except SQLAlchemyError as e:
+            raise store_error(description, "reading the replication state", e) from None
     in_recovery, names, level, standbys = row
     rows = json.loads(standbys) if isinstance(standbys, str) else standbys
     return ReplicationState(
