@@ -38,6 +38,12 @@ HOT_MODULES = (
     "amqlite.broker.session",
     "amqlite.broker.routing",
     "amqlite.broker.temporary",  # its _Gone is a Source: interpreted cannot subclass compiled
+    # The group committer's thread (bench/README.md, "Issue 25, session 11"). Not
+    # store.batch_commit: a mixin of SqlStore, whose other bases are not compiled.
+    "store.group_commit",
+    "store.pg_batch",
+    "store.pg_pipeline",
+    "store.pg_arrays",
 )
 
 COMPILED, PURE = "compiled (mypyc)", "pure Python"

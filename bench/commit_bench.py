@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from amqlite.wire import PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
 from store import Batch, DestinationRow, NewMessage, open_store
 from store.schema import COUNTER_KINDS
 
@@ -46,7 +47,7 @@ def w1_batch(first_id: int, n: int, acks: list[int]) -> Batch:
     sends = []
     for i in range(first_id, first_id + n):
         headers = {"persistent": "true", "bench_ts": f"{time.time()}",
-                   "amqlite.producerId": PRODUCER, "amqlite.producerSeq": str(i)}
+                   PRODUCER_ID_HEADER: PRODUCER, PRODUCER_SEQ_HEADER: str(i)}
         sends.append(NewMessage(
             id=i, destination_id=QUEUE.id, message_id=f"ID:bench:{i}", headers=headers,
             body=BODY, priority=4, enqueued_at=int(time.time() * 1000), producer_id=PRODUCER,

@@ -1,5 +1,6 @@
 """The build compiles the broker's hot path with mypyc (setup.py, amqlite/native.py): the
-compiled modules pass the codec's, protocol's and broker's tests, agree with pure Python on
+compiled modules pass the codec's, protocol's, broker's and group committer's tests (the
+latter against a real PostgreSQL), agree with pure Python on
 the codec's fixed cases and say which build they are; without a C compiler, with
 AMQLITE_PURE_PYTHON=1 or in place, the build is pure Python with one warning; a compiled
 module left in a source tree is refused at import, not run instead of its edited .py.
@@ -35,7 +36,9 @@ SUITES = ("tests/unit/test_codec.py", "tests/unit/test_codec_big_frames.py",
           "tests/unit/test_protocol.py",
           "tests/unit/test_protocol_client.py", "tests/unit/test_protocol_heartbeat.py",
           "tests/unit/test_protocol_hold.py", "tests/unit/test_protocol_state.py",
-          "tests/unit/test_validation.py", "tests/unit/test_wire.py", "tests/broker")
+          "tests/unit/test_validation.py", "tests/unit/test_wire.py", "tests/broker",
+          "tests/store/test_group_commit.py", "tests/store/test_pg_batch.py",
+          "tests/store/test_pg_arrays.py", "tests/store/test_store_rejected.py")
 SUITE_TIMEOUT = 600
 WARNING = "WARNING: amqlite:"
 
@@ -117,8 +120,9 @@ def test_both_builds_agree_on_the_codecs_cases(compiled: Path, tmp_path: Path) -
 def test_the_compiled_build_passes_the_hot_paths_tests(compiled: Path, tmp_path: Path) -> None:
     # amqlite is imported from the compiled tree first; the repository is appended to the
     # path only for the tests package (--import-mode=append), so it cannot shadow it.
-    code = ("import sys, pytest, amqlite.codec as c; "
-            "assert c.__file__.endswith('.so'), c.__file__; "
+    code = ("import sys, pytest, amqlite.codec as c, store.pg_batch as b; "
+            "assert c.__file__.endswith('.so') and b.__file__.endswith('.so'), "
+            "(c.__file__, b.__file__); "
             "sys.exit(pytest.main(sys.argv[1:]))")
     args = ["-q", "-p", "no:cacheprovider", "--import-mode=append", f"--rootdir={ROOT}",
             "-c", str(ROOT / "pyproject.toml"), *(str(ROOT / s) for s in SUITES)]
