@@ -18,15 +18,18 @@ PURE_ENV = "AMQLITE_PURE_PYTHON"
 
 #: The event loop's per-message path, compiled together (calls between them are C
 #: calls). Chosen by bench/loop_bench.py (bench/README.md, "Issue 25, session 10: the
-#: hot path compiled with mypyc"). Left out: amqlite/server.py and
-#: amqlite/broker/core.py (about 2 and 1 µs of the loop's ~33 per message), whose
-#: StompServer and Broker tests build or wrap attribute by attribute, which a compiled
-#: class does not allow.
+#: hot path compiled with mypyc" and "Issue 25, session 11: the rest of the loop's
+#: per-message path compiled"). The server, the broker's core, its memory budget and
+#: the store's write buffer are in since session 11: their tests no longer build or
+#: wrap them attribute by attribute, which a compiled class does not allow.
 HOT_MODULES = (
     "amqlite.codec",
     "amqlite.frame_rules",  # the codec's limits and ProtocolError, split off for its size
     "amqlite.protocol",
     "amqlite.validation",
+    "amqlite.server",
+    "amqlite.broker.core",
+    "amqlite.broker.memory",
     "amqlite.broker.send",
     "amqlite.broker.acks",
     "amqlite.broker.dispatch",
@@ -38,6 +41,7 @@ HOT_MODULES = (
     "amqlite.broker.session",
     "amqlite.broker.routing",
     "amqlite.broker.temporary",  # its _Gone is a Source: interpreted cannot subclass compiled
+    "store.write_buffer",
     # The group committer's thread (bench/README.md, "Issue 25, session 11"). Not
     # store.batch_commit: a mixin of SqlStore, whose other bases are not compiled.
     "store.group_commit",

@@ -1,7 +1,7 @@
 """One client's write the store refuses fails that client only (issue 12).
 
 The real broker in-process over a real SQLite and a real PostgreSQL store, as
-in ``test_hand_over``. The bad value is put into the message (or row) after the
+in ``test_hand_over``. The bad value is put into the message's (or another) row after the
 broker built it, bypassing whatever validation the broker does at the edge:
 this is the safety net behind it. Three clients write in the same loop
 iteration, so their units go to the store in one merged commit, which the store
@@ -11,15 +11,17 @@ bad one an ERROR carrying its receipt-id, and the broker stays master.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 
 import pytest
 
-from amqlite.broker import Broker, Message
+from amqlite.broker import Broker
 from amqlite.codec import Frame
 from amqlite.settings import Settings
 from store import SqlStore
+from store.api import Batch, BatchResult, NewMessage, UnitSpan
 from tests.broker.test_broker_store import FrameSink, run, until
 from tests.broker.test_hand_over import BACKENDS, QUEUE, running, seed_queue
 from tests.helpers.store import assert_counters, sql
@@ -28,13 +30,13 @@ TOPIC = "/topic/rejected"
 NEW_QUEUE = "/queue/rejected-new"
 
 
-def poison_message(dialect: str) -> Callable[[Message], None]:
-    """What makes a message unstorable on ``dialect``."""
+def poison_message(dialect: str) -> Callable[[NewMessage], None]:
+    """What makes a message's row unstorable on ``dialect``."""
     if dialect == "sqlite":  # sqlite3: OverflowError
-        def poison(m: Message) -> None:
+        def poison(m: NewMessage) -> None:
             m.producer_id, m.producer_seq = "p", 2**63
     else:  # PostgreSQL: varchar(200)
-        def poison(m: Message) -> None:
+        def poison(m: NewMessage) -> None:
             m.producer_id, m.producer_seq = "p" * 300, 1
     return poison
 
@@ -44,18 +46,23 @@ def poison_name(dialect: str) -> str:
     return "\ud800" if dialect == "sqlite" else "n\x00ame"
 
 
-def poison_sends(broker: Broker, poison: Callable[[Message], None]) -> None:
-    """Messages whose body is b"poison" get ``poison`` after the broker built
-    (and validated) them."""
-    number = broker.number
+def poison_sends(broker: Broker, poison: Callable[[NewMessage], None]) -> None:
+    """The rows of messages whose body is b"poison" get ``poison`` on their way to the
+    group committer, after the broker built (and validated) them. At the committer, not
+    the broker: the broker's classes are compiled (``amqlite.native``), and a compiled
+    method cannot be wrapped on an instance."""
+    committer = broker.writes.committer
+    assert committer is not None
+    submit = committer.submit
 
-    def numbered(m: Message) -> Message:
-        m = number(m)
-        if m.body == b"poison":
-            poison(m)
-        return m
+    def poisoned(batch: Batch, units: list[UnitSpan] | None = None
+                 ) -> asyncio.Future[BatchResult]:
+        for row in batch.inserts:
+            if row.body == b"poison":
+                poison(row)
+        return submit(batch, units)
 
-    broker.number = numbered  # type: ignore[method-assign]
+    committer.submit = poisoned  # type: ignore[method-assign]
 
 
 def queue_bodies(store: SqlStore, queue: str) -> list[bytes]:

@@ -36,7 +36,8 @@ SUITES = ("tests/unit/test_codec.py", "tests/unit/test_codec_big_frames.py",
           "tests/unit/test_protocol.py",
           "tests/unit/test_protocol_client.py", "tests/unit/test_protocol_heartbeat.py",
           "tests/unit/test_protocol_hold.py", "tests/unit/test_protocol_state.py",
-          "tests/unit/test_validation.py", "tests/unit/test_wire.py", "tests/broker",
+          "tests/unit/test_validation.py", "tests/unit/test_wire.py",
+          "tests/unit/test_preauth_eviction.py", "tests/unit/test_malloc_trim.py", "tests/broker",
           "tests/store/test_group_commit.py", "tests/store/test_pg_batch.py",
           "tests/store/test_pg_arrays.py", "tests/store/test_store_rejected.py")
 SUITE_TIMEOUT = 600

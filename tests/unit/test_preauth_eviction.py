@@ -1,4 +1,4 @@
-"""Past max_unauthenticated, which socket goes (``StompServer._crowded_out``, issue 23
+"""Past max_unauthenticated, which socket goes (``amqlite.server.crowded_out``, issue 23
 item 2): one waiting for a passcode tried again and again, of a login with many of those
 (``CheckQueue.oft_tried``), before the oldest, so a login waiting for its check is not
 closed for a flood's sockets; a client retrying its one passcode is not such a guess. Pure
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from amqlite.auth import RETRIED_PASSCODES_MAX, Authenticator, CheckQueue
-from amqlite.server import EVICTION_SCAN, StompServer
+from amqlite.server import EVICTION_SCAN, crowded_out
 
 
 class Sock:
@@ -26,35 +26,34 @@ def sock(seen: int | None, login: str = "flooded") -> Any:
     return Sock(seen, login)
 
 
-def crowded_out(socks: list[Any]) -> Any:
-    """The choice, with "flooded" a login with more passcodes tried again than a client
+def choice(socks: list[Any]) -> Any:
+    """The choice among ``socks`` (oldest first, as the server's unauthenticated dict
+    keeps them), with "flooded" a login with more passcodes tried again than a client
     retrying has, and "retrying" one with a single one."""
-    server = StompServer.__new__(StompServer)
-    server.unauthenticated = dict.fromkeys(socks)
-    server.checks = CheckQueue(Authenticator(None))
+    checks = CheckQueue(Authenticator(None))
     for n in range(RETRIED_PASSCODES_MAX + 1):
-        server.checks.retries.note("flooded", b"guess%d" % n)
-    server.checks.retries.note("retrying", b"its passcode")
-    return server._crowded_out()
+        checks.retries.note("flooded", b"guess%d" % n)
+    checks.retries.note("retrying", b"its passcode")
+    return crowded_out(dict.fromkeys(socks), checks)
 
 
 def test_a_socket_waiting_on_a_repeated_guess_goes_before_the_oldest() -> None:
     user, idle, guess = sock(1), sock(None), sock(40)
-    assert crowded_out([user, idle, guess, sock(1)]) is guess
+    assert choice([user, idle, guess, sock(1)]) is guess
 
 
 def test_the_oldest_goes_when_nothing_repeats() -> None:
     oldest = sock(1)
-    assert crowded_out([oldest, sock(None), sock(1)]) is oldest
+    assert choice([oldest, sock(None), sock(1)]) is oldest
 
 
 def test_a_client_retrying_its_one_passcode_is_not_taken_for_a_guess() -> None:
     oldest = sock(1)
-    assert crowded_out([oldest, sock(None), sock(3, "retrying")]) is oldest
+    assert choice([oldest, sock(None), sock(3, "retrying")]) is oldest
 
 
 def test_only_the_oldest_few_are_looked_at() -> None:
     oldest = sock(1)
     late_guess = sock(40)
-    assert crowded_out([oldest, *[sock(1) for _ in range(EVICTION_SCAN)], late_guess]) \
+    assert choice([oldest, *[sock(1) for _ in range(EVICTION_SCAN)], late_guess]) \
         is oldest
