@@ -143,8 +143,12 @@ class ConnectionClosed(ProtocolError):
         super().__init__("connection closed", detail, fault="local")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FrameReceived:
+    """A frame arrived. Not frozen, unlike the other events: one is made per frame
+    received, and mypyc compiles a plain dataclass's constructor, while a frozen one's
+    runs as interpreted Python (``object.__setattr__``) even in the compiled build."""
+
     frame: Frame
 
 

@@ -631,8 +631,8 @@ class ClientConnection(asyncio.Protocol):
                 extra_headers={"server": f"amqlite/{__version__}", "session": session,
                                **self.server.cluster_headers(websocket=self.websocket)},
             )
-        except ProtocolError as exc:
-            self._protocol_failed(exc)
+        except ProtocolError as refused:  # not ``exc``: typed BrokerError above (mypyc)
+            self._protocol_failed(refused)
             return
         self.client_id = client_id
         self.login = login

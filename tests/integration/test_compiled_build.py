@@ -133,6 +133,32 @@ def test_the_compiled_build_passes_the_hot_paths_tests(compiled: Path, tmp_path:
     assert " passed" in out.stdout and "failed" not in out.stdout
 
 
+#: Real broker processes of the compiled build: the server's handshake, refusals and
+#: limits, and stomp.py as the third-party client.
+BROKER_SUITES = ("tests/integration/test_stomp_compat.py",
+                 "tests/integration/test_preauth_limits.py",
+                 "tests/integration/test_edge_validation.py")
+
+
+def test_the_compiled_broker_passes_the_servers_integration_tests(compiled: Path,
+                                                                 tmp_path: Path) -> None:
+    # The broker harness runs `python -m cli` in the tests' repository root, so the tests
+    # run from a copy beside the compiled tree: their brokers import the compiled modules.
+    tree = tmp_path / "tree"
+    shutil.copytree(compiled, tree)
+    shutil.copytree(ROOT / "tests", tree / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    code = ("import sys, pytest, amqlite.server as s; "
+            "assert s.__file__.endswith('.so'), s.__file__; "
+            "sys.exit(pytest.main(sys.argv[1:]))")
+    out = run_python(tree, "-c", code, "-q", "-p", "no:cacheprovider", *BROKER_SUITES,
+                     cwd=tree)
+    failures = [ln for ln in out.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "E "))]
+    assert out.returncode == 0, "\n".join(failures)[-6000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout
+
+
 @pytest.mark.parametrize("env, reason", [
     ({"CC": "/nonexistent/cc"}, "no C compiler"),
     ({"AMQLITE_PURE_PYTHON": "1"}, "AMQLITE_PURE_PYTHON is set"),
