@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from store.api import (
     OUTSIDE_UNITS,
@@ -21,14 +21,13 @@ from store.api import (
     BatchResult,
     DestinationRow,
     Ref,
+    Store,
     StoreRejected,
     UnitSpan,
 )
 
-if TYPE_CHECKING:
-    from store.group_commit import GroupCommitter
-
-__all__ = ["CommitUnit", "ResultCallback", "StagedCallback", "WriteBuffer", "WriteUnit"]
+__all__ = ["CommitUnit", "Committer", "ResultCallback", "StagedCallback", "WriteBuffer",
+           "WriteUnit"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +36,22 @@ C = TypeVar("C")
 
 StagedCallback = Callable[[bool], None]
 ResultCallback = Callable[[BatchResult | None], None]
+T = TypeVar("T")
+
+
+class Committer(Protocol):
+    """What the broker's loop uses of the group committer
+    (``store.group_commit.GroupCommitter``). A protocol rather than the class: in the
+    compiled build the class is native, and a compiled attribute typed with it would
+    refuse a stand-in (a benchmark's stub committer, a test's wrapper)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    def submit(self, batch: Batch, units: list[UnitSpan] | None = None
+               ) -> asyncio.Future[BatchResult]: ...
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]: ...
 
 
 class WriteUnit(Generic[C]):
@@ -97,7 +112,7 @@ class WriteBuffer(Generic[C]):
     ``stage_unit`` callbacks get the ``BatchResult`` (for dedup) or None.
     """
 
-    def __init__(self, committer: GroupCommitter | None, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, committer: Committer | None, loop: asyncio.AbstractEventLoop) -> None:
         self.committer = committer
         self.loop = loop
         self.batch = Batch()

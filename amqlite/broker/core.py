@@ -39,14 +39,13 @@ from amqlite.broker.wildcard_queues import QueuePattern
 from amqlite.codec import Frame
 from amqlite.validation import BrokerError, is_temporary
 from amqlite.wildcard import WildcardIndex
-from store.write_buffer import WriteBuffer
+from store.write_buffer import Committer, WriteBuffer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from amqlite.settings import Settings
     from store.api import DestinationRow, Recovery, Ref, StoredMessage
-    from store.group_commit import GroupCommitter
 
 log = logging.getLogger("amqlite.broker")
 
@@ -57,7 +56,7 @@ class Broker:
     def __init__(
         self,
         settings: Settings,
-        committer: GroupCommitter | None,
+        committer: Committer | None,
         recovery: Recovery,
         loop: asyncio.AbstractEventLoop,
     ) -> None:

@@ -31,6 +31,7 @@ from amqlite.settings import Settings
 from store import SqlStore
 from store.api import Batch
 from tests.broker.test_broker_store import DEADLINE, FrameSink, Master, connect, run, until
+from tests.helpers.committer import SubmitThrough
 
 TOPIC = "/topic/race"
 QUEUE = "/queue/race"
@@ -94,21 +95,8 @@ def consumer_during_round(broker: Broker, make: Callable[[], FrameSink]) -> list
             assert passed.wait(DEADLINE)
         return future
 
-    # Through the write buffer, not on the committer: a compiled GroupCommitter's
-    # methods cannot be replaced on the instance.
-    broker.writes.committer = _Racing(committer, racing_submit)  # type: ignore[assignment]
+    broker.writes.committer = SubmitThrough(committer, racing_submit)
     return made
-
-
-class _Racing:
-    """The committer with another ``submit``; everything else is the committer's."""
-
-    def __init__(self, committer: Any, submit: Callable[..., Any]) -> None:
-        self._committer = committer
-        self.submit = submit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._committer, name)
 
 
 def messages(client: FrameSink) -> list[str]:

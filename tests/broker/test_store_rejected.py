@@ -24,6 +24,7 @@ from store import SqlStore
 from store.api import Batch, BatchResult, NewMessage, UnitSpan
 from tests.broker.test_broker_store import FrameSink, run, until
 from tests.broker.test_hand_over import BACKENDS, QUEUE, running, seed_queue
+from tests.helpers.committer import SubmitThrough
 from tests.helpers.store import assert_counters, sql
 
 TOPIC = "/topic/rejected"
@@ -48,9 +49,7 @@ def poison_name(dialect: str) -> str:
 
 def poison_sends(broker: Broker, poison: Callable[[NewMessage], None]) -> None:
     """The rows of messages whose body is b"poison" get ``poison`` on their way to the
-    group committer, after the broker built (and validated) them. At the committer, not
-    the broker: the broker's classes are compiled (``amqlite.native``), and a compiled
-    method cannot be wrapped on an instance."""
+    group committer, after the broker built (and validated) them."""
     committer = broker.writes.committer
     assert committer is not None
     submit = committer.submit
@@ -62,7 +61,7 @@ def poison_sends(broker: Broker, poison: Callable[[NewMessage], None]) -> None:
                 poison(row)
         return submit(batch, units)
 
-    committer.submit = poisoned  # type: ignore[method-assign]
+    broker.writes.committer = SubmitThrough(committer, poisoned)
 
 
 def queue_bodies(store: SqlStore, queue: str) -> list[bytes]:
