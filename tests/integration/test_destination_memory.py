@@ -5,8 +5,11 @@ queue and topic names leave nothing in memory (they left +75 MB per 100,000 pair
 One raw connection pipelines the pairs (no RECEIPT but the last, so the broker reads
 as fast as it can) and the broker's RSS (``VmRSS``) after them is compared with its RSS
 after a warm-up of the same traffic (the allocator's pools, the connection's buffers).
-The bound, ``RSS_GROWTH``: a leak of 50 bytes a pair would be 10 MB over the 200,000
-pairs; what is left of freed objects in the allocator's arenas is a few MB at most.
+The bound, ``PAIRS_RSS_GROWTH``: a leak of 25 bytes a pair would be 5 MB over the
+200,000 pairs; what is left of freed objects in the allocator's arenas is about 1 MB
+(measured -0.2 to +1.0 MiB). The policy resolver's cache of names, filling and starting
+over, took +7-8 MiB here (+4-5 with a users file) before it stopped caching names when
+no ``[[policy]]`` entry exists.
 With a users file the same holds for the destinations the broker remembers for
 authorization (``known_destinations``); the policy's bounded decision cache is filled
 by the warm-up.
@@ -38,8 +41,10 @@ PAIRS = 100_000
 WARM_UP = 5_000
 #: Frames sent per write.
 CHUNK = 2_000
-#: RSS the pairs may add over the warm-up (see the module docstring).
+#: RSS the drained queues may add beyond what is kept of each (ROW_BYTES).
 RSS_GROWTH = 10 * MIB
+#: RSS the pairs may add over the warm-up (see the module docstring).
+PAIRS_RSS_GROWTH = 5 * MIB
 #: The pipelined frames take a while on a loaded 2-core machine.
 RECEIPT_TIMEOUT = 180.0
 
@@ -109,9 +114,9 @@ def test_subscribe_unsubscribe_on_new_names_leaves_no_memory(
     growth = after - before
     print(f"RSS {before / MIB:.1f} MiB -> {after / MIB:.1f} MiB after {2 * PAIRS} "
           f"SUBSCRIBE/UNSUBSCRIBE pairs: {growth / MIB:+.1f} MiB")
-    assert growth <= RSS_GROWTH, (
+    assert growth <= PAIRS_RSS_GROWTH, (
         f"RSS grew {growth / MIB:.1f} MiB over {2 * PAIRS} pairs (bound "
-        f"{RSS_GROWTH / MIB:.0f} MiB)")
+        f"{PAIRS_RSS_GROWTH / MIB:.0f} MiB)")
     if not authz:
         assert_broker_serves(broker.port)
 

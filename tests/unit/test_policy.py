@@ -70,6 +70,12 @@ def test_resolved_policies_are_immutable_shared_and_cached() -> None:
     assert not Policies().any and not Policies().limits_queues
 
 
+def test_without_entries_every_name_has_the_defaults_and_none_is_cached() -> None:
+    p = Policies()
+    assert all(p.resolve(f"/queue/churn.{i}") is p.defaults for i in range(1000))
+    assert p._cache == {}
+
+
 def test_individual_dead_letter_queue_per_destination() -> None:
     p = resolver({"destination": "/queue/>", "dead_letter_strategy": "individual"},
                  {"destination": "/topic/>", "dead_letter_prefix": "DEAD."},
