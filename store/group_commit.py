@@ -235,8 +235,8 @@ class GroupCommitter:
             return
         try:
             result = self._commit_batch(batch)
-        except StoreRejected as exc:
-            self._rejected(exc, items)
+        except StoreRejected as refused:  # one name per clause: mypyc types a shared
+            self._rejected(refused, items)  # name as its first clause (no_shared_except)
             return
         except StoreError as exc:
             self._fail(exc, items)
@@ -310,11 +310,12 @@ class GroupCommitter:
             return False
         try:
             done = self._commit_batch(_merged([piece for _, piece in pieces]))
-        except StoreRejected as exc:
+        except StoreRejected as refused:
             if len(pieces) == 1:
                 self.rejected += 1
-                log.warning("%s: a client's write was refused: %s", self.store.description, exc)
-                result.rejected[pieces[0][0]] = exc
+                log.warning("%s: a client's write was refused: %s", self.store.description,
+                            refused)
+                result.rejected[pieces[0][0]] = refused
                 return True
             self.splits += 1
             mid = len(pieces) // 2
@@ -338,10 +339,10 @@ class GroupCommitter:
             return
         try:
             value = fn(*args)
-        except StoreRejected as exc:  # refused, not gone: only this call fails
-            self._post(_set_exception, fut, exc)
-        except StoreError as exc:  # the store is unusable: same as a failed commit
-            self._fail(exc, [item])
+        except StoreRejected as refused:  # refused, not gone: only this call fails
+            self._post(_set_exception, fut, refused)
+        except StoreError as lost:  # the store is unusable: same as a failed commit
+            self._fail(lost, [item])
         except Exception as exc:
             self._post(_set_exception, fut, exc)
         else:
