@@ -28,17 +28,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from amqlite.wire import PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
-from store import Batch, DestinationRow, NewMessage, open_store
+from bench.counters_bench import BODY, QUEUE  # W1's 1 KB body, the one queue
+from store import Batch, NewMessage, open_store
 from store.schema import COUNTER_KINDS
 
 #: Sends per commit: W1's commits carry 18-27 messages (bench/README.md, issue 25).
 DEFAULT_SENDS = 24
-#: Commits measured; the first WARMUP are not (psycopg prepares a statement on its
-#: fifth run, PostgreSQL's caches).
+#: Commits measured; the first WARMUP are not (the writer's first commit prepares the
+#: statements; PostgreSQL's caches warm up).
 DEFAULT_COMMITS = 1000
 WARMUP = 50
-BODY = b"x" * 1024  # W1's 1 KB bodies
-QUEUE = DestinationRow(1, "/queue/bench", "queue")
 PRODUCER = "bench-76e98e45-11"
 
 
