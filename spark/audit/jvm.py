@@ -37,6 +37,9 @@ STALE_TMP_S = 3600.0
 #: Keeps the JVM quiet about archives: a warning per class it cannot archive while
 #: writing, one line when an archive does not fit (it then runs without).
 QUIET_CDS = "-Xlog:cds*=off"
+#: What the JVM itself prints (a failed archive dump: "Error occurred during
+#: initialization of VM") goes to stderr, never into the audit's ``--json`` stdout.
+VM_OUTPUT_TO_STDERR = "-XX:+DisplayVMOutputToStderr"
 
 
 class ArchiveState(enum.Enum):
@@ -54,9 +57,9 @@ class ClassArchive:
     @property
     def java_options(self) -> str:
         if self.state is ArchiveState.USED:
-            return f"{QUIET_CDS} -XX:SharedArchiveFile={self.path}"
+            return f"{QUIET_CDS} {VM_OUTPUT_TO_STDERR} -XX:SharedArchiveFile={self.path}"
         if self.state is ArchiveState.MAKING:
-            return f"{QUIET_CDS} -XX:ArchiveClassesAtExit={self.tmp}"
+            return f"{QUIET_CDS} {VM_OUTPUT_TO_STDERR} -XX:ArchiveClassesAtExit={self.tmp}"
         return ""
 
 
@@ -82,9 +85,32 @@ def archive_key(java: Path) -> str:
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
+def _class_path_dirs() -> list[Path]:
+    """The directories spark-class puts on the JVM's class path: Spark's conf directory
+    (``SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``, else pyspark's), Hadoop's and
+    YARN's when set, and the directories of ``SPARK_DIST_CLASSPATH``."""
+    home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    named = [os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf"),
+             os.environ.get("HADOOP_CONF_DIR"), os.environ.get("YARN_CONF_DIR"),
+             *os.environ.get("SPARK_DIST_CLASSPATH", "").split(os.pathsep)]
+    return [Path(d) for d in named if d and not d.endswith("*") and os.path.isdir(d)]
+
+
+def _archivable() -> bool:
+    """Java 17 archives no class path with a non-empty directory on it: dumping fails
+    when the JVM exits ("Cannot have non-empty directory in paths") and a saved
+    archive would not map. A Spark conf directory with a spark-defaults.conf in it
+    (the usual way to configure a cluster) is one, so such setups go without."""
+    for d in _class_path_dirs():
+        with contextlib.suppress(OSError):
+            if any(d.iterdir()):
+                return False
+    return True
+
+
 def plan_archive() -> ClassArchive:
     """Use the saved archive, or make one; ``NONE`` when that cannot be (never an error)."""
-    if os.environ.get(ARCHIVE_ENV, "1") == "0":
+    if os.environ.get(ARCHIVE_ENV, "1") == "0" or not _archivable():
         return ClassArchive(ArchiveState.NONE)
     try:
         java = _java()

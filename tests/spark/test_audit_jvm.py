@@ -10,6 +10,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from spark.audit import jvm
@@ -146,3 +147,38 @@ def test_a_standalone_cluster_gives_one_core_and_its_executors_the_archive(
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
     (cache.parent / "spark-defaults.conf").write_text("spark.cores.max 4\n")
     assert "spark.cores.max" not in cluster_conf("spark://127.0.0.1:7077", True, none)
+
+
+def test_a_class_path_with_a_non_empty_directory_gets_no_archive(
+        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Java 17 cannot archive such a class path; the JVM that tried printed its error
+    on the audit's stdout, before its ``--json`` summary (seen with a conf directory
+    holding spark-defaults.conf, as tests/spark/test_audit_cluster.py sets up)."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
+    assert plan_archive().state is ArchiveState.MAKING  # empty: nothing to refuse
+    (conf / "spark-defaults.conf").write_text("spark.cores.max 1\n")
+    assert plan_archive().state is ArchiveState.NONE
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    monkeypatch.setenv("SPARK_DIST_CLASSPATH", f"/nowhere/*{os.pathsep}{conf}")
+    assert plan_archive().state is ArchiveState.NONE
+
+
+def test_what_the_jvm_says_of_a_failed_dump_goes_to_stderr(cache: Path,
+                                                           tmp_path: Path) -> None:
+    """Were an archive tried on such a class path anyway, the JVM's complaint stays
+    out of stdout (where the audit's JSON goes)."""
+    archive = plan_archive()
+    assert archive.state is ArchiveState.MAKING
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    jars = Path(str(pyspark.__file__)).parent / "jars"
+    run = subprocess.run(
+        ["java", *archive.java_options.split(), "-cp", f"{full}/{os.pathsep}{jars}/*",
+         "org.apache.spark.deploy.SparkSubmit", "--version"],  # loads Spark, exits
+        capture_output=True, text=True, timeout=JAVA_S,
+    )  # fmt: skip
+    assert "non-empty directory" in run.stderr
+    assert "non-empty directory" not in run.stdout and "Error" not in run.stdout
