@@ -20,9 +20,10 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 #: scrypt cost: n=2**14, r=8, p=1 is the interactive-login setting from the
 #: scrypt paper and Python's docs; ~20-50 ms of CPU, so verification runs in
@@ -595,3 +596,37 @@ class CheckQueue:
         if not self.closed:
             self._answer_all(group, CheckOutcome.ACCEPTED if ok else CheckOutcome.DENIED)
             self._start_next()
+
+
+#: Sockets not logged in looked at (oldest first) for one to close past
+#: max_unauthenticated (``crowded_out``): a bounded scan per refused socket.
+EVICTION_SCAN = 64
+
+
+class Waiting(Protocol):
+    """A socket not logged in, as ``crowded_out`` reads it."""
+
+    @property
+    def check(self) -> PendingCheck | None: ...
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
+    """The socket to close for a newcomer past ``max_unauthenticated``: among the
+    oldest EVICTION_SCAN of ``unauthenticated`` (oldest first), the first waiting for a
+    passcode tried again and again among many of its login's (a flood's guess: its answer
+    is the same for every socket that tries it, see ``CheckQueue.oft_tried``), else the
+    oldest. A user's login waiting for its check is not pushed out by the flood of
+    guesses for its login. A function of its inputs, not a server method: the server's
+    class is compiled (``amqlite.native``), so its test cannot build one from stand-ins."""
+    oldest = None
+    for conn in itertools.islice(unauthenticated, EVICTION_SCAN):
+        oldest = oldest or conn
+        check = conn.check
+        group = check.group if check is not None else None
+        if group is not None and checks.oft_tried(group):
+            return conn
+    assert oldest is not None
+    return oldest

@@ -17,10 +17,10 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, cast
 
 from amqlite import __version__
-from amqlite.auth import CheckOutcome, CheckQueue, CredentialCache, PendingCheck
+from amqlite.auth import CheckOutcome, CheckQueue, CredentialCache, PendingCheck, crowded_out
 from amqlite.broker import Broker, BrokerError
 from amqlite.broker.memory import WRITE_SHARE
 from amqlite.codec import Frame, Limits, ProtocolError
@@ -43,41 +43,9 @@ log = logging.getLogger(__name__)
 #: StompServer._sweep): one timer for the server, not one per partial read on the hot path.
 SWEEP_INTERVAL_MAX = 1.0
 SWEEP_INTERVAL_MIN = 0.05
-#: Sockets not logged in looked at (oldest first) for one to close past
-#: max_unauthenticated (``crowded_out``): a bounded scan per refused socket.
-EVICTION_SCAN = 64
 #: A closed connection's last frames (its ERROR, DISCONNECT's RECEIPT) get this long to
 #: be read; then the socket is dropped: a client that does not read keeps no memory.
 CLOSE_LINGER = 10.0
-
-
-class Waiting(Protocol):
-    """A socket not logged in, as ``crowded_out`` reads it."""
-
-    @property
-    def check(self) -> PendingCheck | None: ...
-
-
-W = TypeVar("W", bound=Waiting)
-
-
-def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
-    """The socket to close for a newcomer past ``max_unauthenticated``: among the
-    oldest EVICTION_SCAN of ``unauthenticated`` (oldest first), the first waiting for a
-    passcode tried again and again among many of its login's (a flood's guess: its answer
-    is the same for every socket that tries it, see ``CheckQueue.oft_tried``), else the
-    oldest. A user's login waiting for its check is not pushed out by the flood of
-    guesses for its login. A function of its inputs, not a method: the server's class is
-    compiled (``amqlite.native``), so its test cannot build one from stand-ins."""
-    oldest = None
-    for conn in itertools.islice(unauthenticated, EVICTION_SCAN):
-        oldest = oldest or conn
-        check = conn.check
-        group = check.group if check is not None else None
-        if group is not None and checks.oft_tried(group):
-            return conn
-    assert oldest is not None
-    return oldest
 
 
 class StompServer:

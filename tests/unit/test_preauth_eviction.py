@@ -1,4 +1,4 @@
-"""Past max_unauthenticated, which socket goes (``amqlite.server.crowded_out``, issue 23
+"""Past max_unauthenticated, which socket goes (``amqlite.auth.crowded_out``, issue 23
 item 2): one waiting for a passcode tried again and again, of a login with many of those
 (``CheckQueue.oft_tried``), before the oldest, so a login waiting for its check is not
 closed for a flood's sockets; a client retrying its one passcode is not such a guess. Pure
@@ -9,8 +9,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from amqlite.auth import RETRIED_PASSCODES_MAX, Authenticator, CheckQueue
-from amqlite.server import EVICTION_SCAN, crowded_out
+from amqlite.auth import (
+    EVICTION_SCAN,
+    RETRIED_PASSCODES_MAX,
+    Authenticator,
+    CheckQueue,
+    crowded_out,
+)
 
 
 class Sock:
