@@ -13,13 +13,27 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import random
 import socket
+from collections.abc import Iterable
+from pathlib import Path
 
 #: listen() backlog of the STOMP listener: a burst of reconnecting clients after a
 #: failover arrives at once; 512 is below Linux's default somaxconn (4096), which caps it.
 STOMP_BACKLOG = 512
 #: aiohttp's own default for its sites.
 HTTP_BACKLOG = 128
+
+#: Ports handed out for listeners are drawn from here up to the kernel's ephemeral range:
+#: above the well-known and most registered service ports people run beside a broker.
+PICK_FLOOR = 10000
+#: Where Linux keeps the range it takes outgoing connections' local ports from.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: Linux's default ephemeral range (the IANA one is 49152-65535).
+EPHEMERAL_DEFAULT = (32768, 60999)
+#: Candidates tried before a pick gives up (each one a bind on loopback).
+PICK_ATTEMPTS = 1000
+_handed_out: set[int] = set()
 
 
 def bound_sockets(host: str, port: int) -> list[socket.socket]:
@@ -61,6 +75,50 @@ def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]
         _close(socks)
         raise
     return socks
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports."""
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+    return low, high
+
+
+def pick_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = ()) -> list[int]:
+    """``count`` distinct ports free on ``host`` now, none in ``taken`` nor handed out
+    before by this process, and none in the ephemeral range.
+
+    Why not bind to port 0: the kernel answers from the ephemeral range, where any
+    outgoing connection (a client, a store session) may take the port as its local
+    one before the listener binds it, and the listener then fails with "address in
+    use". Ports below that range are only ever taken by someone who asks for them."""
+    low, _ = ephemeral_range()
+    if len(_handed_out) > (low - PICK_FLOOR) // 2:
+        _handed_out.clear()  # a long-lived process (a test run): the oldest are closed
+    avoid = set(taken) | _handed_out
+    ports: list[int] = []
+    for _ in range(PICK_ATTEMPTS):
+        if len(ports) == count:
+            break
+        port = (random.randrange(PICK_FLOOR, low) if low > PICK_FLOOR + count
+                else 0)  # no room below the range: the kernel's choice
+        if port in avoid:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            port = probe.getsockname()[1]
+        if port not in avoid:
+            avoid.add(port)
+            ports.append(port)
+    if len(ports) < count:
+        raise OSError(errno.EADDRINUSE, f"no {count} free ports on {host}")
+    _handed_out.update(ports)
+    return ports
 
 
 def _close(socks: list[socket.socket]) -> None:

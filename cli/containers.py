@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from amqlite.listen import pick_ports
 from amqlite.pidfile import pid_runs, stop_process
 from amqlite.registry import (
     GroupView,
@@ -181,18 +182,6 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
-def _free_ports(count: int, taken: set[int]) -> list[int]:
-    """Ports free now on loopback; ``taken``: ports other containers were given."""
-    ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken and port not in ports:
-            ports.append(port)
-    return ports
-
-
 def _ports_in_use(containers: Iterable[Container]) -> dict[int, str]:
     """Port -> name of the container that listens there (STOMP, TLS, HTTP when set)."""
     used: dict[int, str] = {}
@@ -277,7 +266,7 @@ def create_containers(home: Path, names: list[str], *, group: str, store: str | 
                 raise ContainerError(f"port {port} for container {n!r} is already used by "
                                      f"container {used[port]!r}", usage=True)
     else:
-        ports = _free_ports(len(names), set(used))
+        ports = pick_ports(len(names), taken=used)
     configs: list[tuple[Container, dict[str, Any]]] = []
     for name, port in zip(names, ports, strict=True):
         c = Container(name, home / name)

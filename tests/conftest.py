@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
 
 from tests.helpers.servers import PostgresServer, ZooKeeperServer, running_postgres
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests press Ctrl-C on the CLI (SIGINT to `consume`, `container logs -f`). A suite
+    started in the background by a shell without job control (`.ci/run &`, nohup) has
+    SIGINT ignored, and an ignored signal stays ignored in every child across exec:
+    those CLIs would never see it. A handled one is reset to the default in children."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

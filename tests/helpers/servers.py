@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from amqlite.listen import pick_ports
 from tests.helpers.poll import poll
 
 if TYPE_CHECKING:
@@ -32,9 +33,8 @@ STARTUP_TIMEOUT = 30.0
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, outside the ephemeral range (see ``pick_ports``)."""
+    return pick_ports(1)[0]
 
 
 def _accepts(host: str, port: int) -> bool:

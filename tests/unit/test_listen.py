@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from amqlite.listen import bound_sockets, listening_sockets
+from amqlite.listen import bound_sockets, ephemeral_range, listening_sockets, pick_ports
 
 RACERS = 16
 ROUNDS = 20
@@ -81,3 +81,23 @@ def test_racers_for_one_port_get_one_listener_and_oserrors() -> None:
         finally:
             for sock in won:
                 sock.close()
+
+
+def test_picked_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
+    """A CI run lost a bench broker to "address in use": its port came from bind(0),
+    the ephemeral range, where an outgoing connection had taken it in between."""
+    low, _ = ephemeral_range()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        ports = pick_ports(50, taken=[taken])
+    assert len(set(ports)) == 50 and taken not in ports
+    assert all(port < low for port in ports)
+    for port in ports:
+        (sock,) = listening_sockets("127.0.0.1", port, backlog=1)
+        sock.close()
+
+
+def test_a_process_is_never_handed_the_same_port_twice() -> None:
+    first = set(pick_ports(200))
+    assert first.isdisjoint(pick_ports(200))
