@@ -230,7 +230,8 @@ def container(ctx: click.Context, home: str | None) -> None:
               help="Address the brokers listen on.")
 @click.option("--bind-base", type=click.IntRange(1, 65535),
               help="First STOMP port; the next containers get the following ones "
-                   "(default: free ports picked now).")
+                   "(default: free ports picked now, below the kernel's ephemeral range "
+                   "so that no outgoing connection takes one before the broker starts).")
 @click.option("--rejoin/--no-rejoin", default=True, show_default=True,
               help="A demoted broker waits as slave again instead of exiting.")
 @click.option("--set", "extra", multiple=True, metavar="KEY=VALUE",
