@@ -37,7 +37,7 @@ CAROL, CAROL_PASS = "carol", "carol-s3cret"
 #: (from CONNECT sent to CONNECTED read, measured on a raw socket).
 LOGIN_DEADLINE = 1.0
 #: stomp.py's whole login, TCP connect included. Under a connection flood the kernel's
-#: accept queue (amqlite.listen.STOMP_BACKLOG) overflows now and then and drops a SYN,
+#: accept queue (amqlite.listen.STOMP_BACKLOG, 512) overflows now and then and drops a SYN,
 #: which the client resends after 1 s (seen once in about 35 logins here): outside the broker's
 #: login path, so allowed for here, and the raw-socket time above is the one that must
 #: stay within LOGIN_DEADLINE.
