@@ -58,10 +58,11 @@ class NodeView:
                 and not node.lost.is_set())
 
     async def refresh_depths(self, name: str | None = None) -> None:
-        """Stored depths and scheduled counts (cached a second). With ``name``: read
-        again now if the broker has a committed store row of it that the cache does not
-        show yet (created within the last second), so a route that looks one
-        destination up finds every destination the store holds, in memory or not."""
+        """Stored depths and scheduled counts (cached a second). Read again now if the
+        broker has a committed store row that the cache does not show yet (a destination
+        created within the last second: ``name``'s, or with no ``name`` any), so that a
+        route finds every destination the store holds, in memory or not, and a new one's
+        depth is not shown as 0 from a read made before it existed."""
         broker = self.broker
         if broker is None:
             self.depths = {}
@@ -69,9 +70,9 @@ class NodeView:
         try:
             self.depths = await asyncio.to_thread(self.reader.depths)
             self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts)
-            if (name is not None and name not in self.depths
-                    and name in broker.destination_rows
-                    and name not in broker.unconfirmed_destinations):
+            names = broker.destination_rows if name is None else (name,)
+            if any(n not in self.depths and n in broker.destination_rows
+                   and n not in broker.unconfirmed_destinations for n in names):
                 self.depths = await asyncio.to_thread(self.reader.depths, 0.0)
                 self.scheduled = await asyncio.to_thread(self.reader.scheduled_counts, 0.0)
         except StoreError as e:

@@ -8,7 +8,14 @@ import socket
 
 import pytest
 
-from tests.helpers.broker_proc import HOST, BrokerFactory, BrokerProcess, ClientPool, unique
+from tests.helpers.broker_proc import (
+    HOST,
+    BrokerFactory,
+    BrokerProcess,
+    ClientPool,
+    send_with_receipt,
+    unique,
+)
 from tests.helpers.mgmt import Api, start_with_http, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -90,6 +97,19 @@ def test_metrics_in_prometheus_format(api: Api, broker: BrokerProcess,
     assert re.search(r"^amqlite_commit_duration_seconds_count [1-9]", text, re.M)
     assert re.search(r"^amqlite_receipt_latency_seconds_count [1-9]", text, re.M)
     assert "amqlite_store_errors_total 0.0" in text
+
+
+def test_a_new_queue_lists_its_first_message_at_once(api: Api, broker: BrokerProcess,
+                                                    clients: ClientPool) -> None:
+    """The stored depths are cached for a second; a queue made within that second must
+    not be listed with the cache's "nothing stored" (a CI run: `queue list` right after
+    `produce` said waiting 0). Its first message is listed as soon as it is receipted."""
+    api.ok("GET", "/api/v1/destinations")  # the cache is fresh: read just now
+    dest = f"/queue/{unique('fresh')}"
+    send_with_receipt(clients(broker.port).conn, dest, "first", {"persistent": "true"})
+    [row] = [r for r in api.ok("GET", "/api/v1/destinations")["destinations"]
+             if r["name"] == dest]
+    assert row["waiting"] == 1, row
 
 
 def test_browse_pages_by_id_without_consuming(api: Api, broker: BrokerProcess,
