@@ -618,15 +618,27 @@ def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
     oldest EVICTION_SCAN of ``unauthenticated`` (oldest first), the first waiting for a
     passcode tried again and again among many of its login's (a flood's guess: its answer
     is the same for every socket that tries it, see ``CheckQueue.oft_tried``), else the
-    oldest. A user's login waiting for its check is not pushed out by the flood of
-    guesses for its login. A function of its inputs, not a server method: the server's
-    class is compiled (``amqlite.native``), so its test cannot build one from stand-ins."""
+    oldest that has not sent its CONNECT yet, else the oldest. A user's login waiting for
+    its check is not pushed out by the flood of guesses for its login, nor by a burst of
+    sockets that have said nothing yet (a CI run: a flood's burst of a few hundred
+    accepted in one loop turn closed alice's login, the oldest, with "server busy"). The
+    sockets waiting for a check are at most MAX_PENDING_CHECKS (128), below the default
+    max_unauthenticated (a quarter of max_connections: 250), so sockets that have said
+    nothing yet keep room to say it.
+    A function of its inputs, not a server method: the server's class is compiled
+    (``amqlite.native``), so its test cannot build one from stand-ins."""
     oldest = None
+    silent = None
     for conn in itertools.islice(unauthenticated, EVICTION_SCAN):
         oldest = oldest or conn
         check = conn.check
-        group = check.group if check is not None else None
+        if check is None:
+            silent = silent or conn
+            continue
+        group = check.group
         if group is not None and checks.oft_tried(group):
             return conn
+    if silent is not None:
+        return silent
     assert oldest is not None
     return oldest

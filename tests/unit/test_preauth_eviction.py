@@ -1,7 +1,8 @@
 """Past max_unauthenticated, which socket goes (``amqlite.auth.crowded_out``, issue 23
 item 2): one waiting for a passcode tried again and again, of a login with many of those
 (``CheckQueue.oft_tried``), before the oldest, so a login waiting for its check is not
-closed for a flood's sockets; a client retrying its one passcode is not such a guess. Pure
+closed for a flood's sockets; then one that has not sent its CONNECT yet; a client
+retrying its one passcode is not such a guess. Pure
 logic: the sockets are stand-ins with the attributes the choice reads."""
 
 from __future__ import annotations
@@ -47,14 +48,21 @@ def test_a_socket_waiting_on_a_repeated_guess_goes_before_the_oldest() -> None:
     assert choice([user, idle, guess, sock(1)]) is guess
 
 
-def test_the_oldest_goes_when_nothing_repeats() -> None:
+def test_a_socket_that_said_nothing_goes_before_a_login_waiting_for_its_check() -> None:
+    """A burst of new sockets (none has sent its CONNECT yet) must not close the login
+    that waits for its password check: a CI run saw alice closed with "server busy"."""
+    user, first_silent = sock(1), sock(None)
+    assert choice([user, first_silent, sock(1), sock(None)]) is first_silent
+
+
+def test_the_oldest_goes_when_every_one_waits_for_its_check() -> None:
     oldest = sock(1)
-    assert choice([oldest, sock(None), sock(1)]) is oldest
+    assert choice([oldest, sock(1), sock(2, "other")]) is oldest
 
 
 def test_a_client_retrying_its_one_passcode_is_not_taken_for_a_guess() -> None:
     oldest = sock(1)
-    assert choice([oldest, sock(None), sock(3, "retrying")]) is oldest
+    assert choice([oldest, sock(3, "retrying")]) is oldest
 
 
 def test_only_the_oldest_few_are_looked_at() -> None:
