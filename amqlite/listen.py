@@ -21,10 +21,11 @@ from pathlib import Path
 #: listen() backlog of the STOMP listener: a burst of reconnecting clients after a
 #: failover arrives at once; 512 is below Linux's default somaxconn (4096), which caps it.
 #: Not deeper: the queue also paces a connection flood into the broker, which admits
-#: every socket it accepts and, past max_unauthenticated, closes the oldest one still
-#: logging in. At 4096 a flood came in thousands per loop turn and pushed out a real
-#: login waiting for its password check ("server busy", a CI run); at 512 a flood
-#: overflows the queue instead, and the SYNs the kernel drops are resent after 1 s.
+#: every socket it accepts and, past max_unauthenticated, closes one still logging in
+#: (``amqlite.auth.crowded_out``). At 4096 a flood came in thousands per loop turn and
+#: pushed out a real login waiting for its password check ("server busy", a CI run); at
+#: 512 a flood overflows the queue instead, and the SYNs the kernel drops are resent
+#: after 1 s.
 STOMP_BACKLOG = 512
 #: aiohttp's own default for its sites.
 HTTP_BACKLOG = 128
