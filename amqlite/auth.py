@@ -622,8 +622,8 @@ def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
     its check is not pushed out by the flood of guesses for its login, nor by a burst of
     sockets that have said nothing yet (a CI run: a flood's burst of a few hundred
     accepted in one loop turn closed alice's login, the oldest, with "server busy"). The
-    sockets waiting for a check are at most MAX_PENDING_CHECKS (128), below the default
-    max_unauthenticated (a quarter of max_connections: 250), so sockets that have said
+    sockets waiting for a check are at most MAX_PENDING_CHECKS, below the default
+    max_unauthenticated (a quarter of max_connections), so sockets that have said
     nothing yet keep room to say it.
     A function of its inputs, not a server method: the server's class is compiled
     (``amqlite.native``), so its test cannot build one from stand-ins."""

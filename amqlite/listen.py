@@ -39,7 +39,8 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 EPHEMERAL_DEFAULT = (32768, 60999)
 #: Candidates tried before a pick gives up (each one a bind on loopback).
 PICK_ATTEMPTS = 1000
-_handed_out: set[int] = set()
+#: Ports this process handed out, oldest first (a dict as an ordered set).
+_handed_out: dict[int, None] = {}
 
 
 def bound_sockets(host: str, port: int) -> list[socket.socket]:
@@ -101,9 +102,7 @@ def pick_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = ()) -
     one before the listener binds it, and the listener then fails with "address in
     use". Ports below that range are only ever taken by someone who asks for them."""
     low, _ = ephemeral_range()
-    if len(_handed_out) > (low - PICK_FLOOR) // 2:
-        _handed_out.clear()  # a long-lived process (a test run): the oldest are closed
-    avoid = set(taken) | _handed_out
+    avoid = set(taken) | _handed_out.keys()
     ports: list[int] = []
     for _ in range(PICK_ATTEMPTS):
         if len(ports) == count:
@@ -123,7 +122,11 @@ def pick_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = ()) -
             ports.append(port)
     if len(ports) < count:
         raise OSError(errno.EADDRINUSE, f"no {count} free ports on {host}")
-    _handed_out.update(ports)
+    _handed_out.update(dict.fromkeys(ports))
+    # A long-lived process (a test run) forgets its oldest first: they are long closed,
+    # and half the window stays open for new picks.
+    for old in list(_handed_out)[:max(0, len(_handed_out) - (low - PICK_FLOOR) // 2)]:
+        del _handed_out[old]
     return ports
 
 

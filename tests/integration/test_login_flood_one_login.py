@@ -171,8 +171,9 @@ def timed_login(clients: ClientPool, port: int, login: str, passcode: str) -> fl
     return elapsed
 
 
-def raw_login(port: int, login: str, passcode: str) -> tuple[float, float]:
-    """(TCP connect time, CONNECT-to-CONNECTED time) of one login on a raw socket."""
+def raw_exchange(port: int, login: str, passcode: str) -> tuple[float, float, bytes]:
+    """One CONNECT on a raw socket: (TCP connect time, CONNECT-to-answer time, the
+    answer frame's bytes)."""
     start = time.monotonic()
     with socket.create_connection((HOST, port), timeout=10) as sock:
         connected = time.monotonic()
@@ -184,8 +185,14 @@ def raw_login(port: int, login: str, passcode: str) -> tuple[float, float]:
                 break
             data += chunk
         done = time.monotonic()
+    return connected - start, done - connected, data
+
+
+def raw_login(port: int, login: str, passcode: str) -> tuple[float, float]:
+    """(TCP connect time, CONNECT-to-CONNECTED time) of one login on a raw socket."""
+    connect_s, login_s, data = raw_exchange(port, login, passcode)
     assert data.startswith(b"CONNECTED\n"), f"{login}'s login was answered {data[:80]!r}"
-    return connected - start, done - connected
+    return connect_s, login_s
 
 
 def check_rounds(clients: ClientPool, broker: BrokerProcess, flood: Floods,
@@ -303,16 +310,8 @@ def retrying_login(port: int, login: str, passcode: str, deadline: float) -> tup
     tries = 0
     while time.monotonic() - start - connecting < deadline + 5:
         tries += 1
-        before = time.monotonic()
-        with socket.create_connection((HOST, port), timeout=10) as sock:
-            connecting += time.monotonic() - before
-            sock.sendall(connect_bytes(login, passcode))
-            data = b""
-            while b"\x00" not in data:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
+        connect_s, _, data = raw_exchange(port, login, passcode)
+        connecting += connect_s
         if data.startswith(b"CONNECTED\n"):
             return time.monotonic() - start - connecting, tries
         assert b"server busy" in data, f"{login}'s login was answered {data[:80]!r}"

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from amqlite import listen
 from amqlite.listen import bound_sockets, ephemeral_range, listening_sockets, pick_ports
 
 RACERS = 16
@@ -87,15 +88,36 @@ def test_picked_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
     """A CI run lost a bench broker to "address in use": its port came from bind(0),
     the ephemeral range, where an outgoing connection had taken it in between."""
     low, _ = ephemeral_range()
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        taken = held.getsockname()[1]
-        ports = pick_ports(50, taken=[taken])
-    assert len(set(ports)) == 50 and taken not in ports
+    ports = pick_ports(50)
+    assert len(set(ports)) == 50
     assert all(port < low for port in ports)
     for port in ports:
         (sock,) = listening_sockets("127.0.0.1", port, backlog=1)
         sock.close()
+
+
+def test_ports_taken_or_in_use_are_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a window of a few ports (PICK_FLOOR just below the range), every free one but
+    the one another container was given (``taken``) and the one something holds."""
+    low, _ = ephemeral_range()
+    monkeypatch.setattr(listen, "PICK_FLOOR", low - 12)
+    monkeypatch.setattr(listen, "_handed_out", {})
+    window = range(low - 12, low)
+    free = []
+    for port in window:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        free.append(port)
+    assert len(free) >= 3, f"the window {window} is mostly in use on this machine"
+    taken = free[0]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free[1]))
+        ports = pick_ports(len(free) - 2, taken=[taken])
+    assert taken not in ports and free[1] not in ports
+    assert sorted(ports) == free[2:]
 
 
 def test_a_process_is_never_handed_the_same_port_twice() -> None:
