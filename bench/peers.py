@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
@@ -223,6 +225,8 @@ class PeerSet:
         self.procs: list[Stoppable] = []
         #: The RabbitMQ cluster started here, if any (its queues can be asked about).
         self.cluster: RabbitCluster | None = None
+        #: SIGTERM's handler before ``__enter__`` (restored by ``__exit__``).
+        self._sigterm: Any = None
 
     def postgres(self) -> PostgresServer:
         if self.pg is None:
@@ -309,10 +313,24 @@ class PeerSet:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> PeerSet:
+        # A bench stopped with SIGTERM (kill, timeout) stops what it started: the
+        # signal becomes SystemExit, so ``__exit__`` runs. Python's default would end
+        # the process at once and leave RabbitMQ's or ActiveMQ's nodes running.
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main() -> int:

@@ -9,12 +9,17 @@ bench/README.md and bench/run_all.py read, and moved messages. The peers
 from __future__ import annotations
 
 import json
+import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.servers import wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -163,3 +168,25 @@ def test_side_by_side_alternates_runs_and_prints_each_runs_costs() -> None:
     assert summary["medians"]["W2/amqlite"]["receipt_p50_ms"] is None
     assert summary["ratios"] == {}  # no peer ran
     assert "| W1 (median of runs) | amqlite |" in out.stdout
+
+
+def test_a_bench_stopped_with_sigterm_stops_the_broker_it_started() -> None:
+    """`kill` or `timeout` on a bench must not leave its brokers running (RabbitMQ's
+    nodes were left so): PeerSet turns SIGTERM into an exit through its cleanup."""
+    proc = subprocess.Popen([sys.executable, "bench/peers.py", "sqlite"], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "sqlite STOMP on 127.0.0.1:PORT (log PATH); ..."
+        match = re.search(r"127\.0\.0\.1:(\d+) \(log (\S+)\)", line)
+        assert match, line
+        port, tmp = int(match[1]), Path(match[2]).parent
+        wait_for_port(port)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=COMMAND_TIMEOUT) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    assert not tmp.exists()
