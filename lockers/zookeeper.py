@@ -262,7 +262,14 @@ class ZooKeeperLocker(Locker):
             self._enter_suspended()
         elif session_id != self._grant.session_id:
             self._declare_lost("reconnected with a new ZooKeeper session")
-        elif self._suspended and (self._verifying is None or self._verifying.done()):
+        elif self._suspended:
+            # A check still waiting was sent on a connection that is gone (its answer
+            # may never come before the suspension runs out): this connection's own
+            # check replaces it.
+            if self._verifying is not None and not self._verifying.done():
+                self._verifying.cancel()
+            log.info("%s: connection to ZooKeeper back in the same session: checking our"
+                     " lock node", self.description)
             self._verifying = asyncio.ensure_future(self._verify())
 
     def _enter_suspended(self) -> None:
