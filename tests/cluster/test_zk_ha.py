@@ -34,6 +34,7 @@ from tests.helpers.broker_proc import (
 from tests.helpers.cluster import sql
 from tests.helpers.poll import poll
 from tests.helpers.servers import ZooKeeperServer
+from tests.helpers.tcp_gate import TcpGate
 
 pytestmark = pytest.mark.integration
 
@@ -214,12 +215,25 @@ class ServingWatch(threading.Thread):
         self.join(10)
 
 
+@pytest.fixture
+def zk_gate(private_zookeeper: ZooKeeperServer) -> Iterator[TcpGate]:
+    """The brokers reach ZooKeeper through a gate closed while it restarts and opened
+    once it serves again (tests/helpers/tcp_gate.py: ZooKeeper 3.8.0 leaves a
+    connection made while it starts hanging, which is not what this test is about)."""
+    gate = TcpGate(private_zookeeper.port)
+    gate.open()
+    try:
+        yield gate
+    finally:
+        gate.close()
+
+
 @pytest.mark.timeout(240)
 def test_zookeeper_outage_pauses_the_master_without_a_second_master(
         broker_factory: BrokerFactory, clients: ClientPool, pg_url: str,
-        private_zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
-    zk = private_zookeeper
-    zk_url = f"zk://{zk.hosts}/amqha"
+        private_zookeeper: ZooKeeperServer, zk_gate: TcpGate, tmp_path: Path) -> None:
+    zk, gate = private_zookeeper, zk_gate
+    zk_url = f"zk://127.0.0.1:{gate.port}/amqha"
     group, brokers, master = start_group(broker_factory, pg_url, zk_url,
                                          OUTAGE_SESSION_TIMEOUT)
     queue = f"/queue/{unique('outage')}"
@@ -230,6 +244,7 @@ def test_zookeeper_outage_pauses_the_master_without_a_second_master(
     watch.start()
     try:
         down_at = time.monotonic()
+        gate.close()
         zk.stop()
         master.wait_log(r"suspended; pausing dispatch and writes", WAIT)
         receipt = unique("r-outage")
@@ -239,6 +254,7 @@ def test_zookeeper_outage_pauses_the_master_without_a_second_master(
         assert client.listener.holds_for(lambda: not has_receipt(), NO_RECEIPT_WINDOW), \
             "a SEND was confirmed while ZooKeeper was away"
         zk.start()
+        gate.open()
         outage = time.monotonic() - down_at
         print(f"ZooKeeper was away for {outage:.3f}s (session timeout "
               f"{OUTAGE_SESSION_TIMEOUT}s)")

@@ -195,16 +195,22 @@ class ZooKeeperServer:
         log.close()
         self._wait_serving()
 
-    def _answers_ruok(self) -> bool:
+    def _serves(self) -> bool:
+        """``srvr`` names the server's mode once it serves: its database is loaded.
+        ``ruok`` says imok before that, while a client's connection would be left
+        hanging (see tests/helpers/tcp_gate.py)."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"ruok")
-                return s.recv(16) == b"imok"
+                s.sendall(b"srvr")
+                answer = b""
+                while chunk := s.recv(4096):
+                    answer += chunk
+                return b"Mode:" in answer
         except OSError:
             return False
 
     def _wait_serving(self) -> None:
-        poll(self._answers_ruok, timeout=STARTUP_TIMEOUT, what="ZooKeeper answers ruok",
+        poll(self._serves, timeout=STARTUP_TIMEOUT, what="ZooKeeper serves (srvr)",
              interval=0.1, give_up=lambda: self.proc is not None and self.proc.poll() is not None,
              context=lambda: f"see {self.tmp / 'zookeeper.log'}")
 
