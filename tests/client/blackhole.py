@@ -8,6 +8,10 @@ completes, as towards a paused process whose kernel still accepts.
 
 ``hold()`` makes it a slow peer instead: new connections are accepted but reach the target
 only at ``release()``, with what the client wrote meanwhile.
+
+``cut()`` makes the target go away loudly (every connection closed, new ones refused)
+and ``reopen()`` brings it back on the same port: a server restarted out of the
+clients' sight.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import contextlib
 import socket
 import threading
 from collections.abc import Callable
+
+from amqlite.listen import pick_ports
 
 __all__ = ["TcpProxy"]
 
@@ -32,8 +38,9 @@ class TcpProxy:
     def __init__(self, target_port: int, name: str = "proxy") -> None:
         self.target_port = target_port
         self.name = name
-        self._listener = socket.create_server((HOST, 0), backlog=BACKLOG)
-        self.port: int = self._listener.getsockname()[1]
+        # Below the ephemeral range (pick_ports), so that reopen() finds it free again.
+        self.port: int = pick_ports(1, HOST)[0]
+        self._listener = socket.create_server((HOST, self.port), backlog=BACKLOG)
         self._dark = threading.Event()
         self._released = threading.Event()
         self._released.set()
@@ -51,9 +58,20 @@ class TcpProxy:
         self.close()
 
     def start(self) -> TcpProxy:
-        threading.Thread(target=self._accept_loop, name=f"{self.name}-accept",
-                         daemon=True).start()
+        threading.Thread(target=self._accept_loop, args=(self._listener,),
+                         name=f"{self.name}-accept", daemon=True).start()
         return self
+
+    def cut(self) -> None:
+        """The target gone: the listener and every connection closed (both ends see it)."""
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self._close_connections()
+
+    def reopen(self) -> None:
+        """Listening again on the same port, after ``cut()``."""
+        self._listener = socket.create_server((HOST, self.port), backlog=BACKLOG)
+        self.start()
 
     @property
     def dark(self) -> bool:
@@ -76,6 +94,9 @@ class TcpProxy:
         self._released.set()
         with contextlib.suppress(OSError):
             self._listener.close()
+        self._close_connections()
+
+    def _close_connections(self) -> None:
         with self._lock:
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
@@ -91,10 +112,10 @@ class TcpProxy:
                 return
             self._sockets.append(sock)
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         while not self._closed.is_set():
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             self.accepted += 1

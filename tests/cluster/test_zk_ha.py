@@ -23,6 +23,7 @@ from kazoo.exceptions import NoNodeError
 
 from amqlite.node import EXIT_DEMOTED
 from amqlite.registry import read_cluster
+from tests.client.blackhole import TcpProxy
 from tests.helpers.broker_proc import (
     BrokerFactory,
     BrokerProcess,
@@ -34,7 +35,6 @@ from tests.helpers.broker_proc import (
 from tests.helpers.cluster import sql
 from tests.helpers.poll import poll
 from tests.helpers.servers import ZooKeeperServer
-from tests.helpers.tcp_gate import TcpGate
 
 pytestmark = pytest.mark.integration
 
@@ -216,22 +216,21 @@ class ServingWatch(threading.Thread):
 
 
 @pytest.fixture
-def zk_gate(private_zookeeper: ZooKeeperServer) -> Iterator[TcpGate]:
-    """The brokers reach ZooKeeper through a gate closed while it restarts and opened
-    once it serves again (tests/helpers/tcp_gate.py: ZooKeeper 3.8.0 leaves a
-    connection made while it starts hanging, which is not what this test is about)."""
-    gate = TcpGate(private_zookeeper.port)
-    gate.open()
-    try:
-        yield gate
-    finally:
-        gate.close()
+def zk_gate(private_zookeeper: ZooKeeperServer) -> Iterator[TcpProxy]:
+    """The brokers reach ZooKeeper through a proxy cut while it restarts and reopened
+    once it serves again. Why: ZooKeeper 3.8.0 (Debian's) listens before its database
+    is loaded, and a client connection it closes in that window hits a
+    NullPointerException in the close path and is left open unanswered (ZOOKEEPER-5051);
+    kazoo then waits the session timeout / hosts for the handshake and the master
+    demotes (a CI run; one run of 19 under load). Not what this test is about."""
+    with TcpProxy(private_zookeeper.port, "zk") as proxy:
+        yield proxy
 
 
 @pytest.mark.timeout(240)
 def test_zookeeper_outage_pauses_the_master_without_a_second_master(
         broker_factory: BrokerFactory, clients: ClientPool, pg_url: str,
-        private_zookeeper: ZooKeeperServer, zk_gate: TcpGate, tmp_path: Path) -> None:
+        private_zookeeper: ZooKeeperServer, zk_gate: TcpProxy, tmp_path: Path) -> None:
     zk, gate = private_zookeeper, zk_gate
     zk_url = f"zk://127.0.0.1:{gate.port}/amqha"
     group, brokers, master = start_group(broker_factory, pg_url, zk_url,
@@ -244,7 +243,7 @@ def test_zookeeper_outage_pauses_the_master_without_a_second_master(
     watch.start()
     try:
         down_at = time.monotonic()
-        gate.close()
+        gate.cut()
         zk.stop()
         master.wait_log(r"suspended; pausing dispatch and writes", WAIT)
         receipt = unique("r-outage")
@@ -254,7 +253,7 @@ def test_zookeeper_outage_pauses_the_master_without_a_second_master(
         assert client.listener.holds_for(lambda: not has_receipt(), NO_RECEIPT_WINDOW), \
             "a SEND was confirmed while ZooKeeper was away"
         zk.start()
-        gate.open()
+        gate.reopen()
         outage = time.monotonic() - down_at
         print(f"ZooKeeper was away for {outage:.3f}s (session timeout "
               f"{OUTAGE_SESSION_TIMEOUT}s)")

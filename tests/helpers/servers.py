@@ -198,7 +198,7 @@ class ZooKeeperServer:
     def _serves(self) -> bool:
         """``srvr`` names the server's mode once it serves: its database is loaded.
         ``ruok`` says imok before that, while a client's connection would be left
-        hanging (see tests/helpers/tcp_gate.py)."""
+        hanging (ZOOKEEPER-5051: see tests/cluster/test_zk_ha.py's zk_gate)."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 s.sendall(b"srvr")
