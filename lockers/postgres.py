@@ -47,7 +47,7 @@ from lockers.base import (
     LockState,
     RetryBackoff,
 )
-from lockers.connections.blocking import collect_outcome, run_blocking
+from lockers.connections.blocking import collect_outcome, run_blocking, wait_running
 from lockers.connections.errors import one_line, refused_for_good
 from lockers.connections.pg_url import hosts_text, libpq_url, split_hosts
 from lockers.connections.postgres import (
@@ -411,8 +411,10 @@ class PostgresLocker(Locker):
     ) -> T:
         """Run ``fn`` on the session in a thread; on cancellation undo what it did.
 
-        A call with no answer within ``timeout`` abandons the session (its
-        thread closes it on return), which ends whatever lock it held.
+        A call with no answer within ``timeout`` seconds of this process's running
+        time abandons the session (its thread closes it on return), which ends
+        whatever lock it held. A pause of the process itself is the lease's business
+        (lockers.pg_lease), not a sign the server went quiet.
         """
         if self._closed:
             raise LockerError(f"{self.description}: closed")
@@ -424,8 +426,7 @@ class PostgresLocker(Locker):
             try:
                 if server_wait:
                     self._waiting = fut, s
-                await asyncio.wait({fut}, timeout=timeout)  # never cancels fut
-                if not fut.done():
+                if not await wait_running(fut, timeout):
                     # Abandoned: its late outcome (an error once the session is
                     # closed) is collected here, never "Future exception was
                     # never retrieved" after a partition.

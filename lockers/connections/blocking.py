@@ -1,5 +1,6 @@
 """``run_blocking``: a blocking call on a thread of its own, awaited on the loop;
-``collect_outcome`` for such a call nobody awaits any more.
+``wait_running`` to bound it by the time this process ran; ``collect_outcome``
+for such a call nobody awaits any more.
 
 Used by every locker backend and by the ZooKeeper registry (``amqlite.registry``),
 so it sits on the floor they share (``lockers.connections``).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -47,6 +49,35 @@ def run_blocking(fn: Callable[[], T], *, name: str = "amqlite-locker") -> asynci
 
     threading.Thread(target=runner, name=name, daemon=True).start()
     return fut
+
+
+#: ``wait_running`` waits in slices this long, and a slice that ends more than
+#: PAUSED_LATENESS after it should have is taken for a pause of this process
+#: (SIGSTOP, a suspended VM, a loop that did not run): a quarter second keeps the
+#: wake-ups rare, and a second late is far beyond a busy loop's normal lag.
+RUNNING_SLICE = 0.25
+PAUSED_LATENESS = 1.0
+
+
+async def wait_running(fut: asyncio.Future[Any], timeout: float) -> bool:
+    """Wait for ``fut`` until ``timeout`` seconds of this process's running time have
+    passed; True when it is done.
+
+    A wall-clock bound is wrong across a pause of the whole process: the thread waiting
+    for the server stops with it, and on resume the loop's timer has long expired while
+    the answer already sits in the socket, so the timer wins the race and a call that
+    was answered counts as unanswered (a paused master gave up a lock it still held).
+    Time the process did not run is not the server's silence: the slice it falls in
+    counts as one slice. Never cancels ``fut``.
+    """
+    left = timeout
+    while not fut.done() and left > 0:
+        step = min(left, RUNNING_SLICE)
+        started = time.monotonic()
+        await asyncio.wait({fut}, timeout=step)
+        spent = time.monotonic() - started
+        left -= step if spent > step + PAUSED_LATENESS else spent
+    return fut.done()
 
 
 def collect_outcome(fut: asyncio.Future[Any]) -> None:

@@ -8,6 +8,7 @@ import gc
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -53,3 +54,35 @@ def test_abandoned_keepalive_outcome_is_collected(
 
     run(main())
     assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
+
+
+def test_a_pause_of_the_process_is_not_the_servers_silence(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    """CI, stop 32: a master SIGSTOPped with a lock check in flight gave its lock up on
+    SIGCONT although the server had answered — the loop's wall-clock timer expired during
+    the pause and fired before the resumed thread could read the answer. Here the loop
+    stands still (time.sleep on it: nothing of this process waits) longer than
+    PG_CALL_TIMEOUT while the backend is stopped, and the backend resumes with it: the
+    check must succeed, the lock still ours."""
+    from lockers.postgres import PG_CALL_TIMEOUT
+
+    async def main() -> None:
+        a = open_locker(pg_url, "g", node="a")
+        assert await a.try_acquire()
+        pid = int(await asyncio.to_thread(
+            postgres_server.psql,
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            f" AND application_name = '{_app('g', 'a')}'", _dbname(pg_url)))
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            check = asyncio.create_task(a.keepalive())
+            await asyncio.sleep(0)  # the check's thread is started and waits on the backend
+            time.sleep(PG_CALL_TIMEOUT + 1.0)  # the pause: the loop does not run
+        finally:
+            os.kill(pid, signal.SIGCONT)  # and the backend answers as the loop resumes
+        await check  # LockLost before the fix: "no answer within 3s"
+        await a.keepalive()
+        await a.close()
+
+    run(main())
