@@ -17,6 +17,7 @@ and is stopped and removed by ``stop()`` -- also when a benchmark fails.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -333,8 +334,11 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main() -> int:
-    kind = sys.argv[1] if len(sys.argv) > 1 else "activemq"
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Start one broker on loopback, print its STOMP "
+                                             "port, stop it on Enter.")
+    ap.add_argument("kind", nargs="?", default="activemq", choices=SPAWN_KINDS)
+    kind = ap.parse_args(argv).kind
     with PeerSet() as peers:
         broker = peers.spawn(kind)
         print(f"{kind} STOMP on 127.0.0.1:{broker.port} (log {broker.log}); Enter stops it")

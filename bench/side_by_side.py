@@ -12,6 +12,7 @@ per round (alternating runs pair up) and on the medians, against issue 25's goal
 
     python bench/side_by_side.py                               # W1, 3 rounds of 20 s (~5 min)
     python bench/side_by_side.py --workloads W1,W2 --rounds 5
+    python bench/side_by_side.py --processes 2                 # producers in 2 processes
     python bench/side_by_side.py --workloads W4 --brokers amqlite,activemq
 
 Peers come from Debian's packages (bench/install-peers). A run that fails prints
@@ -59,7 +60,7 @@ def plan(opts: argparse.Namespace) -> list[tuple[int, str, str, list[str]]]:
     """(round, workload, broker, load.py argv): every round runs each broker once
     per workload, in the order given, so runs of different brokers alternate."""
     extra = ["--seconds", str(opts.seconds)]
-    for flag in ("producers", "consumers"):
+    for flag in ("producers", "consumers", "processes"):
         if getattr(opts, flag) is not None:
             extra += [f"--{flag}", str(getattr(opts, flag))]
     steps = []
@@ -179,6 +180,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="measuring time per run")
     ap.add_argument("--producers", type=int, help="load.py's (default 50)")
     ap.add_argument("--consumers", type=int, help="load.py's (default 4)")
+    ap.add_argument("--processes", type=int,
+                    help="load.py's: the producers in this many processes of their own, for "
+                         "every broker (default 1; bench/README.md: one process's loop adds "
+                         "its latency to each RECEIPT round trip of the fastest broker)")
     ap.add_argument("--save", type=Path, help="also write every record and the summary here")
     opts = ap.parse_args()
     opts.workloads = [w.strip() for w in opts.workloads.split(",")]

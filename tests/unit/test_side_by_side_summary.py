@@ -58,7 +58,7 @@ def test_table_shows_medians_and_each_rounds_ratio() -> None:
 
 def test_plan_alternates_brokers_within_each_round() -> None:
     class Opts:
-        rounds, seconds, producers, consumers = 2, 5.0, None, 2
+        rounds, seconds, producers, consumers, processes = 2, 5.0, None, 2, 2
         workloads = ["W1", "W4"]
         brokers = ["amqlite", "rabbitmq", "activemq"]
 
@@ -69,6 +69,9 @@ def test_plan_alternates_brokers_within_each_round() -> None:
         (2, "W1", "amqlite"), (2, "W1", "rabbitmq"), (2, "W1", "activemq"),
         (2, "W4", "amqlite"), (2, "W4", "activemq")]
     assert steps[0][3] == ["bench/load.py", "--spawn", "postgres", "--seconds", "5.0",
-                           "--consumers", "2"]
+                           "--consumers", "2", "--processes", "2"]
+    # the same load generator for every broker
+    assert all(args[5:9] == ["--consumers", "2", "--processes", "2"]
+               for *_, args in steps)
     assert steps[3][3][:3] == ["bench/load.py", "--spawn", "sqlite"]
     assert steps[4][3][:3] == ["bench/load.py", "--spawn", "activemq-kahadb"]
