@@ -109,6 +109,8 @@ def run_one(workload: str, broker: str, args: list[str], timeout: float) -> dict
 def plan(opts: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
     """(workload, broker, argv) for everything this run does, in order."""
     secs = ["--seconds", str(opts.seconds)]
+    if opts.processes > 1:  # load.py's runs only (W1, W2, W4), every broker
+        secs += ["--processes", str(opts.processes)]
     steps: list[tuple[str, str, list[str]]] = []
     for b in opts.brokers:
         if "W1" in opts.only:
@@ -269,6 +271,9 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(WORKLOADS), help="e.g. W1,W3")
     ap.add_argument("--brokers", default="amqlite,activemq,rabbitmq,rabbitmq-quorum")
     ap.add_argument("--seconds", type=float, default=20.0, help="W1/W2/W4 measuring time")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="W1/W2/W4: load.py's producers in this many processes of their own, "
+                         "for every broker (bench/README.md, session 14)")
     ap.add_argument("--backlog", type=int, default=1_000_000, help="W3/W5 messages waiting")
     ap.add_argument("--rounds", type=int, default=2, help="W3 kills per run")
     ap.add_argument("--quick", action="store_true",

@@ -75,3 +75,21 @@ def test_plan_alternates_brokers_within_each_round() -> None:
                for *_, args in steps)
     assert steps[3][3][:3] == ["bench/load.py", "--spawn", "sqlite"]
     assert steps[4][3][:3] == ["bench/load.py", "--spawn", "activemq-kahadb"]
+
+
+def test_run_all_gives_every_brokers_load_runs_the_same_generator() -> None:
+    """bench/run_all.py --processes 2: W1, W2 and W4 of every broker get it, the
+    failover and depth benches (their own clients) do not."""
+    from bench.run_all import plan as full_plan
+
+    class Opts:
+        only, brokers = ["W1", "W2", "W3", "W4", "W5"], ["amqlite", "activemq"]
+        seconds, processes, rounds, backlog = 5.0, 2, 1, 100
+
+    steps = full_plan(Opts())  # type: ignore[arg-type]
+    loads = [args for w, _, args in steps if args[0] == "bench/load.py"]
+    assert {w for w, _, args in steps if args[0] == "bench/load.py"} == {"W1", "W2", "W4"}
+    assert len(loads) == 6 and all(args[3:7] == ["--seconds", "5.0", "--processes", "2"]
+                                   for args in loads)
+    assert not any("--processes" in args for _, _, args in steps
+                   if args[0] != "bench/load.py")
