@@ -13,13 +13,24 @@ from typing import Any
 
 import pytest
 
-from lockers import LockLost, open_locker
+from lockers import Locker, LockLost, open_locker
 from tests.helpers.lockers import eventually, run
 from tests.helpers.servers import PostgresServer
 from tests.lockers.test_postgres import _app, _dbname
 
 #: The abandoned call ends as soon as its backend resumes and is terminated.
 LATE_OUTCOME_TIMEOUT = 30.0
+
+
+async def _holder(postgres_server: PostgresServer, pg_url: str) -> tuple[Locker, int]:
+    """A locker holding group "g", and the server pid of its lock session."""
+    a = open_locker(pg_url, "g", node="a")
+    assert await a.try_acquire()
+    pid = int(await asyncio.to_thread(
+        postgres_server.psql,
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        f" AND application_name = '{_app('g', 'a')}'", _dbname(pg_url)))
+    return a, pid
 
 
 def test_abandoned_keepalive_outcome_is_collected(
@@ -29,12 +40,7 @@ def test_abandoned_keepalive_outcome_is_collected(
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: reported.append(ctx))
-        a = open_locker(pg_url, "g", node="a")
-        assert await a.try_acquire()
-        pid = int(await asyncio.to_thread(
-            postgres_server.psql,
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            f" AND application_name = '{_app('g', 'a')}'", _dbname(pg_url)))
+        a, pid = await _holder(postgres_server, pg_url)
         os.kill(pid, signal.SIGSTOP)  # the partition: TCP up, no answer
         try:
             with pytest.raises(LockLost):
@@ -68,12 +74,7 @@ def test_a_pause_of_the_process_is_not_the_servers_silence(
     from lockers.postgres import PG_CALL_TIMEOUT
 
     async def main() -> None:
-        a = open_locker(pg_url, "g", node="a")
-        assert await a.try_acquire()
-        pid = int(await asyncio.to_thread(
-            postgres_server.psql,
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            f" AND application_name = '{_app('g', 'a')}'", _dbname(pg_url)))
+        a, pid = await _holder(postgres_server, pg_url)
         os.kill(pid, signal.SIGSTOP)
         try:
             check = asyncio.create_task(a.keepalive())
