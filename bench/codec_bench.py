@@ -7,6 +7,7 @@ cost per frame is the budget everything else shares. Run:
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -56,6 +57,7 @@ def _rate(run_once: object, per_call: int) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     wire = encode_frame(FRAME, STOMP_1_2)
     chunk = wire * FRAMES_PER_CHUNK
     parser = FrameParser(version=STOMP_1_2)

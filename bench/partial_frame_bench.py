@@ -24,6 +24,7 @@ Run: ``.venv/bin/python bench/partial_frame_bench.py`` (PYTHONPATH selects the t
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -107,8 +108,12 @@ def one_case(kind: str, content_length: bool) -> float:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--case":
-        print(one_case(sys.argv[2], sys.argv[3] == "1"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", nargs=2, metavar=("NAME", "CONTENT_LENGTH"),
+                    help="one case in this interpreter (what the whole run spawns)")
+    case = ap.parse_args().case
+    if case is not None:
+        print(one_case(case[0], case[1] == "1"))
         return
     result: dict[str, object] = {"body_mib": round(BODY / MIB, 3), "chunk_kib": CHUNK // 1024}
     for content_length in (False, True):

@@ -45,6 +45,9 @@ def thread_cpu_seconds() -> dict[str, float]:
 
 
 def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
+        print("usage: python bench/profile_node.py DIR <the arguments of cli>", file=sys.stderr)
+        raise SystemExit(2)
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     sys.argv = ["cli", *sys.argv[2:]]

@@ -12,6 +12,7 @@ counters the sampler reads; the stored-depth query is not included (it is the on
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -54,6 +55,7 @@ def filled(n: int, trace: bool = False) -> tuple[Sampler, Any, list[dict[str, An
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     for n in COUNTS:
         sampler, broker, rows, _ = filled(n)
         for row in rows:
