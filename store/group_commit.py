@@ -58,6 +58,13 @@ T = TypeVar("T")
 #: inserts takes tens of milliseconds on PostgreSQL; beyond that latency grows
 #: with no gain in throughput (PGMQ's measurements flatten well before this).
 MAX_BATCH_OPS = 5000
+#: Message bodies merged into one transaction at most (bytes). A burst of pipelined
+#: SENDs (W5's preload: eight connections) otherwise merges 5000 1 KiB messages into
+#: 5 MiB arrays that glibc keeps resident in the store thread's arena, and libpq's
+#: output buffer grows to match and never shrinks: ~12 MB of RSS left after the burst.
+#: 1 MiB is still ~1000 such messages a commit, where the fixed cost of a commit is
+#: long amortised. A single write larger than this still goes, alone.
+MAX_BATCH_BYTES = 2**20
 #: Artificial wait for more work before committing (ms): none, as with
 #: PostgreSQL's commit_delay = 0. Work arriving during a commit batches itself.
 DEFAULT_COMMIT_DELAY_MS = 0
@@ -80,6 +87,7 @@ class GroupCommitter:
         loop: asyncio.AbstractEventLoop,
         on_failure: Callable[[BaseException], None],
         max_batch_ops: int = MAX_BATCH_OPS,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
         commit_delay_ms: float = DEFAULT_COMMIT_DELAY_MS,
     ) -> None:
         if max_batch_ops < 1:
@@ -89,6 +97,7 @@ class GroupCommitter:
         self._loop = loop
         self._on_failure = on_failure
         self._max_ops = max_batch_ops
+        self._max_bytes = max_batch_bytes
         self._delay_s = max(0.0, commit_delay_ms) / 1000
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._failure: BaseException | None = None
@@ -199,6 +208,7 @@ class GroupCommitter:
         acc: Batch = first[1]
         merged = False
         ops = len(acc)
+        size = _body_bytes(acc)
         held = None
         deadline = time.monotonic() + self._delay_s if self._delay_s else 0.0
         while ops < self._max_ops:
@@ -216,7 +226,9 @@ class GroupCommitter:
                 break
             later: Batch = nxt[1]
             n = len(later)
-            if ops + n > self._max_ops or not acc.merge_safe(later):
+            more = _body_bytes(later)
+            if (ops + n > self._max_ops or size + more > self._max_bytes
+                    or not acc.merge_safe(later)):
                 held = nxt
                 break
             if not merged:  # never mutate a caller's batch
@@ -226,6 +238,7 @@ class GroupCommitter:
             acc.extend(later)
             items.append(nxt)
             ops += n
+            size += more
         self._commit(acc, items)
         return held
 
@@ -376,6 +389,11 @@ class GroupCommitter:
         if leftover:
             self._post(_fail_all, leftover, StoreError("the group committer is closed"))
         self._post(_set_result, self._stopped, None)
+
+
+def _body_bytes(batch: Batch) -> int:
+    """The bytes of the message bodies ``batch`` inserts (``MAX_BATCH_BYTES``)."""
+    return sum([len(x.body) for x in batch.inserts])
 
 
 def _merged(batches: list[Batch]) -> Batch:

@@ -139,6 +139,30 @@ def test_a_batch_larger_than_the_limit_commits_alone(make_store: MakeStore) -> N
     assert one(s, "SELECT count(*) FROM amq_messages") == 7
 
 
+def test_merging_stops_at_the_bodies_byte_limit(make_store: MakeStore) -> None:
+    """A burst of pipelined SENDs merges into commits of at most ``max_batch_bytes`` of
+    bodies (W5's preload left 5 MiB arrays resident otherwise); one bigger write still
+    commits, alone."""
+    s, e = master(make_store)
+
+    async def scenario() -> None:
+        gate = threading.Event()
+        gc = GroupCommitter(s, e, asyncio.get_running_loop(), lambda exc: None,
+                            max_batch_bytes=250)
+        busy = gc.call(gate.wait, DEADLINE_S)
+        # 100-byte bodies: two fit in 250 bytes, a third does not; then one of 300 bytes.
+        futures = [gc.submit(Batch(inserts=[msg(i, body=b"x" * 100)])) for i in range(1, 6)]
+        futures.append(gc.submit(Batch(inserts=[msg(6, body=b"y" * 300)])))
+        gate.set()
+        await busy
+        await asyncio.gather(*futures)
+        assert (gc.commits, gc.batches) == (4, 6)  # [1, 2], [3, 4], [5], [6]
+        gc.close()
+
+    run(scenario)
+    assert one(s, "SELECT count(*) FROM amq_messages") == 6
+
+
 def test_fenced_fails_the_commit_and_everything_after_once(make_store: MakeStore) -> None:
     s, e = master(make_store)
     make_store().claim_epoch("node-b")  # a new master took over
