@@ -63,7 +63,7 @@ class BatchCommitting(FencedStore):
                 writer = proxy.driver_connection
                 proxy.detach()  # ours for good: no pool reset between batches
                 self._writer = writer
-                self._pipeline = Pipeline(writer)
+                self._pipeline = Pipeline(writer, pg_batch.PLANNER_SETTINGS)
             assert self._pipeline is not None
             result = pg_batch.commit(self._pipeline, self.group, epoch, batch, now_ms(),
                                      encode_headers)

@@ -37,6 +37,18 @@ from store.pg_arrays import byteas, int2s, int4s, int8s, texts
 from store.pg_pipeline import Pipeline, Statement, int8
 from store.schema import COUNTER_KINDS
 
+#: The planner settings of the pipeline's session. Its statements are prepared once, and
+#: after five runs PostgreSQL keeps a generic plan until the table's statistics change.
+#: Planned while a churning queue's table looked empty (autovacuum truncates it when the
+#: consumers keep up: relpages 0), the ACK's join became a hash join over a sequential
+#: scan of amq_messages, and stayed the plan while dead rows grew the table to a
+#: gigabyte: W1 fell from 15,800 to 3,000 msg/s, PostgreSQL spending 92 % of its CPU in
+#: sequential scans (bench/README.md, "Issue 25, session 15"). Every statement here
+#: reaches rows by key, so only nested loops of index probes are left, whatever the
+#: statistics say when the plan is made. (``enable_*`` settings only price a plan
+#: out; where no other plan exists, PostgreSQL still uses it.)
+PLANNER_SETTINGS = ("SET enable_seqscan = off", "SET enable_hashjoin = off",
+                    "SET enable_mergejoin = off")
 #: SQLSTATE division_by_zero: only the fence divides, so it means "fenced".
 FENCED_SQLSTATE = "22012"
 #: All bodies of a batch travel in one bytea[] parameter, and PostgreSQL
@@ -87,26 +99,32 @@ WHERE k NOT IN (SELECT dedup_key FROM d)"""
 # planner may pick ix_amq_messages_dest (grp, destination_id, id) and filter
 # on id over the group's whole range: cheap by the statistics of a small
 # queue, 8 ms per batch in practice because a churning queue's index is full
-# of dead entries. Joined per id, only the primary key gives a full-key probe.
+# of dead entries. Joined per id, the primary key gives a full-key probe. But a
+# plan made while the statistics say the table is empty (PLANNER_SETTINGS) may
+# still scan the group's range once instead of probing: the ids' bounds (lo, hi)
+# keep that scan to the batch's own span of ids, whichever plan runs.
 UNDELIVER = """\
 UPDATE amq_messages t SET delivery_count = t.delivery_count - 1, inflight_epoch = NULL
 FROM unnest(%(id)b::int8[]) AS u(id)
-WHERE t.grp = %(g)s AND t.id = u.id"""
+WHERE t.grp = %(g)s AND t.id = u.id
+  AND t.id BETWEEN %(lo)s AND %(hi)s"""
 
 DELIVER = """\
 UPDATE amq_messages t SET delivery_count = t.delivery_count + u.n, inflight_epoch = %(e)s
 FROM unnest(%(id)b::int8[], %(n)b::int4[]) AS u(id, n)
-WHERE t.grp = %(g)s AND t.id = u.id"""
+WHERE t.grp = %(g)s AND t.id = u.id
+  AND t.id BETWEEN %(lo)s AND %(hi)s"""
 
 RELEASE = """\
 UPDATE amq_messages t SET inflight_epoch = NULL
 FROM unnest(%(id)b::int8[]) AS u(id)
-WHERE t.grp = %(g)s AND t.id = u.id"""
+WHERE t.grp = %(g)s AND t.id = u.id
+  AND t.id BETWEEN %(lo)s AND %(hi)s"""
 
 ACK = """\
 WITH del AS (
   DELETE FROM amq_messages t USING unnest(%(id)b::int8[]) AS u(id)
-  WHERE t.grp = %(g)s AND t.id = u.id
+  WHERE t.grp = %(g)s AND t.id = u.id AND t.id BETWEEN %(lo)s AND %(hi)s
   RETURNING t.destination_id
 ), c AS (
   SELECT destination_id, count(*) AS n FROM del GROUP BY destination_id
@@ -155,6 +173,7 @@ def fits(batch: Batch) -> bool:
 #: The type of each parameter of the statements above, by name.
 TYPES = {
     "g": arr.TEXT_OID, "e": arr.INT8_OID, "now": arr.INT8_OID, "max_id": arr.INT8_OID,
+    "lo": arr.INT8_OID, "hi": arr.INT8_OID,
     **dict.fromkeys(("dk", "dp", "mid", "pid", "k", "h"), arr.TEXT_ARRAY_OID),
     **dict.fromkeys(("ds", "di", "id", "dst", "pseq", "exp", "enq", "d", *COUNTER_KINDS),
                     arr.INT8_ARRAY_OID),
@@ -189,17 +208,17 @@ def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
         steps.append((S_INSERT, {**base, **_insert_arrays(inserts, identities, now,
                                                            encode_headers)}))
     if batch.undeliveries:
-        steps.append((S_UNDELIVER, {**base, "id": int8s(batch.undeliveries)}))
+        steps.append((S_UNDELIVER, {**base, **_ids(batch.undeliveries)}))
     if deliveries:
-        steps.append((S_DELIVER, {**base, "id": int8s(list(deliveries)),
+        steps.append((S_DELIVER, {**base, **_ids(list(deliveries)),
                                   "n": int4s(list(deliveries.values()))}))
     if batch.releases:
-        steps.append((S_RELEASE, {**base, "id": int8s([mid for _, mid in batch.releases])}))
+        steps.append((S_RELEASE, {**base, **_ids([mid for _, mid in batch.releases])}))
     if acked and batch.counters:
-        steps.append((S_ACK_COUNT, {**base, "id": int8s(list(acked)),
+        steps.append((S_ACK_COUNT, {**base, **_ids(list(acked)),
                                     **_count_arrays(batch.counters)}))
     elif acked:
-        steps.append((S_ACK, {**base, "id": int8s(list(acked))}))
+        steps.append((S_ACK, {**base, **_ids(list(acked))}))
     elif batch.counters:
         steps.append((S_COUNT, {**base, **_count_arrays(batch.counters)}))
     results = pipeline.transaction(steps)
@@ -208,6 +227,11 @@ def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
             result.duplicates.add(key)
             result.duplicate_ids.add(ids_by_key[key])
     return result
+
+
+def _ids(ids: list[int]) -> dict[str, bytes | None]:
+    """Message ids as the probing statements take them: the array and its bounds."""
+    return {"id": int8s(ids), "lo": int8(min(ids)), "hi": int8(max(ids))}
 
 
 def _count_arrays(counts: dict[int, list[int]]) -> dict[str, bytes | None]:

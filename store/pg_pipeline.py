@@ -62,7 +62,14 @@ class Pipeline:
     """Runs transactions of ``Statement``s on one psycopg connection, which it owns
     from then on (nothing else may use it: its state is libpq's, not psycopg's)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, settings: Sequence[str] = ()) -> None:
+        """``settings``: ``SET`` statements for the session, run (and committed) before
+        the connection enters pipeline mode, so they hold for every plan made on it."""
+        if settings:
+            with conn.cursor() as cur:
+                for setting in settings:
+                    cur.execute(setting)
+            conn.commit()
         self.conn = conn
         self._pg: Any = conn.pgconn
         self._pg.nonblocking = 1
