@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable
 from pathlib import Path
 
-from amqlite import activation, native, pidfile
+from amqlite import activation, native, pidfile, vacuum
 from amqlite.activation import ActivationAborted, ActivationGuard
 from amqlite.auth import Authenticator, AuthError
 from amqlite.authz import UsersFile, load_users_file
@@ -476,6 +476,7 @@ class Node:
             asyncio.ensure_future(self._keepalive(locker)),
             asyncio.ensure_future(self._check_integrity(epoch)),
             asyncio.ensure_future(self._housekeeping(committer, store, epoch)),
+            asyncio.ensure_future(vacuum.every_interval(store)),
             asyncio.ensure_future(self.replication.watch(committer, self._demote)),
         ]
         if s.update_cluster_clients:

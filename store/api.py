@@ -467,6 +467,12 @@ class Store(abc.ABC):
         a store that cannot tell says True, so nothing is deleted."""
         return True
 
+    def vacuum_messages(self) -> None:
+        """Make the space of deleted message rows reusable now, outside any commit (a
+        thread of its own may call it). Not abstract: a no-op for a store that reuses
+        it by itself (SQLite's free pages)."""
+        return None
+
     # Scheduled delivery. Not abstract so that test doubles of the store need not.
     def next_scheduled(self) -> int | None:
         """The earliest ``deliver_at`` of a scheduled message (ms), or None: one index

@@ -8,12 +8,20 @@ import hashlib
 import json
 from collections import defaultdict
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from store import schema
 from store.api import DeletedDestination, Ref
+from store.errors import store_error
 from store.fencing import Changes, FencedStore
 from store.statements import chunks, now_ms
+
+#: A master's own VACUUM of the message table (``vacuum_messages``, why: ``amqlite.vacuum``).
+#: Without TRUNCATE: its exclusive lock would stall the commits, and the pages are
+#: reused. statement_timeout off: a first pass over a table bloated before may take
+#: minutes.
+VACUUM_MESSAGES = "VACUUM (TRUNCATE false) amq_messages"
 
 #: ``amq_meta`` key prefix of a group's last dedup prune (``dedup_pruned_key``).
 DEDUP_PRUNED_PREFIX = "dedup_pruned:"
@@ -125,6 +133,20 @@ class Housekeeping(FencedStore):
             ).rowcount
             self._record_prune(conn, before)
             return int(gone)
+
+    def vacuum_messages(self) -> None:
+        if self._sqlite:
+            return
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                conn.execute(text("SET statement_timeout = 0"))
+                try:
+                    conn.execute(text(VACUUM_MESSAGES))
+                finally:
+                    conn.execute(text("RESET statement_timeout"))
+        except SQLAlchemyError as e:
+            raise store_error(self.description, "vacuum of amq_messages", e) from e
 
     def _record_prune(self, conn: Connection, before: int) -> None:
         """Upsert the group's ``amq_meta`` row; the fence holds the group's row lock,

@@ -1,0 +1,68 @@
+"""A master's own VACUUM of the message table, every ``VACUUM_INTERVAL`` seconds.
+
+Every persistent message is a row inserted and deleted, and PostgreSQL reuses a
+deleted row's space only once a vacuum has passed. Autovacuum looks at a database
+once a minute (``autovacuum_naptime``, server-wide) and throttles itself: under W1
+the table grew by 19 MB a second, to 2.8 GB in 150 s before autovacuum's first pass
+ended (bench/README.md, "Issue 25, session 15"). Vacuumed every 10 s it stays near
+150-230 MB for the same CPU per message over a long run: the work per deleted row is
+the same, done before the rows pile up.
+
+The pass runs on a daemon thread and a store session of its own
+(``Store.vacuum_messages``): it takes as long as the table is big, and neither the
+event loop, a commit, nor a stopping broker waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two passes. W1 deletes ~20 MB of rows a second: 10 s keeps the
+#: table near 200 MB, and a quiet table's pass (nothing to do) costs ~1 ms.
+VACUUM_INTERVAL = 10.0
+
+
+async def every_interval(store: Store) -> None:
+    """Vacuum ``store``'s message table every ``VACUUM_INTERVAL`` while the task runs
+    (a master's term). A failure is logged and tried again next time: losing the
+    store is the commits' business."""
+    while True:
+        await asyncio.sleep(VACUUM_INTERVAL)
+        try:
+            await _on_daemon_thread(store.vacuum_messages)
+        except StoreError as exc:
+            log.warning("vacuum of the message table: %s", exc)
+
+
+def _on_daemon_thread(fn: Callable[[], None]) -> asyncio.Future[None]:
+    """``fn()`` on a daemon thread of its own (not the loop's executor, which a
+    stopping loop waits for); its outcome as a future of the running loop."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def done(exc: BaseException | None) -> None:
+        if not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+
+    def run() -> None:
+        outcome: BaseException | None = None
+        try:
+            fn()
+        except BaseException as exc:  # handed to the loop, raised where it is awaited
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(done, outcome)
+
+    threading.Thread(target=run, name="amqlite-vacuum", daemon=True).start()
+    return fut
