@@ -469,8 +469,9 @@ class Store(abc.ABC):
 
     def vacuum_messages(self) -> None:
         """Make the space of deleted message rows reusable now, outside any commit (a
-        thread of its own may call it). Not abstract: a no-op for a store that reuses
-        it by itself (SQLite's free pages)."""
+        thread of its own may call it); nothing when no commit deleted a row since the
+        last time. Not abstract: a no-op for a store that reuses the space by itself
+        (SQLite's free pages)."""
         return None
 
     # Scheduled delivery. Not abstract so that test doubles of the store need not.

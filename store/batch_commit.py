@@ -49,6 +49,8 @@ class BatchCommitting(FencedStore):
             result = self._commit_pipelined(epoch, batch)
         else:
             result = self._commit_stepwise(epoch, batch)
+        if batch.acks or batch.moves:
+            self.deleting_commits += 1
         if self._analyze_pending:
             self._inserted_since_open += len(batch.inserts)
             if self._inserted_since_open >= ANALYZE_AFTER_ROWS:

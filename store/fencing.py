@@ -98,6 +98,11 @@ class FencedStore(Store):
         self._chunk = IN_CHUNK if self._sqlite else ARRAY_CHUNK
         self._inserted_since_open = 0
         self._analyze_pending = not self._sqlite
+        #: Batches that acknowledged or moved messages (deleted rows), and how many there
+        #: were at the last ``vacuum_messages``: a store with none since has nothing to
+        #: vacuum. Written on the committer's thread, read on the vacuum's (an int).
+        self.deleting_commits = 0
+        self._deleting_commits_vacuumed = 0
         #: Test seam: called inside ``commit_batch`` right after the fence, while
         #: the transaction holds the group row lock.
         self.after_fence: Callable[[], None] | None = None

@@ -135,7 +135,8 @@ class Housekeeping(FencedStore):
             return int(gone)
 
     def vacuum_messages(self) -> None:
-        if self._sqlite:
+        deleting = self.deleting_commits
+        if self._sqlite or deleting == self._deleting_commits_vacuumed:
             return
         try:
             with self.engine.connect() as conn:
@@ -147,6 +148,7 @@ class Housekeeping(FencedStore):
                     conn.execute(text("RESET statement_timeout"))
         except SQLAlchemyError as e:
             raise store_error(self.description, "vacuum of amq_messages", e) from e
+        self._deleting_commits_vacuumed = deleting
 
     def _record_prune(self, conn: Connection, before: int) -> None:
         """Upsert the group's ``amq_meta`` row; the fence holds the group's row lock,
