@@ -44,9 +44,10 @@ from store.schema import COUNTER_KINDS
 #: scan of amq_messages, and stayed the plan while dead rows grew the table to a
 #: gigabyte: W1 fell from 15,800 to 3,000 msg/s, PostgreSQL spending 92 % of its CPU in
 #: sequential scans (bench/README.md, "Issue 25, session 15"). Every statement here
-#: reaches rows by key, so only nested loops of index probes are left, whatever the
-#: statistics say when the plan is made. (``enable_*`` settings only price a plan
-#: out; where no other plan exists, PostgreSQL still uses it.)
+#: reaches rows by key, so only nested loops over index scans are left, whatever the
+#: statistics say when the plan is made, and the ids' bounds (below) keep even a range
+#: scan to the batch's own span. (``enable_*`` settings only price a plan out; where no
+#: other plan exists, PostgreSQL still uses it.)
 PLANNER_SETTINGS = ("SET enable_seqscan = off", "SET enable_hashjoin = off",
                     "SET enable_mergejoin = off")
 #: SQLSTATE division_by_zero: only the fence divides, so it means "fenced".
