@@ -7,19 +7,18 @@ the table grew by 19 MB a second, to 2.8 GB in 150 s before autovacuum's first p
 ended (bench/README.md, "Issue 25, session 15"). Vacuumed every second it stays
 small enough for PostgreSQL's buffers, at no measurable cost to W1.
 
-The pass runs on a daemon thread and a store session of its own
-(``Store.vacuum_messages``): it takes as long as the table is big, and neither the
-event loop, a commit, nor a stopping broker waits for it.
+The pass runs on a daemon thread (``run_blocking``, not the loop's executor, which
+a stopping loop waits for) and a store session of its own (``Store.vacuum_messages``):
+it takes as long as the table is big, and neither the event loop, a commit, nor a
+stopping broker waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
-from collections.abc import Callable
 
+from lockers.connections.blocking import run_blocking
 from store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -41,32 +40,6 @@ async def every_interval(store: Store) -> None:
     while True:
         await asyncio.sleep(VACUUM_INTERVAL)
         try:
-            await _on_daemon_thread(store.vacuum_messages)
+            await run_blocking(store.vacuum_messages, name="amqlite-vacuum")
         except StoreError as exc:
             log.warning("vacuum of the message table: %s", exc)
-
-
-def _on_daemon_thread(fn: Callable[[], None]) -> asyncio.Future[None]:
-    """``fn()`` on a daemon thread of its own (not the loop's executor, which a
-    stopping loop waits for); its outcome as a future of the running loop."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[None] = loop.create_future()
-
-    def done(exc: BaseException | None) -> None:
-        if not fut.done():
-            if exc is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(exc)
-
-    def run() -> None:
-        outcome: BaseException | None = None
-        try:
-            fn()
-        except BaseException as exc:  # handed to the loop, raised where it is awaited
-            outcome = exc
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(done, outcome)
-
-    threading.Thread(target=run, name="amqlite-vacuum", daemon=True).start()
-    return fut

@@ -47,15 +47,19 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a running process tree, for 'what did the broker cost'."""
+def tree_cpu_seconds(pid: int, reaped: bool = False) -> float:
+    """User + system CPU of a running process tree, for 'what did the broker cost';
+    ``reaped``: with the children ``pid`` has waited for (PostgreSQL's ended
+    autovacuum workers and sessions), which the tree no longer shows."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
     for p in tree_pids(pid):
         with contextlib.suppress(OSError, ValueError, IndexError):
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+            if reaped and p == pid:
+                total += int(fields[13]) + int(fields[14])  # cutime, cstime
     return total / ticks
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peers import PeerSet  # noqa: E402
+from bench.peers import PeerSet, tree_cpu_seconds  # noqa: E402
 
 #: Seconds between two samples of the table in ``--scenario long``.
 SAMPLE_INTERVAL = 10.0
@@ -38,25 +37,6 @@ TABLE_STATS = """\
 SELECT pg_relation_size('amq_messages'), pg_indexes_size('amq_messages'), n_dead_tup,
        vacuum_count, autovacuum_count
 FROM pg_stat_user_tables WHERE relname = 'amq_messages'"""
-
-
-def store_cpu_seconds(postmaster: int) -> float:
-    """CPU of PostgreSQL: the postmaster with the children it reaped (autovacuum
-    workers, ended sessions) and those alive."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
-                              text=True).stdout.split()
-    for i, pid in enumerate([str(postmaster), *children]):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile: the postmaster's cutime has it
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-        if i == 0:
-            total += int(fields[13]) + int(fields[14])  # cutime, cstime: reaped children
-    return total / ticks
 
 
 def table(url: str) -> dict[str, Any]:
@@ -71,12 +51,12 @@ def table(url: str) -> dict[str, Any]:
 def w1(port: int, seconds: float, processes: int, postmaster: int, label: str,
        url: str) -> dict[str, Any]:
     """One ``load.py`` W1 run against the broker on ``port``."""
-    cpu0 = store_cpu_seconds(postmaster)
+    cpu0 = tree_cpu_seconds(postmaster, reaped=True)
     out = subprocess.run(
         [sys.executable, "bench/load.py", "--port", str(port), "--seconds", str(seconds),
          "--processes", str(processes)],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=seconds + 300)
-    cpu = store_cpu_seconds(postmaster) - cpu0
+    cpu = tree_cpu_seconds(postmaster, reaped=True) - cpu0
     result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
     n = result["received"]
     record = {"run": label, "msg_s": result["end_to_end_msg_s"],
