@@ -26,8 +26,12 @@ ADMIN, ADMIN_PASSWORD = "admin", "adm1n-pw"
 USER, USER_PASSWORD = "bob", "b0b-pw"
 #: The promise: a valid login succeeds within a second during a flood.
 LOGIN_DEADLINE = 1.0
-#: Bad logins in flight at once, each on its own connection.
-FLOOD_REQUESTS = 200
+#: Bad logins in flight at once, each on its own connection: more than the broker keeps
+#: waiting per address (MAX_PENDING_PER_PEER, 32), so some are refused 503, and fewer than
+#: the listener's backlog (amqlite.listen.HTTP_BACKLOG, 128). With 200, the connections
+#: past the backlog had their SYN dropped and retransmitted a second later, and the flood
+#: trickled in while the queue drained: how much of it was left to overtake was a race.
+FLOOD_REQUESTS = 100
 #: The broker's FAILURES_BEFORE_THROTTLE (amqlite.management.security).
 FAILURES_BEFORE_THROTTLE = 5
 
@@ -110,20 +114,19 @@ class Flood:
 
 def test_valid_login_within_a_second_during_a_bad_login_flood(
         broker: BrokerProcess) -> None:
-    """Hundreds of bad Basic logins in flight from the administrator's own address delay
+    """A hundred bad Basic logins in flight from the administrator's own address delay
     a valid login by a couple of password checks at most."""
     port = int(broker.http.rsplit(":", 1)[1])  # type: ignore[attr-defined]
     with contextlib.closing(Flood(port, FLOOD_REQUESTS)) as flood:
-        check_flood(broker, flood)
+        check_flood(port, flood)
 
 
-def check_flood(broker: BrokerProcess, flood: Flood) -> None:
+def check_flood(port: int, flood: Flood) -> None:
     assert flood.wait_first_answer(10.0), "no bad login was answered within 10s"
 
-    port = int(broker.http.rsplit(":", 1)[1])  # type: ignore[attr-defined]
     start = time.time()  # the kernel's stamps are wall-clock time
-    data, answered_at = read_stamped(
-        stamped_request(port, basic(ADMIN, ADMIN_PASSWORD)), timeout=10.0)
+    with stamped_request(port, basic(ADMIN, ADMIN_PASSWORD)) as admin:
+        data, answered_at = read_stamped(admin, timeout=10.0)
     head, _, body = data.partition(b"\r\n\r\n")
     status, node = int(head.split()[1]), json.loads(body)
     elapsed = answered_at - start
