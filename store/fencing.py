@@ -103,6 +103,8 @@ class FencedStore(Store):
         #: vacuum. Written on the committer's thread, read on the vacuum's (an int).
         self.deleting_commits = 0
         self._deleting_commits_vacuumed = 0
+        #: Whether this role's VACUUM of amq_messages does anything (None: not asked yet).
+        self.may_vacuum: bool | None = None
         #: Test seam: called inside ``commit_batch`` right after the fence, while
         #: the transaction holds the group row lock.
         self.after_fence: Callable[[], None] | None = None

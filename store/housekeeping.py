@@ -14,7 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from store import schema
 from store.api import DeletedDestination, Ref
 from store.errors import store_error
-from store.fencing import Changes, FencedStore
+from store.fencing import Changes, FencedStore, log
 from store.statements import chunks, now_ms
 
 #: A master's own VACUUM of the message table (``vacuum_messages``, why: ``amqlite.vacuum``).
@@ -22,6 +22,17 @@ from store.statements import chunks, now_ms
 #: reused. statement_timeout off: a first pass over a table bloated before may take
 #: minutes.
 VACUUM_MESSAGES = "VACUUM (TRUNCATE false) amq_messages"
+#: Whether the store's role may vacuum ``amq_messages``. PostgreSQL lets the table's
+#: owner, the database's owner and superusers (members of either with their privileges:
+#: ``pg_has_role ... USAGE``), and from version 17 a role granted MAINTAIN; anyone else's
+#: VACUUM skips the table with a WARNING only the server's log shows.
+MAY_VACUUM = """\
+SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE'){maintain}
+FROM pg_class c JOIN pg_database d ON d.datname = current_database()
+WHERE c.oid = 'amq_messages'::regclass"""
+MAY_MAINTAIN = " OR has_table_privilege(c.oid, 'MAINTAIN')"
+#: The first PostgreSQL with the MAINTAIN privilege (server_version_num).
+MAINTAIN_SINCE = 170000
 
 #: ``amq_meta`` key prefix of a group's last dedup prune (``dedup_pruned_key``).
 DEDUP_PRUNED_PREFIX = "dedup_pruned:"
@@ -138,9 +149,13 @@ class Housekeeping(FencedStore):
         deleting = self.deleting_commits
         if self._sqlite or deleting == self._deleting_commits_vacuumed:
             return
+        if self.may_vacuum is False:
+            return
         try:
             with self.engine.connect() as conn:
                 conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                if self.may_vacuum is None and not self._check_may_vacuum(conn):
+                    return
                 conn.execute(text("SET statement_timeout = 0"))
                 try:
                     conn.execute(text(VACUUM_MESSAGES))
@@ -149,6 +164,22 @@ class Housekeeping(FencedStore):
         except SQLAlchemyError as e:
             raise store_error(self.description, "vacuum of amq_messages", e) from e
         self._deleting_commits_vacuumed = deleting
+
+    def _check_may_vacuum(self, conn: Connection) -> bool:
+        """Ask once whether this role's VACUUM would do anything, and say so when not:
+        PostgreSQL's own warning reaches only its server log."""
+        version = int(conn.execute(text("SHOW server_version_num")).scalar_one())
+        maintain = MAY_MAINTAIN if version >= MAINTAIN_SINCE else ""
+        self.may_vacuum = bool(conn.execute(text(MAY_VACUUM.format(maintain=maintain)))
+                               .scalar_one())
+        if not self.may_vacuum:
+            role = conn.execute(text("SELECT current_user")).scalar_one()
+            log.warning("%s: role %s may not VACUUM amq_messages (neither the table's nor "
+                        "the database's owner): acknowledged messages' rows are reclaimed "
+                        "only by autovacuum, and a busy queue's table grows meanwhile; "
+                        "make %s the table's owner (ALTER TABLE amq_messages OWNER TO %s)",
+                        self.description, role, role, role)
+        return self.may_vacuum
 
     def _record_prune(self, conn: Connection, before: int) -> None:
         """Upsert the group's ``amq_meta`` row; the fence holds the group's row lock,

@@ -3,8 +3,13 @@ right after it, not after autovacuum's next pass (``amqlite.vacuum``)."""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+from sqlalchemy import create_engine, text
+
 from store import Batch, SqlStore
-from tests.helpers.store import MakeStore, master, msg, one
+from tests.helpers.store import MakeStore, master, msg, one, store_opener
 
 MESSAGES = 200
 
@@ -38,3 +43,47 @@ def vacuum_count(s: SqlStore) -> int:
         return int(conn.exec_driver_sql(
             "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'amq_messages'"
         ).scalar_one())
+
+
+def test_a_role_that_may_not_vacuum_is_told_once(pg_url: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A deployment whose store role only has DML grants on tables another role owns:
+    PostgreSQL's VACUUM would skip the table with a warning only its server log shows.
+    The store asks once, says so in the broker's log, and does not try again."""
+    with store_opener(pg_url) as make:
+        owner, e = master(make)
+        churn(owner, e, 1)
+        owner.vacuum_messages()  # the schema's owner may
+        assert owner.may_vacuum is True and vacuum_count(owner) == 1
+    role = "amq_vacuum_dml_only"
+    admin = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with admin.connect() as conn, conn.begin():
+            conn.execute(text(f"CREATE ROLE {role} LOGIN"))
+            conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN "
+                              f"SCHEMA public TO {role}"))
+        scheme, rest = pg_url.split("://", 1)
+        with store_opener(f"{scheme}://{role}@{rest.split('@', 1)[-1]}") as make:
+            s, e = master(make, group="g2")
+            with caplog.at_level(logging.WARNING, logger="store.sql"):
+                churn(s, e, 1)
+                s.vacuum_messages()
+                churn(s, e, MESSAGES + 1)
+                s.vacuum_messages()
+            assert s.may_vacuum is False
+            told = [r.getMessage() for r in caplog.records if "may not VACUUM" in r.getMessage()]
+            assert len(told) == 1, told
+            assert f"role {role} may not VACUUM amq_messages" in told[0]
+            assert vacuum_count(s) == 1  # the owner's pass only
+    finally:
+        with admin.connect() as conn, conn.begin():
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+        admin.dispose()
+
+
+def churn(s: SqlStore, epoch: int, first: int) -> None:
+    """MESSAGES messages stored and acknowledged: dead rows a vacuum would reclaim."""
+    ids = list(range(first, first + MESSAGES))
+    s.commit_batch(epoch, Batch(inserts=[msg(i) for i in ids]))
+    s.commit_batch(epoch, Batch(acks=[(None, i) for i in ids]))
