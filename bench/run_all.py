@@ -59,6 +59,12 @@ COMMAND_TIMEOUT = 1800.0
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
 
 
+#: ``--processes`` of this script and side_by_side.py, passed to every load.py run.
+PROCESSES_HELP = ("load.py's producers in this many processes of their own, for every "
+                  "broker (default 1; bench/README.md, session 14: one process's loop adds "
+                  "its latency to each RECEIPT round trip of the fastest broker)")
+
+
 def loadavg() -> str:
     """1, 5 and 15 minute load: the machine is shared, so every figure carries it."""
     try:
@@ -271,9 +277,7 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(WORKLOADS), help="e.g. W1,W3")
     ap.add_argument("--brokers", default="amqlite,activemq,rabbitmq,rabbitmq-quorum")
     ap.add_argument("--seconds", type=float, default=20.0, help="W1/W2/W4 measuring time")
-    ap.add_argument("--processes", type=int, default=1,
-                    help="W1/W2/W4: load.py's producers in this many processes of their own, "
-                         "for every broker (bench/README.md, session 14)")
+    ap.add_argument("--processes", type=int, default=1, help="W1/W2/W4: " + PROCESSES_HELP)
     ap.add_argument("--backlog", type=int, default=1_000_000, help="W3/W5 messages waiting")
     ap.add_argument("--rounds", type=int, default=2, help="W3 kills per run")
     ap.add_argument("--quick", action="store_true",

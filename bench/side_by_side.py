@@ -34,6 +34,7 @@ sys.path.insert(0, str(BENCH.parent))
 from bench.run_all import (  # noqa: E402
     COMMAND_TIMEOUT,
     NAMES,
+    PROCESSES_HELP,
     SPAWN,
     SPAWN_EMBEDDED,
     TARGET_W1_VS_RABBITMQ_CLASSIC,
@@ -180,10 +181,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="measuring time per run")
     ap.add_argument("--producers", type=int, help="load.py's (default 50)")
     ap.add_argument("--consumers", type=int, help="load.py's (default 4)")
-    ap.add_argument("--processes", type=int,
-                    help="load.py's: the producers in this many processes of their own, for "
-                         "every broker (default 1; bench/README.md: one process's loop adds "
-                         "its latency to each RECEIPT round trip of the fastest broker)")
+    ap.add_argument("--processes", type=int, help=PROCESSES_HELP)
     ap.add_argument("--save", type=Path, help="also write every record and the summary here")
     opts = ap.parse_args()
     opts.workloads = [w.strip() for w in opts.workloads.split(",")]
