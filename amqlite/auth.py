@@ -258,6 +258,9 @@ class PendingCheck:
     stored: str | None = field(default=None, repr=False)
     #: The hash it waits for, shared with every CONNECT of the same login and passcode.
     group: CheckGroup | None = field(default=None, repr=False)
+    #: Answered no at submit (a denial the cache knew, a full queue), the answer a loop
+    #: turn away: its socket closes then anyway (``crowded_out`` takes it first).
+    refused: bool = False
 
 
 @dataclass(eq=False)
@@ -391,6 +394,7 @@ class CheckQueue:
         loop = asyncio.get_running_loop()
         known = self._recall(check.login, check.passcode, stored)
         if known is not None:
+            check.refused = not known
             loop.call_soon(self._answer, check, known)
             return check
         key: bytes | None = None
@@ -414,6 +418,7 @@ class CheckQueue:
         if victim is group:  # tried more than everything waiting: refused, not queued
             self.counts["busy"] += 1
             check.group = None
+            check.refused = True
             loop.call_soon(self._refuse, check)
             return check
         if victim is not None:
@@ -615,13 +620,16 @@ W = TypeVar("W", bound=Waiting)
 
 def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
     """The socket to close for a newcomer past ``max_unauthenticated``: among the
-    oldest EVICTION_SCAN of ``unauthenticated`` (oldest first), the first waiting for a
+    oldest EVICTION_SCAN of ``unauthenticated`` (oldest first), the first already refused
+    (``PendingCheck.refused``: it closes within a loop turn anyway) or waiting for a
     passcode tried again and again among many of its login's (a flood's guess: its answer
     is the same for every socket that tries it, see ``CheckQueue.oft_tried``), else the
     oldest that has not sent its CONNECT yet, else the oldest. A user's login waiting for
     its check is not pushed out by the flood of guesses for its login, nor by a burst of
     sockets that have said nothing yet (a CI run: a flood's burst of a few hundred
-    accepted in one loop turn closed alice's login, the oldest, with "server busy"). The
+    accepted in one loop turn closed alice's login, the oldest, with "server busy"), nor
+    by a burst of a guess the cache already knows is wrong (a test run under load: each
+    had its denial on the way, none counted as a guess waiting, alice was the oldest). The
     sockets waiting for a check are at most MAX_PENDING_CHECKS, below the default
     max_unauthenticated (a quarter of max_connections), so sockets that have said
     nothing yet keep room to say it.
@@ -635,6 +643,8 @@ def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
         if check is None:
             silent = silent or conn
             continue
+        if check.refused:
+            return conn
         group = check.group
         if group is not None and checks.oft_tried(group):
             return conn

@@ -1,9 +1,9 @@
 """Past max_unauthenticated, which socket goes (``amqlite.auth.crowded_out``, issue 23
 item 2): one waiting for a passcode tried again and again, of a login with many of those
 (``CheckQueue.oft_tried``), before the oldest, so a login waiting for its check is not
-closed for a flood's sockets; then one that has not sent its CONNECT yet; a client
-retrying its one passcode is not such a guess. Pure
-logic: the sockets are stand-ins with the attributes the choice reads."""
+closed for a flood's sockets, nor for one already refused; then one that has not sent
+its CONNECT yet; a client retrying its one passcode is not such a guess. Pure logic: the
+sockets are stand-ins with the attributes the choice reads."""
 
 from __future__ import annotations
 
@@ -23,13 +23,21 @@ class Sock:
     """A socket not logged in: no CONNECT yet (None), or one whose passcode for
     ``login`` was tried ``seen`` times (hashable by identity, as a ClientConnection is)."""
 
-    def __init__(self, seen: int | None, login: str) -> None:
+    def __init__(self, seen: int | None, login: str, refused: bool = False) -> None:
         self.check = (None if seen is None
-                      else SimpleNamespace(group=SimpleNamespace(seen=seen, login=login)))
+                      else SimpleNamespace(group=None if refused else
+                                           SimpleNamespace(seen=seen, login=login),
+                                           refused=refused))
 
 
 def sock(seen: int | None, login: str = "flooded") -> Any:
     return Sock(seen, login)
+
+
+def refused() -> Any:
+    """A socket whose CONNECT was answered no at once (a denial the cache knew, a full
+    queue): the answer is a loop turn away, and it waits for no check."""
+    return Sock(1, "flooded", refused=True)
 
 
 def choice(socks: list[Any]) -> Any:
@@ -70,3 +78,11 @@ def test_only_the_oldest_few_are_looked_at() -> None:
     late_guess = sock(40)
     assert choice([oldest, *[sock(1) for _ in range(EVICTION_SCAN)], late_guess]) \
         is oldest
+
+
+def test_a_socket_already_refused_goes_before_a_login_waiting_for_its_check() -> None:
+    """A burst of a wrong passcode the cache knows, read in one loop turn: each socket's
+    denial is on its way and none waits for a check. A run under load closed alice's
+    login, the oldest, with "server busy" (test_login_flood_one_login.py[same])."""
+    user, first_refused = sock(1), refused()
+    assert choice([user, first_refused, refused(), sock(None)]) is first_refused
