@@ -27,10 +27,15 @@ CONNECTIONS: dict[str, type[StompConnection]] = {
 
 
 class Collector(stomp.ConnectionListener):
-    """Collects what a connection receives; waits use one Condition, never sleeps."""
+    """Collects what a connection receives; waits use one Condition, never sleeps.
 
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
+    ``cond``: a Condition shared with other clients' collectors (``ClientPool``), so that
+    a wait on one of them for what several received (``a.count() + b.count() == n``)
+    wakes on each of their events, not only on its own client's (it slept out its
+    whole timeout when the last message went to the other client)."""
+
+    def __init__(self, cond: threading.Condition | None = None) -> None:
+        self.cond = cond or threading.Condition()
         self.messages: list[Frame] = []
         self.receipts: set[str] = set()
         self.errors: list[Frame] = []
@@ -250,15 +255,16 @@ def open_client(
     passcode: str | None = None,
     timeout: float = WAIT,
     version: str = "1.2",
+    cond: threading.Condition | None = None,
 ) -> Client:
     """Connect stomp.py (STOMP 1.2 unless ``version`` says otherwise) and wait for
-    CONNECTED; raise ConnectRefused on ERROR.
+    CONNECTED; raise ConnectRefused on ERROR. ``cond``: the listener's (``Collector``).
 
     The wait uses our own Condition with a deadline: stomp.py's wait=True has none.
     """
     beats = {} if version == "1.0" else {"heartbeats": heartbeats}  # 1.0 has no heart-beats
     conn = CONNECTIONS[version]([(HOST, port)], reconnect_attempts_max=1, timeout=5, **beats)
-    listener = Collector()
+    listener = Collector(cond)
     conn.set_listener(LISTENER, listener)
     client = Client(conn, listener, port)
     conn.connect(username=username, passcode=passcode, wait=False, headers=dict(headers or {}))
@@ -275,14 +281,16 @@ def open_client(
 
 
 class ClientPool:
-    """Makes clients for a test and disconnects all of them at teardown."""
+    """Makes clients for a test and disconnects all of them at teardown. Their listeners
+    share one Condition (``Collector``): a test may wait on any of them for all of them."""
 
     def __init__(self) -> None:
         self.clients: list[Client] = []
+        self.cond = threading.Condition()
 
     def __call__(self, port: int, **kwargs: object) -> Client:
         try:
-            client = open_client(port, **kwargs)  # type: ignore[arg-type]
+            client = open_client(port, cond=self.cond, **kwargs)  # type: ignore[arg-type]
         except ConnectRefused as e:
             self.clients.append(e.client)
             raise

@@ -55,7 +55,7 @@ def test_a_group_stays_with_one_consumer_then_moves_when_it_leaves(
     producer = clients(broker.port)
     for i in range(12):
         producer.send(queue, f"{'xyz'[i % 3]}{i}", headers={GROUP: "xyz"[i % 3]})
-    a.listener.wait_for(lambda: a.listener.count() + b.listener.count() == 12)
+    assert a.listener.wait_for(lambda: a.listener.count() + b.listener.count() == 12)
     owners = {}
     for client in (a, b):
         for group, bodies in groups_of(client).items():
@@ -73,7 +73,7 @@ def test_a_group_stays_with_one_consumer_then_moves_when_it_leaves(
     leaving.close()  # unacknowledged: its group x moves, with its messages, in order
     producer.send(queue, "x12", headers={GROUP: "x"})
     expected_x = ["x0", "x3", "x6", "x9", "x12"]
-    staying.listener.wait_for(lambda: groups_of(staying).get("x") == expected_x)
+    assert staying.listener.wait_for(lambda: groups_of(staying).get("x") == expected_x)
     moved = [m for m in staying.listener.snapshot() if m.headers[GROUP] == "x"]
     assert moved[0].headers.get(FIRST) == "true", moved[0].headers
     assert all(not m.headers.get(FIRST) for m in moved[1:])
@@ -162,7 +162,7 @@ def test_group_order_and_exactly_once_through_a_sigkill(
     for c in after:
         c.subscribe(queue, ack="auto")
     expected = {f"{groups[i % 4]}-{i:03d}" for i in range(200)} - acked
-    after[0].listener.wait_for(
+    assert after[0].listener.wait_for(
         lambda: sum(c.listener.count() for c in after) >= len(expected), timeout=60)
     bodies = [m.body for c in after for m in c.listener.snapshot()]
     assert not [b for b, n in collections.Counter(bodies).items() if n > 1]
