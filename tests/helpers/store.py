@@ -8,12 +8,33 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Engine, create_engine, text
 
 from store import Batch, DestinationRow, NewMessage, SqlStore, SubscriptionRow, open_store
 
 #: The ``make_store`` fixture: opens a store on the test's URL (``store_opener``).
 MakeStore = Callable[..., SqlStore]
+
+
+@contextlib.contextmanager
+def dml_only_role(pg_url: str, role: str) -> Iterator[tuple[str, Engine]]:
+    """A login role with SELECT, INSERT, UPDATE, DELETE on the tables of ``pg_url``'s
+    database and USAGE on its sequences, owning nothing (an application role a DBA
+    made): yields its URL and an engine of the database's owner; dropped after."""
+    admin = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with admin.connect() as conn, conn.begin():
+            conn.execute(text(f"CREATE ROLE {role} LOGIN"))
+            conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN "
+                              f"SCHEMA public TO {role}"))
+            conn.execute(text(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+        scheme, rest = pg_url.split("://", 1)
+        yield f"{scheme}://{role}@{rest.split('@', 1)[-1]}", admin
+    finally:
+        with admin.connect() as conn, conn.begin():
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+        admin.dispose()
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from tests.helpers.store import (
     SUB2,
     TOPIC,
     MakeStore,
+    dml_only_role,
     make_v1_store,
     master,
     msg,
@@ -113,23 +114,9 @@ def test_a_pg_role_that_may_not_upgrade_is_told_once_not_retried(pg_url: str) ->
     store were unreachable), and the store is left as it was. (Since v4 adds a table,
     the first refusal may be CREATE TABLE's: no privilege on the schema.)"""
     make_v1_store(pg_url, "g1", [SUB1], TOPIC, [])
-    role = "amq_dml_only"
-    admin = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        with admin.connect() as conn, conn.begin():
-            conn.execute(text(f"CREATE ROLE {role} LOGIN"))
-            conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN "
-                              f"SCHEMA public TO {role}"))
-            conn.execute(text(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"))
-        scheme, rest = pg_url.split("://", 1)
-        app_url = f"{scheme}://{role}@{rest.split('@', 1)[-1]}"
+    with dml_only_role(pg_url, "amq_dml_only") as (app_url, admin):
         with pytest.raises(StoreUnusable, match=r"must be owner of table amq_subscriptions|"
                                                 r"permission denied for schema public"):
             SqlStore(app_url, "g1").open()
         with admin.connect() as conn:
             assert conn.scalar(text("SELECT value FROM amq_meta")) == "1"
-    finally:
-        with admin.connect() as conn, conn.begin():
-            conn.execute(text(f"DROP OWNED BY {role}"))
-            conn.execute(text(f"DROP ROLE {role}"))
-        admin.dispose()

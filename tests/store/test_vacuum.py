@@ -6,10 +6,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from store import Batch, SqlStore
-from tests.helpers.store import MakeStore, master, msg, one, store_opener
+from tests.helpers.store import MakeStore, dml_only_role, master, msg, one, store_opener
 
 MESSAGES = 200
 
@@ -56,30 +55,18 @@ def test_a_role_that_may_not_vacuum_is_told_once(pg_url: str,
         owner.vacuum_messages()  # the schema's owner may
         assert owner.may_vacuum is True and vacuum_count(owner) == 1
     role = "amq_vacuum_dml_only"
-    admin = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        with admin.connect() as conn, conn.begin():
-            conn.execute(text(f"CREATE ROLE {role} LOGIN"))
-            conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN "
-                              f"SCHEMA public TO {role}"))
-        scheme, rest = pg_url.split("://", 1)
-        with store_opener(f"{scheme}://{role}@{rest.split('@', 1)[-1]}") as make:
-            s, e = master(make, group="g2")
-            with caplog.at_level(logging.WARNING, logger="store.sql"):
-                churn(s, e, 1)
-                s.vacuum_messages()
-                churn(s, e, MESSAGES + 1)
-                s.vacuum_messages()
-            assert s.may_vacuum is False
-            told = [r.getMessage() for r in caplog.records if "may not VACUUM" in r.getMessage()]
-            assert len(told) == 1, told
-            assert f"role {role} may not VACUUM amq_messages" in told[0]
-            assert vacuum_count(s) == 1  # the owner's pass only
-    finally:
-        with admin.connect() as conn, conn.begin():
-            conn.execute(text(f"DROP OWNED BY {role}"))
-            conn.execute(text(f"DROP ROLE {role}"))
-        admin.dispose()
+    with dml_only_role(pg_url, role) as (app_url, _), store_opener(app_url) as make:
+        s, e = master(make, group="g2")
+        with caplog.at_level(logging.WARNING, logger="store.sql"):
+            churn(s, e, 1)
+            s.vacuum_messages()
+            churn(s, e, MESSAGES + 1)
+            s.vacuum_messages()
+        assert s.may_vacuum is False
+        told = [r.getMessage() for r in caplog.records if "may not VACUUM" in r.getMessage()]
+        assert len(told) == 1, told
+        assert f"role {role} may not VACUUM amq_messages" in told[0]
+        assert vacuum_count(s) == 1  # the owner's pass only
 
 
 def churn(s: SqlStore, epoch: int, first: int) -> None:
