@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import defaultdict
 
 from sqlalchemy import Connection, delete, insert, select, text, update
@@ -14,8 +15,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from store import schema
 from store.api import DeletedDestination, Ref
 from store.errors import store_error
-from store.fencing import Changes, FencedStore, log
+from store.fencing import Changes, FencedStore
 from store.statements import chunks, now_ms
+
+#: The store's log lines keep the logger name they always had (as ``store.migrations``).
+log = logging.getLogger("store.sql")
 
 #: A master's own VACUUM of the message table (``vacuum_messages``, why: ``amqlite.vacuum``).
 #: Without TRUNCATE: its exclusive lock would stall the commits, and the pages are
@@ -27,12 +31,13 @@ VACUUM_MESSAGES = "VACUUM (TRUNCATE false) amq_messages"
 #: ``pg_has_role ... USAGE``), and from version 17 a role granted MAINTAIN; anyone else's
 #: VACUUM skips the table with a WARNING only the server's log shows.
 MAY_VACUUM = """\
-SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE'){maintain}
+SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE'){maintain},
+  current_user
 FROM pg_class c JOIN pg_database d ON d.datname = current_database()
 WHERE c.oid = 'amq_messages'::regclass"""
 MAY_MAINTAIN = " OR has_table_privilege(c.oid, 'MAINTAIN')"
-#: The first PostgreSQL with the MAINTAIN privilege (server_version_num).
-MAINTAIN_SINCE = 170000
+#: The first PostgreSQL with the MAINTAIN privilege (the dialect's server_version_info).
+MAINTAIN_SINCE = (17,)
 
 #: ``amq_meta`` key prefix of a group's last dedup prune (``dedup_pruned_key``).
 DEDUP_PRUNED_PREFIX = "dedup_pruned:"
@@ -147,9 +152,8 @@ class Housekeeping(FencedStore):
 
     def vacuum_messages(self) -> None:
         deleting = self.deleting_commits
-        if self._sqlite or deleting == self._deleting_commits_vacuumed:
-            return
-        if self.may_vacuum is False:
+        if (self._sqlite or self.may_vacuum is False
+                or deleting == self._deleting_commits_vacuumed):
             return
         try:
             with self.engine.connect() as conn:
@@ -168,12 +172,11 @@ class Housekeeping(FencedStore):
     def _check_may_vacuum(self, conn: Connection) -> bool:
         """Ask once whether this role's VACUUM would do anything, and say so when not:
         PostgreSQL's own warning reaches only its server log."""
-        version = int(conn.execute(text("SHOW server_version_num")).scalar_one())
+        version = conn.dialect.server_version_info or ()
         maintain = MAY_MAINTAIN if version >= MAINTAIN_SINCE else ""
-        self.may_vacuum = bool(conn.execute(text(MAY_VACUUM.format(maintain=maintain)))
-                               .scalar_one())
+        may, role = conn.execute(text(MAY_VACUUM.format(maintain=maintain))).one()
+        self.may_vacuum = bool(may)
         if not self.may_vacuum:
-            role = conn.execute(text("SELECT current_user")).scalar_one()
             log.warning("%s: role %s may not VACUUM amq_messages (neither the table's nor "
                         "the database's owner): acknowledged messages' rows are reclaimed "
                         "only by autovacuum, and a busy queue's table grows meanwhile; "
