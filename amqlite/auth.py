@@ -136,11 +136,15 @@ class Authenticator:
             return True
         stored = self.users.get(login or "")
         # Hash even for an unknown login so timing does not reveal which logins exist.
-        ok = verify_password(passcode or "", stored or _DUMMY_HASH)
+        ok = verify_password(passcode or "", stored or _dummy_hash())
         return ok and stored is not None
 
 
-_DUMMY_HASH = hash_password("not a password", salt=b"\0" * SALT_BYTES)
+@functools.cache
+def _dummy_hash() -> str:
+    """Made at the first unknown login, not at import: scrypt costs every process that
+    imports this module (each CLI command, each broker start) 50 ms otherwise."""
+    return hash_password("not a password", salt=b"\0" * SALT_BYTES)
 
 
 # -- password checks under load ------------------------------------------------------------

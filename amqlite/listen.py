@@ -93,21 +93,24 @@ def ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
-def pick_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = ()) -> list[int]:
+def pick_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = (),
+               span: tuple[int, int] | None = None) -> list[int]:
     """``count`` distinct ports free on ``host`` now, none in ``taken`` nor handed out
-    before by this process, and none in the ephemeral range.
+    before by this process, and none in the ephemeral range: drawn from ``span`` (first
+    and past-the-last port), by default all of ``PICK_FLOOR`` up to that range (a test
+    run in several processes gives each its own slice).
 
     Why not bind to port 0: the kernel answers from the ephemeral range, where any
     outgoing connection (a client, a store session) may take the port as its local
     one before the listener binds it, and the listener then fails with "address in
     use". Ports below that range are only ever taken by someone who asks for them."""
-    low, _ = ephemeral_range()
+    floor, ceiling = span or (PICK_FLOOR, ephemeral_range()[0])
     avoid = set(taken) | _handed_out.keys()
     ports: list[int] = []
     for _ in range(PICK_ATTEMPTS):
         if len(ports) == count:
             break
-        port = (random.randrange(PICK_FLOOR, low) if low > PICK_FLOOR + count
+        port = (random.randrange(floor, ceiling) if ceiling > floor + count
                 else 0)  # no room below the range: the kernel's choice
         if port in avoid:
             continue
@@ -125,7 +128,7 @@ def pick_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = ()) -
     _handed_out.update(dict.fromkeys(ports))
     # A long-lived process (a test run) forgets its oldest first: they are long closed,
     # and half the window stays open for new picks.
-    for old in list(_handed_out)[:max(0, len(_handed_out) - (low - PICK_FLOOR) // 2)]:
+    for old in list(_handed_out)[:max(0, len(_handed_out) - (ceiling - floor) // 2)]:
         del _handed_out[old]
     return ports
 

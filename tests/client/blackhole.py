@@ -21,7 +21,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from amqlite.listen import pick_ports
+from tests.helpers.servers import free_ports
 
 __all__ = ["TcpProxy"]
 
@@ -39,7 +39,7 @@ class TcpProxy:
         self.target_port = target_port
         self.name = name
         # Below the ephemeral range (pick_ports), so that reopen() finds it free again.
-        self.port: int = pick_ports(1, HOST)[0]
+        self.port: int = free_ports(1, HOST)[0]
         self._listener = socket.create_server((HOST, self.port), backlog=BACKLOG)
         self._dark = threading.Event()
         self._released = threading.Event()

@@ -14,6 +14,7 @@ import pytest
 
 from amqlite.auth import hash_password
 from tests.helpers.broker_proc import BrokerFactory, unique
+from tests.helpers.broker_process import START_TIMEOUT, BrokerProcess
 from tests.helpers.cluster import amqlite, ok, one_line_error
 from tests.helpers.mgmt import start_with_http
 from tests.helpers.poll import poll
@@ -38,14 +39,27 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _serves_or_exits(broker: BrokerProcess) -> bool:
+    """Whether the broker came up (True) or exited (False), whichever happens first."""
+    poll(lambda: broker.is_serving() or not broker.alive, timeout=START_TIMEOUT,
+         what=f"{broker.name} serving or exiting", context=broker.log_tail)
+    return broker.alive
+
+
 def test_status_refuses_a_node_it_was_not_asked_about(broker_factory: BrokerFactory,
                                                       tmp_path: Path) -> None:
     # Issue 27: with a node of group `orders` on 8161, `status --data-dir EMPTY` and plain
     # `status` printed "b1 orders master yes", exit 0. Use 8161 when it is free, so the
     # default URL really answers with the wrong node.
     http = 8161 if _port_free(8161) else free_port()
-    b1 = broker_factory.start(name="b1", group="orders",
+    b1 = broker_factory.start(name="b1", group="orders", wait=False,
                               extra_args=["--http", f"127.0.0.1:{http}"])
+    if http == 8161 and not _serves_or_exits(b1):
+        # Another broker (a test running beside this one) took 8161 after it was free.
+        http = free_port()
+        b1 = broker_factory.start(name="b1", group="orders",
+                                  extra_args=["--http", f"127.0.0.1:{http}"])
+    b1.wait_serving()
     url = f"http://127.0.0.1:{http}"
     env = _isolated(tmp_path)
     empty = tmp_path / "empty"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from amqlite.listen import pick_ports
+from amqlite.listen import PICK_FLOOR, ephemeral_range, pick_ports
 from tests.helpers.poll import poll
 
 if TYPE_CHECKING:
@@ -32,9 +32,30 @@ PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin")
 STARTUP_TIMEOUT = 30.0
 
 
+def worker_ports() -> tuple[int, int] | None:
+    """This test process's slice of ``pick_ports``' range when pytest-xdist runs the
+    suite in several (``scripts/test``: two): a port one worker picked is free until its
+    server binds it (a second, or the seconds a restarted broker is down), and the other
+    worker must not pick it meanwhile. None when one process runs the tests."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or workers < 2:
+        return None
+    floor, ceiling = PICK_FLOOR, ephemeral_range()[0]
+    size = (ceiling - floor) // workers
+    index = int(worker.removeprefix("gw"))
+    return floor + index * size, floor + (index + 1) * size
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` loopback ports free now, outside the ephemeral range (``pick_ports``),
+    in this worker's slice."""
+    return pick_ports(count, host, span=worker_ports())
+
+
 def free_port() -> int:
     """A loopback port free now, outside the ephemeral range (see ``pick_ports``)."""
-    return pick_ports(1)[0]
+    return free_ports(1)[0]
 
 
 def _accepts(host: str, port: int) -> bool:

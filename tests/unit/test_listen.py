@@ -123,3 +123,15 @@ def test_ports_taken_or_in_use_are_never_picked(monkeypatch: pytest.MonkeyPatch)
 def test_a_process_is_never_handed_the_same_port_twice() -> None:
     first = set(pick_ports(200))
     assert first.isdisjoint(pick_ports(200))
+
+
+def test_ports_come_from_the_span_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two test processes (pytest-xdist) draw from slices of the range that do not meet:
+    neither hands out a port the other picked and has not bound yet."""
+    monkeypatch.setattr(listen, "_handed_out", {})
+    low, _ = ephemeral_range()
+    span = (listen.PICK_FLOOR + 1000, listen.PICK_FLOOR + 1100)
+    ports = pick_ports(20, span=span)
+    assert len(set(ports)) == 20
+    assert all(span[0] <= port < span[1] for port in ports), ports
+    assert span[1] < low
