@@ -18,13 +18,18 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers.poll import poll
-from tests.helpers.servers import STARTUP_TIMEOUT, ZOOKEEPER_CLASSPATH, free_port
+from tests.helpers.servers import (
+    STARTUP_TIMEOUT,
+    ZOOKEEPER_CLASSPATH,
+    ZOOKEEPER_LOG_TIME,
+    free_port,
+    zookeeper_tmpdir,
+)
 
 #: A logging backend for the JVM (Debian's zookeeper.jar names none, so without it the
 #: server says nothing): slf4j-simple writes INFO and above to stderr, i.e. the log file.
@@ -99,7 +104,7 @@ class ZooKeeperEnsemble:
     MAX_SESSION_TICKS = 100
 
     def __init__(self, size: int = 3) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="amqlite-zkens-"))
+        self.tmp = zookeeper_tmpdir("amqlite-zkens-")
         ports = self._distinct_ports(3 * size)
         self.members = [
             EnsembleMember(myid=i + 1, client_port=ports[3 * i], quorum_port=ports[3 * i + 1],
@@ -150,7 +155,7 @@ class ZooKeeperEnsemble:
             classpath += f":{SLF4J_SIMPLE}"
         with open(m.log_path, "ab") as log:
             m.proc = subprocess.Popen(
-                ["java", "-Xmx192m", "-cp", classpath,
+                ["java", "-Xmx192m", ZOOKEEPER_LOG_TIME, "-cp", classpath,
                  "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(m.cfg)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
