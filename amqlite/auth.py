@@ -126,6 +126,8 @@ class Authenticator:
 
     def __init__(self, users: dict[str, str] | None) -> None:
         self.users = users
+        if users is not None:
+            _dummy_hash()  # now: the first unknown login must take no longer than others
 
     @property
     def enabled(self) -> bool:
@@ -142,8 +144,9 @@ class Authenticator:
 
 @functools.cache
 def _dummy_hash() -> str:
-    """Made at the first unknown login, not at import: scrypt costs every process that
-    imports this module (each CLI command, each broker start) 50 ms otherwise."""
+    """Made when a users file is loaded (``Authenticator``), not at import: scrypt would
+    cost every process that imports this module (each CLI command, each broker start)
+    50 ms."""
     return hash_password("not a password", salt=b"\0" * SALT_BYTES)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from amqlite import auth
 from amqlite.auth import (
     Authenticator,
     CheckOutcome,
@@ -206,3 +207,15 @@ def test_a_retried_passcode_beats_a_flood_of_unique_guesses() -> None:
         assert auth.ran[1] == ("alice", "right"), auth.ran  # next after the holder
         queue.close()
     asyncio.run(main())
+
+
+def test_the_unknown_login_hash_is_ready_before_the_first_check() -> None:
+    """An unknown login is checked against a dummy hash so that it takes as long as a
+    known one; made lazily (not at import), it must still exist before the first CONNECT,
+    or the first unknown login would take twice as long as any other."""
+    auth._dummy_hash.cache_clear()
+    Authenticator(None)
+    assert auth._dummy_hash.cache_info().currsize == 0, "made without a users file"
+    users = Authenticator({"alice": hash_password("secret")})
+    assert auth._dummy_hash.cache_info().currsize == 1
+    assert users.check("alice", "secret") and not users.check("mallory", "secret")
