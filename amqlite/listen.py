@@ -15,7 +15,7 @@ import contextlib
 import errno
 import random
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 #: listen() backlog of the STOMP listener: a burst of reconnecting clients after a
@@ -82,6 +82,27 @@ def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]
         _close(socks)
         raise
     return socks
+
+
+def listen_all(listeners: Sequence[tuple[str, tuple[str, int]]],
+               backlog: int) -> list[list[socket.socket]]:
+    """``listening_sockets`` of every (name, (host, port)), in the order given, opened in
+    the reverse order: the first (the STOMP port, what clients and health checks try
+    first) listens last, so once it accepts every listener does. OSError naming the
+    listener that failed (``exc.listener``), with nothing left open."""
+    opened: list[list[socket.socket]] = []
+    try:
+        for name, (host, port) in reversed(listeners):
+            try:
+                opened.append(listening_sockets(host, port, backlog))
+            except OSError as exc:
+                exc.listener = name  # type: ignore[attr-defined]
+                raise
+    except OSError:
+        for socks in opened:
+            _close(socks)
+        raise
+    return opened[::-1]
 
 
 def ephemeral_range() -> tuple[int, int]:

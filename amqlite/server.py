@@ -12,7 +12,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import socket
 import ssl
 import time
 import uuid
@@ -25,7 +24,7 @@ from amqlite.broker import Broker, BrokerError
 from amqlite.broker.memory import WRITE_SHARE
 from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.hosts import HostGuard
-from amqlite.listen import STOMP_BACKLOG, listening_sockets
+from amqlite.listen import STOMP_BACKLOG, listen_all
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
 from amqlite.settings import default_max_unauthenticated
 from amqlite.stomp_tls import TlsGate
@@ -101,25 +100,25 @@ class StompServer:
             listeners.append((getattr(s, f"{scheme}_bind"), address, context))
             factories.append(functools.partial(self._ws_protocol, self._ws_policy(
                 address[0], tls=context is not None), context))
-        for (name, (host, port), _), factory in zip(listeners, factories, strict=True):
-            # TLS listeners accept plain TCP and run TLS in a TlsGate, so a socket still
-            # in its handshake is counted (max_connections, max_unauthenticated) and
-            # timed (connect_timeout) like any before CONNECT.
-            socks: list[socket.socket] = []
-            try:
-                socks = await asyncio.to_thread(listening_sockets, host, port, STOMP_BACKLOG)
+        # Every listener listens before any serves (``listen_all``: the STOMP port last).
+        # TLS listeners accept plain TCP and run TLS in a TlsGate, so a socket still in
+        # its handshake is counted (max_connections, max_unauthenticated) and timed
+        # (connect_timeout) like any before CONNECT.
+        opened = await asyncio.to_thread(
+            listen_all, [(name, address) for name, address, _ in listeners], STOMP_BACKLOG)
+        try:
+            for socks, factory in zip(opened, factories, strict=True):
                 while socks:  # handed over one by one: a failure closes the rest here
                     self.servers.append(await loop.create_server(
                         factory, sock=socks[0], backlog=STOMP_BACKLOG))
                     socks.pop(0)
-            except OSError as exc:
-                exc.listener = name  # type: ignore[attr-defined]
-                for sock in socks:
-                    sock.close()
-                for server in self.servers:
-                    server.close()
-                self.servers.clear()
-                raise
+        except OSError:
+            for sock in itertools.chain.from_iterable(opened):
+                sock.close()
+            for server in self.servers:
+                server.close()
+            self.servers.clear()
+            raise
         self._schedule_sweep()
 
     def _tls_protocol(self, context: ssl.SSLContext) -> asyncio.BaseProtocol:

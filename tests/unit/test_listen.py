@@ -10,7 +10,13 @@ import threading
 import pytest
 
 from amqlite import listen
-from amqlite.listen import bound_sockets, ephemeral_range, listening_sockets, pick_ports
+from amqlite.listen import (
+    bound_sockets,
+    ephemeral_range,
+    listen_all,
+    listening_sockets,
+    pick_ports,
+)
 
 RACERS = 16
 ROUNDS = 20
@@ -135,3 +141,26 @@ def test_ports_come_from_the_span_asked_for(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(set(ports)) == 20
     assert all(span[0] <= port < span[1] for port in ports), ports
     assert span[1] < low
+
+
+def test_every_listener_listens_or_none_does() -> None:
+    """A broker's listeners (STOMP, TLS, WebSocket) open together, in one go: a client that
+    finds the STOMP port accepting finds the WebSocket port accepting too (a test that
+    connected to the WebSocket port as soon as STOMP served was refused), and one port
+    in use leaves none of the others open."""
+    first, second = pick_ports(2)
+    opened = listen_all([("stomp", ("127.0.0.1", first)), ("ws", ("127.0.0.1", second))], 8)
+    try:
+        assert [s[0].getsockname()[1] for s in opened] == [first, second]
+    finally:
+        for socks in opened:
+            for sock in socks:
+                sock.close()
+    with socket.socket() as held:  # the STOMP port, opened last, is in use
+        held.bind(("127.0.0.1", first))
+        held.listen()
+        with pytest.raises(OSError) as failed:
+            listen_all([("stomp", ("127.0.0.1", first)), ("ws", ("127.0.0.1", second))], 8)
+        assert failed.value.listener == "stomp"  # type: ignore[attr-defined]
+    (again,) = listening_sockets("127.0.0.1", second, backlog=1)  # ws's was closed
+    again.close()
