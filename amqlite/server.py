@@ -107,10 +107,14 @@ class StompServer:
         opened = await asyncio.to_thread(
             listen_all, [(name, address) for name, address, _ in listeners], STOMP_BACKLOG)
         try:
-            for socks, factory in zip(opened, factories, strict=True):
+            for (name, _, _), socks, factory in zip(listeners, opened, factories, strict=True):
                 while socks:  # handed over one by one: a failure closes the rest here
-                    self.servers.append(await loop.create_server(
-                        factory, sock=socks[0], backlog=STOMP_BACKLOG))
+                    try:
+                        self.servers.append(await loop.create_server(
+                            factory, sock=socks[0], backlog=STOMP_BACKLOG))
+                    except OSError as exc:
+                        exc.listener = name  # type: ignore[attr-defined]
+                        raise
                     socks.pop(0)
         except OSError:
             for sock in itertools.chain.from_iterable(opened):
