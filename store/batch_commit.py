@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import Connection, insert, text
 
-from store import pg_batch, schema
+from store import pg_batch, schema, sqlite_batch
 from store.api import (
     Batch,
     BatchResult,
@@ -26,6 +27,7 @@ from store.api import (
 from store.errors import store_error
 from store.fencing import Changes, FencedStore
 from store.pg_pipeline import Pipeline
+from store.rows import fresh_only, message_row
 from store.statements import chunks, encode_headers, now_ms
 
 #: The store's log lines keep the logger name they always had (``store.sql``),
@@ -45,8 +47,9 @@ class BatchCommitting(FencedStore):
     """``SqlStore``'s write path: ``commit_batch`` and the steps of a batch."""
 
     def commit_batch(self, epoch: int, batch: Batch) -> BatchResult:
-        if not self._sqlite and self.after_fence is None and pg_batch.fits(batch):
-            result = self._commit_pipelined(epoch, batch)
+        if self.after_fence is None and pg_batch.fits(batch):
+            result = (self._commit_sqlite(epoch, batch) if self._sqlite
+                      else self._commit_pipelined(epoch, batch))
         else:
             result = self._commit_stepwise(epoch, batch)
         if batch.acks or batch.moves:
@@ -61,9 +64,7 @@ class BatchCommitting(FencedStore):
         """The hot shapes in one round trip (see ``store.pg_batch``)."""
         try:
             if self._writer is None:
-                proxy = self.engine.raw_connection()
-                writer = proxy.driver_connection
-                proxy.detach()  # ours for good: no pool reset between batches
+                writer = self._own_connection()
                 self._writer = writer
                 self._pipeline = Pipeline(writer, pg_batch.PLANNER_SETTINGS)
             assert self._pipeline is not None
@@ -79,6 +80,29 @@ class BatchCommitting(FencedStore):
             raise store_error(self.description, "commit", e) from e
         self.pipelined_commits += 1
         return result
+
+    def _commit_sqlite(self, epoch: int, batch: Batch) -> BatchResult:
+        """The hot shapes on SQLite's own connection (see ``store.sqlite_batch``)."""
+        try:
+            if self._sqlite_writer is None:
+                self._sqlite_writer = self._own_connection()
+            result = sqlite_batch.commit(self._sqlite_writer, self._st, self.description,
+                                         self.group, epoch, batch, now_ms())
+        except Fenced:
+            raise
+        except Exception as e:  # rolled back: a refused value, or the file's trouble
+            self._discard_writer()
+            raise store_error(self.description, "commit", e) from e
+        self.pipelined_commits += 1
+        return result
+
+    def _own_connection(self) -> Any:
+        """A DB-API connection of the engine's (its session settings made), outside
+        the pool: the store thread's for good, no pool reset between batches."""
+        proxy = self.engine.raw_connection()
+        conn = proxy.driver_connection
+        proxy.detach()
+        return conn
 
     def _commit_stepwise(self, epoch: int, batch: Batch) -> BatchResult:
         """Any batch, one statement at a time (SQLite; rare shapes on PostgreSQL)."""
@@ -197,45 +221,26 @@ class BatchCommitting(FencedStore):
     ) -> None:
         g = self.group
         # (grp, dedup_key, producer_id, producer_seq, msg_id, created_at)
-        dedup_rows: list[tuple[str, str, str | None, int | None, int | None, int]] = []
+        dedup_rows: list[tuple[str, str | None, str | None, int | None, int | None, int]] = []
         keys = {x.dedup_key for x in (*inserts, *identities) if x.dedup_key is not None}
         if keys:
             stored: set[str] = set()
             for chunk in chunks(list(keys), self._chunk):
                 stored.update(conn.scalars(self._st.dedup_lookup, {"g": g, "keys": chunk}))
-            seen: set[str] = set()
-
-            def fresh(x: NewMessage) -> bool:
-                k = x.dedup_key
-                if k is None:
-                    return True
-                if k in stored or k in seen:
-                    result.duplicates.add(k)
-                    result.duplicate_ids.add(x.id)
-                    return False
-                seen.add(k)
-                return True
-
-            inserts = [x for x in inserts if fresh(x)]
+            inserts, fresh = fresh_only(inserts, identities, stored, result)
             # An identity without a message: msg_id NULL in the dedup window.
             dedup_rows = [(g, x.dedup_key, x.producer_id, x.producer_seq, None, now)
-                          for x in identities if x.dedup_key is not None and fresh(x)]
+                          for x in fresh]
         if not inserts:
             if dedup_rows:
                 conn.exec_driver_sql(self._st.ins_dedup, dedup_rows)
             return
-        encode = encode_headers
         rows = []
         pending_rows = []
         depth = ch.depth
         pending = ch.pending
         for x in inserts:
-            rows.append((
-                g, x.id, x.destination_id, x.message_id, x.producer_id, x.producer_seq,
-                x.dedup_key, x.priority, x.expires_at, x.enqueued_at or now, x.delivery_count,
-                epoch if x.delivery_count else None, encode(x.headers), x.body,
-                x.deliver_at or None, x.schedule,
-            ))
+            rows.append(message_row(g, epoch, x, now, encode_headers))
             if not x.deliver_at:  # scheduled: in no queue's depth until a copy is due
                 depth[x.destination_id] += 1
             if x.dedup_key is not None:

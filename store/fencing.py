@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -91,7 +92,10 @@ class FencedStore(Store):
         self._writer: psycopg.Connection[Any] | None = None
         #: What drives it (libpq's pipeline mode, its prepared statements).
         self._pipeline: Pipeline | None = None
-        #: Batches committed by the one-round-trip path (for tests and metrics).
+        #: SQLite: the committer thread's own connection (``store.sqlite_batch``).
+        self._sqlite_writer: sqlite3.Connection | None = None
+        #: Batches committed by the hot shapes' path: in one round trip on PostgreSQL,
+        #: on the DB-API connection itself on SQLite (for tests and metrics).
         self.pipelined_commits = 0
         self._sqlite = self.dialect == "sqlite"
         self._dinsert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
@@ -173,6 +177,10 @@ class FencedStore(Store):
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()  # an open transaction is rolled back by the server
+        lite, self._sqlite_writer = self._sqlite_writer, None
+        if lite is not None:
+            with contextlib.suppress(Exception):
+                lite.close()
 
     # -- epoch -------------------------------------------------------------
     def read_epoch(self) -> int:
