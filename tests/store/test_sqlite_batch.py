@@ -7,6 +7,7 @@ usable; a big batch's IN lists go in chunks."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def store_url(tmp_path) -> str:
+def store_url(tmp_path: Path) -> str:
     """SQLite only (overrides the conftest's SQLite/PostgreSQL pair)."""
     return f"sqlite:///{tmp_path / 'data' / 'amqlite.db'}"
 
@@ -93,7 +94,7 @@ def test_a_refused_fast_commit_rolls_back_and_the_store_goes_on(make_store: Make
 
 
 def test_a_commit_behind_another_writer_past_the_busy_timeout_fails_cleanly(
-    make_store: MakeStore, tmp_path
+    make_store: MakeStore, tmp_path: Path
 ) -> None:
     """Another process's write transaction holds the file's write lock past the
     store's busy timeout: the commit fails as StoreError (not fenced, not refused),
