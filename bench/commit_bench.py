@@ -2,9 +2,11 @@
 (N persistent 1 KB SENDs handed over to a consumer, with W1's headers and producer
 identity, the N ACKs of the previous commit, the destination's totals) committed one
 after another through ``store.commit_batch`` on a throwaway PostgreSQL
-(tests/helpers/servers.py), timed with the committing thread's own CPU clock.
+(tests/helpers/servers.py) or a SQLite file (``--store sqlite``: W4's store), timed
+with the committing thread's own CPU clock.
 
     PYTHONPATH=<tree> .venv/bin/python bench/commit_bench.py [--sends N] [--commits C]
+                                                             [--store postgres|sqlite]
     AMQLITE_COMMIT_PROFILE=tottime ... # the Python calls of the measured commits instead
 
 With no event loop beside it there is no GIL hand-over and little of the machine's load
@@ -22,6 +24,7 @@ import os
 import pstats
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,19 +65,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sends", type=int, default=DEFAULT_SENDS)
     ap.add_argument("--commits", type=int, default=DEFAULT_COMMITS)
+    ap.add_argument("--store", choices=("postgres", "sqlite"), default="postgres",
+                    help="sqlite: a file in a temporary directory (W4's store; its CPU is "
+                         "the committing thread's, in this process)")
     opts = ap.parse_args()
     profile_sort = os.environ.get("AMQLITE_COMMIT_PROFILE")
     from tests.helpers.servers import PostgresServer
 
-    server = PostgresServer()
-    server.init()
-    server.start()
-    store = open_store(server.create_database(), "bench")
+    server: PostgresServer | None = None
+    tmp = tempfile.TemporaryDirectory(prefix="amqlite-commit-bench-")
+    if opts.store == "sqlite":
+        url = f"sqlite:///{tmp.name}/amqlite.db"
+    else:
+        server = PostgresServer()
+        server.init()
+        server.start()
+        url = server.create_database()
+    store = open_store(url, "bench")
     store.open()
     profiler = cProfile.Profile() if profile_sort else None
     cpu: list[float] = []
     wall: list[float] = []
-    postmaster = server.postmaster_pid()
+    postmaster = server.postmaster_pid() if server is not None else None
     store_cpu = 0.0
     try:
         epoch = store.claim_epoch("bench")
@@ -101,20 +113,24 @@ def main() -> None:
             store_cpu += tree_cpu_seconds(postmaster, reaped=True)
     finally:
         store.close()
-        server.stop()
+        if server is not None:
+            server.stop()
+        tmp.cleanup()
     if profiler is not None:
         stats = pstats.Stats(profiler)
         stats.sort_stats(profile_sort or "tottime").print_stats(30)
     median = statistics.median(cpu)
     print(json.dumps({
-        "bench": "commit", "sends_per_commit": opts.sends, "commits": opts.commits,
+        "bench": "commit", "store": opts.store, "sends_per_commit": opts.sends,
+        "commits": opts.commits,
         "cpu_us_per_commit": round(median, 1),
         "cpu_us_per_commit_p10": round(statistics.quantiles(cpu, n=10)[0], 1),
         "cpu_us_per_msg": round(median / opts.sends, 2),
         "wall_us_per_commit": round(statistics.median(wall), 1),
         # PostgreSQL's side (every process of the server, background writers included;
         # a clock tick is 10 ms, hence the thousand commits), mean per commit.
-        "store_cpu_us_per_commit": round(store_cpu / opts.commits * 1e6, 1),
+        "store_cpu_us_per_commit": (round(store_cpu / opts.commits * 1e6, 1)
+                                    if server is not None else None),
         "load_average": round(os.getloadavg()[0], 2),
     }))
 
