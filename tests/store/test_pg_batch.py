@@ -1,13 +1,12 @@
-"""The PostgreSQL fast path of ``SqlStore.commit_batch`` (``store.pg_batch``):
-which batches take it, that it writes exactly what the step-by-step path
-writes, and that its self-aborting fence keeps the fencing guarantees (claim
-first: the batch is fenced and writes nothing; batch first: the claim waits
-and counts it). A failed fast commit must surface as ``StoreError`` and leave
-the store usable with a fresh writer connection."""
+"""The PostgreSQL fast path of ``SqlStore.commit_batch`` (``store.pg_batch``), what is
+its own: a batch of big bodies goes step by step, its self-aborting fence keeps the
+fencing guarantees (claim first: the batch is fenced and writes nothing; batch first:
+the claim waits and counts it), and a failed fast commit surfaces as ``StoreError``
+and leaves the store usable with a fresh writer connection. Which batches take it and
+that it writes what the step-by-step path writes: test_hot_path.py, on both stores."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,24 +16,19 @@ import pytest
 from store import (
     Batch,
     BatchResult,
-    DestinationRow,
     Fenced,
-    NewMessage,
     SqlStore,
     StoreError,
-    SubscriptionRow,
     pg_batch,
 )
 from store import fencing as store_fencing
 from store.engine import store_application_name
 from store.pg_pipeline import Statement
+from tests.helpers.hot_path import assert_usable, commit_fast, message_ids, seeded, written
 from tests.helpers.poll import poll
 from tests.helpers.store import (
     DLQ,
     QUEUE,
-    SUB1,
-    SUB2,
-    TOPIC,
     MakeStore,
     assert_counters,
     master,
@@ -45,17 +39,13 @@ from tests.helpers.store import (
 from tests.store.test_fencing_race import DEADLINE_S, Runner, wait_until
 
 pytestmark = pytest.mark.integration
-Rows = dict[str, list[tuple[Any, ...]]]
 
-#: Header values that a text-format array would have to quote or escape.
-ODD_HEADERS = {"quote": 'a"b', "brace": "{x,y}", "back": "c:\\d", "null": "NULL",
-               "uni": "ü✓", "empty": ""}
 
 
 @pytest.fixture
 def store_url(pg_url: str) -> str:
-    """PostgreSQL only (overrides the conftest's SQLite/PostgreSQL pair): the
-    fast path does not exist on SQLite."""
+    """PostgreSQL only (overrides the conftest's SQLite/PostgreSQL pair): SQLite's
+    own are in test_sqlite_batch.py."""
     return pg_url
 
 
@@ -84,44 +74,14 @@ def patient_claims(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- helpers -------------------------------------------------------------------
 
 
-def delivered(mid: int, **kw: Any) -> NewMessage:
-    """A queue message stored as already handed to a waiting consumer."""
-    return dataclasses.replace(msg(mid, **kw), delivery_count=1)
 
 
-def stepwise(store: SqlStore) -> SqlStore:
-    """Force the step-by-step path: the fast path never runs with the
-    ``after_fence`` test seam set."""
-    store.after_fence = lambda: None
-    return store
 
 
-def rows(store: SqlStore) -> Rows:
-    """Everything a batch writes for the store's group, minus timestamps and
-    the epoch columns (two groups compared side by side differ only there)."""
-    queries = {
-        "messages": "SELECT id, destination_id, message_id, producer_id, producer_seq, "
-                    "dedup_key, priority, expires_at, enqueued_at, delivery_count, "
-                    "inflight_epoch, headers, body FROM amq_messages WHERE grp = :g ORDER BY id",
-        "dedup": "SELECT dedup_key, producer_id, producer_seq, msg_id FROM amq_dedup "
-                 "WHERE grp = :g ORDER BY dedup_key",
-        "group": "SELECT msg_count, max_msg_id FROM amq_groups WHERE grp = :g",
-        "depth": "SELECT id, depth FROM amq_destinations WHERE grp = :g ORDER BY id",
-        "pending": "SELECT sub_id, msg_id, delivery_count, inflight_epoch FROM amq_sub_pending "
-                   "WHERE grp = :g ORDER BY sub_id, msg_id",
-    }
-    return {name: sql(store, q, g=store.group) for name, q in queries.items()}
 
 
-def written(store: SqlStore) -> tuple[Rows, Any]:
-    """``rows`` plus the group's checkpoint: what a fenced batch must not change."""
-    return rows(store), one(store, "SELECT checkpoint_at FROM amq_groups WHERE grp = :g",
-                            g=store.group)
 
 
-def message_ids(store: SqlStore) -> list[int]:
-    return [r[0] for r in sql(store, "SELECT id FROM amq_messages WHERE grp = :g ORDER BY id",
-                              g=store.group)]
 
 
 def waiters_on(observer: psycopg.Connection[Any], holder: int) -> list[int]:
@@ -180,80 +140,20 @@ def lock_message(blocker: psycopg.Connection[Any], group: str, mid: int) -> int:
     return blocker.info.backend_pid
 
 
-def commit_fast(store: SqlStore, epoch: int, batch: Batch) -> BatchResult:
-    """Commit ``batch`` and check that it took the pipelined path."""
-    before = store.pipelined_commits
-    result = store.commit_batch(epoch, batch)
-    assert store.pipelined_commits == before + 1, "the batch did not take the fast path"
-    return result
 
 
-def assert_usable(store: SqlStore, epoch: int, mid: int) -> None:
-    """A failed commit left the store able to commit again on the fast path."""
-    commit_fast(store, epoch, Batch(inserts=[msg(mid, key=f"again:{mid}")]))
-    assert mid in message_ids(store)
-    assert_counters(store)
 
 
 # -- which batches take the fast path -----------------------------------------
 
-HOT = {
-    "inserts": Batch(inserts=[msg(10), msg(11, key="p:11")]),
-    "delivered insert": Batch(inserts=[delivered(10)]),
-    "identities": Batch(identities=[msg(10, key="p:10")]),
-    "deliveries": Batch(deliveries=[(None, 1), (None, 1)]),
-    "releases": Batch(releases=[(None, 1)]),
-    "undeliveries": Batch(undeliveries=[1]),
-    "acks": Batch(acks=[(None, 2)]),
-    "topic insert for nobody": Batch(inserts=[msg(10, TOPIC.id)]),
-    "empty": Batch(),
-    "all hot shapes": Batch(inserts=[msg(10, key="p:10")], identities=[msg(11, key="p:11")],
-                            undeliveries=[1], deliveries=[(None, 1)], releases=[(None, 2)],
-                            acks=[(None, 3)]),
-}
-COLD = {
-    "destination": Batch(destinations=[DestinationRow(9, "/queue/new", "queue")],
-                         inserts=[msg(10, 9)]),
-    "subscription": Batch(subscriptions=[SubscriptionRow(9, "c9", "s9", TOPIC.id)]),
-    "durable insert": Batch(inserts=[msg(10), msg(11, TOPIC.id, subs=(SUB1.id,))]),
-    "durable delivery": Batch(deliveries=[(None, 1), (SUB1.id, 4)]),
-    "durable release": Batch(releases=[(SUB1.id, 4)]),
-    "durable ack": Batch(acks=[(None, 1), (SUB2.id, 4)]),
-    "move": Batch(moves=[(1, DLQ.id)]),
-    "removed subscription": Batch(removed_subscriptions=[SUB2.id]),
-    "claimed subscription": Batch(claimed_subscriptions=[(SUB2.id, "alice")]),
-}
 
 
-def seeded(make_store: MakeStore) -> tuple[SqlStore, int]:
-    """The standard master with queue messages 1-3 and a durable topic message 4."""
-    s, e = master(make_store)
-    s.commit_batch(e, Batch(inserts=[msg(1), msg(2), msg(3), msg(4, TOPIC.id, subs=(1, 2))]))
-    return s, e
 
 
-@pytest.mark.parametrize("batch", HOT.values(), ids=list(HOT))
-def test_hot_shapes_take_the_pipelined_path(make_store: MakeStore, batch: Batch) -> None:
-    s, e = seeded(make_store)
-    commit_fast(s, e, batch)
-    assert_counters(s)
 
 
-@pytest.mark.parametrize("batch", COLD.values(), ids=list(COLD))
-def test_other_shapes_go_step_by_step(make_store: MakeStore, batch: Batch) -> None:
-    s, e = seeded(make_store)
-    before = s.pipelined_commits
-    s.commit_batch(e, batch)
-    assert s.pipelined_commits == before
-    assert_counters(s)
 
 
-def test_the_test_seam_forces_the_step_by_step_path(make_store: MakeStore) -> None:
-    """The differential test below relies on it."""
-    s, e = seeded(make_store)
-    stepwise(s).commit_batch(e, HOT["all hot shapes"])
-    assert s.pipelined_commits == 0
-    assert 10 in message_ids(s)
 
 
 def test_a_batch_of_big_bodies_goes_step_by_step(
@@ -274,68 +174,10 @@ def test_a_batch_of_big_bodies_goes_step_by_step(
 # -- same writes as the step-by-step path --------------------------------------
 
 
-def sequence() -> list[tuple[Batch, BatchResult]]:
-    """Batches covering every case of the fast path, with what each must report."""
-    return [
-        (Batch(  # keys and no keys, odd headers and bodies, repeats inside the batch
-            inserts=[msg(1, key="p:1"), msg(2), msg(3, key="p:2", headers=ODD_HEADERS,
-                                                    body=bytes(range(256))),
-                     msg(4, key="p:1"), msg(5, DLQ.id), msg(6, headers={}, body=b"")],
-            identities=[msg(7, key="p:3"), msg(8), msg(9, key="p:2")],
-            deliveries=[(None, 1)]),
-         BatchResult({"p:1", "p:2"}, {4, 9})),
-        (Batch(  # repeats of earlier inserts and identities; deliveries and acks
-            inserts=[msg(10, key="p:2"), msg(11, key="p:3"), msg(12, key="p:4"), msg(13)],
-            identities=[msg(14, key="p:4"), msg(15, key="p:1")],
-            deliveries=[(None, 2), (None, 2), (None, 3), (None, 12), (None, 5), (None, 999)],
-            acks=[(None, 3), (None, 999), (None, 4)]),
-         BatchResult({"p:1", "p:2", "p:3", "p:4"}, {10, 11, 14, 15})),
-        (Batch(  # stored as delivered; releases, also twice and of nothing
-            inserts=[delivered(16), delivered(17, key="p:5"), delivered(18, key="p:4")],
-            deliveries=[(None, 6)],
-            releases=[(None, 1), (None, 2), (None, 2), (None, 998)],
-            acks=[(None, 5), (None, 12)]),
-         BatchResult({"p:4"}, {18})),
-        (Batch(  # handed over, then not: also twice, of nothing, and delivered again
-            inserts=[delivered(25, key="p:7")], undeliveries=[16, 16, 17, 25, 997],
-            deliveries=[(None, 17)]),
-         BatchResult()),
-        (Batch(), BatchResult()),
-        (Batch(identities=[msg(19, key="p:6"), msg(20, key="p:6"), msg(21, key="p:5")]),
-         BatchResult({"p:5", "p:6"}, {20, 21})),
-        (Batch(acks=[(None, 1), (None, 2), (None, 16), (None, 1)]), BatchResult()),
-        (Batch(inserts=[msg(22), msg(23, DLQ.id)], deliveries=[(None, 22)],
-               releases=[(None, 22)]),
-         BatchResult()),
-        (Batch(inserts=[msg(24, key="p:1")], deliveries=[(None, 22), (None, 23)],
-               acks=[(None, 22)]),
-         BatchResult({"p:1"}, {24})),
-    ]
 
 
-def test_fast_and_step_by_step_paths_write_the_same(make_store: MakeStore) -> None:
-    fast, ef = master(make_store, "fast")
-    slow, es = master(make_store, "slow")
-    stepwise(slow)
-    assert ef == es  # inflight_epoch is compared too
-    for step, (batch, expected) in enumerate(sequence()):
-        got_fast = commit_fast(fast, ef, batch)
-        got_slow = slow.commit_batch(es, batch)
-        assert got_fast == got_slow == expected, f"batch {step}"
-        assert rows(fast) == rows(slow), f"after batch {step}"
-    assert slow.pipelined_commits == 0
-    assert message_ids(fast) == [6, 13, 17, 23, 25]
-    for s, e in ((fast, ef), (slow, es)):
-        assert_counters(s)
-        assert not s.check_integrity(e).mismatch
 
 
-def test_delivered_insert_is_stored_in_flight(make_store: MakeStore) -> None:
-    s, e = master(make_store)
-    commit_fast(s, e, Batch(inserts=[delivered(1), msg(2)]))
-    assert sql(s, "SELECT id, delivery_count, inflight_epoch FROM amq_messages ORDER BY id") \
-        == [(1, 1, e), (2, 0, None)]
-    assert [(m.id, m.delivery_count) for m in s.load_page(QUEUE.id, 0, 10)] == [(1, 1), (2, 0)]
 
 
 # -- fencing -------------------------------------------------------------------
@@ -418,31 +260,6 @@ def test_claim_waits_for_a_fast_batch_blocked_after_its_fence(
 
 
 # -- failures -------------------------------------------------------------------
-
-
-def test_after_a_fenced_fast_commit_a_new_epoch_commits(make_store: MakeStore) -> None:
-    a, ea = seeded(make_store)
-    commit_fast(a, ea, Batch(inserts=[msg(10)]))
-    eb = make_store().claim_epoch("node-b")
-    before = written(a)
-    with pytest.raises(Fenced):
-        a.commit_batch(ea, Batch(inserts=[msg(11, key="p:11")], acks=[(None, 1)]))
-    assert written(a) == before
-    ec = a.claim_epoch("node-a")  # a takes the group back
-    assert ec == eb + 1
-    assert_usable(a, ec, 12)
-
-
-def test_failed_fast_commit_rolls_back_and_the_store_recovers(make_store: MakeStore) -> None:
-    s, e = seeded(make_store)
-    before = written(s)
-    # id 1 exists: the INSERT fails after the fence and the dedup row.
-    with pytest.raises(StoreError) as info:
-        s.commit_batch(e, Batch(inserts=[msg(10, key="p:10"), msg(1)], acks=[(None, 2)]))
-    assert not isinstance(info.value, Fenced)
-    assert isinstance(info.value.__cause__, psycopg.errors.UniqueViolation)
-    assert written(s) == before
-    assert_usable(s, e, 10)
 
 
 def test_idle_writer_killed_between_batches(
