@@ -71,7 +71,7 @@ def message_ids(store: SqlStore) -> list[int]:
 
 
 def commit_fast(store: SqlStore, epoch: int, batch: Batch) -> BatchResult:
-    """Commit ``batch`` and check that it took the pipelined path."""
+    """Commit ``batch`` and check that it took the fast path."""
     before = store.pipelined_commits
     result = store.commit_batch(epoch, batch)
     assert store.pipelined_commits == before + 1, "the batch did not take the fast path"
