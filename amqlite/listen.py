@@ -15,7 +15,7 @@ import contextlib
 import errno
 import random
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 #: listen() backlog of the STOMP listener: a burst of reconnecting clients after a
@@ -84,6 +84,17 @@ def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]
     return socks
 
 
+@contextlib.contextmanager
+def naming(listener: str) -> Iterator[None]:
+    """An OSError inside names ``listener`` (``exc.listener``): the node's error says
+    which address could not be served."""
+    try:
+        yield
+    except OSError as exc:
+        exc.listener = listener  # type: ignore[attr-defined]
+        raise
+
+
 def listen_all(listeners: Sequence[tuple[str, tuple[str, int]]],
                backlog: int) -> list[list[socket.socket]]:
     """``listening_sockets`` of every (name, (host, port)), in the order given, opened in
@@ -93,11 +104,8 @@ def listen_all(listeners: Sequence[tuple[str, tuple[str, int]]],
     opened: list[list[socket.socket]] = []
     try:
         for name, (host, port) in reversed(listeners):
-            try:
+            with naming(name):
                 opened.append(listening_sockets(host, port, backlog))
-            except OSError as exc:
-                exc.listener = name  # type: ignore[attr-defined]
-                raise
     except OSError:
         for socks in opened:
             _close(socks)

@@ -24,7 +24,7 @@ from amqlite.broker import Broker, BrokerError
 from amqlite.broker.memory import WRITE_SHARE
 from amqlite.codec import Frame, Limits, ProtocolError
 from amqlite.hosts import HostGuard
-from amqlite.listen import STOMP_BACKLOG, listen_all
+from amqlite.listen import STOMP_BACKLOG, listen_all, naming
 from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtocol
 from amqlite.settings import default_max_unauthenticated
 from amqlite.stomp_tls import TlsGate
@@ -109,12 +109,9 @@ class StompServer:
         try:
             for (name, _, _), socks, factory in zip(listeners, opened, factories, strict=True):
                 while socks:  # handed over one by one: a failure closes the rest here
-                    try:
+                    with naming(name):
                         self.servers.append(await loop.create_server(
                             factory, sock=socks[0], backlog=STOMP_BACKLOG))
-                    except OSError as exc:
-                        exc.listener = name  # type: ignore[attr-defined]
-                        raise
                     socks.pop(0)
         except OSError:
             for sock in itertools.chain.from_iterable(opened):

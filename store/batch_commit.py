@@ -6,7 +6,7 @@ statement at a time otherwise (SQLite; rare shapes on PostgreSQL).
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +27,7 @@ from store.api import (
 from store.errors import store_error
 from store.fencing import Changes, FencedStore
 from store.pg_pipeline import Pipeline
-from store.rows import fresh_only, message_row
+from store.rows import deliveries_by_times, fresh_only, message_row
 from store.statements import chunks, encode_headers, now_ms
 
 #: The store's log lines keep the logger name they always had (``store.sql``),
@@ -269,13 +269,7 @@ class BatchCommitting(FencedStore):
                                         {"g": self.group, "ids": chunk}).all())
 
     def _deliver(self, conn: Connection, epoch: int, batch: Batch, ch: Changes) -> None:
-        acked = set(batch.acks)
-        counts = Counter(r for r in batch.deliveries if r not in acked)
-        # One statement per (subscription, times delivered in this batch).
-        groups: defaultdict[tuple[int | None, int], list[int]] = defaultdict(list)
-        for (sid, mid), n in counts.items():
-            groups[(sid, n)].append(mid)
-        for (sid, n), mids in groups.items():
+        for (sid, n), mids in deliveries_by_times(batch).items():
             for chunk in chunks(mids, self._chunk):
                 if sid is None:
                     conn.execute(self._st.deliver_q,

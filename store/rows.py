@@ -1,13 +1,14 @@
-"""The rows a batch's messages become, as DB-API tuples: shared by the step-by-step
-path (``store.batch_commit``) and SQLite's (``store.sqlite_batch``), so that both
-write the same."""
+"""The rows a batch's messages become, as DB-API tuples, and its deliveries grouped
+per statement: shared by the step-by-step path (``store.batch_commit``) and SQLite's
+(``store.sqlite_batch``), so that both write the same."""
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from store.api import BatchResult, NewMessage
+from store.api import Batch, BatchResult, NewMessage
 
 
 def fresh_only(inserts: Sequence[NewMessage], identities: Sequence[NewMessage],
@@ -41,3 +42,14 @@ def message_row(g: str, epoch: int, x: NewMessage, now: int,
             x.dedup_key, x.priority, x.expires_at, x.enqueued_at or now, x.delivery_count,
             epoch if x.delivery_count else None, encode_headers(x.headers), x.body,
             x.deliver_at or None, x.schedule)
+
+
+def deliveries_by_times(batch: Batch) -> dict[tuple[int | None, int], list[int]]:
+    """The batch's deliveries of messages it does not also ack, as message ids by
+    (subscription, times delivered in this batch): one UPDATE each."""
+    acked = set(batch.acks)
+    counts = Counter(r for r in batch.deliveries if r not in acked)
+    groups: defaultdict[tuple[int | None, int], list[int]] = defaultdict(list)
+    for (sid, mid), n in counts.items():
+        groups[(sid, n)].append(mid)
+    return groups

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections import defaultdict
 
 from store.api import Batch, BatchResult, Fenced
 from store.fencing import Changes
-from store.rows import fresh_only, message_row
+from store.rows import deliveries_by_times, fresh_only, message_row
 from store.statements import IN_CHUNK, Statements, chunks, encode_headers
 
 FENCE = ("UPDATE amq_groups SET msg_count = msg_count + ?, max_msg_id = max(max_msg_id, ?), "
@@ -74,17 +73,8 @@ def _write(cur: sqlite3.Cursor, st: Statements, description: str, g: str, epoch:
     if inserts or batch.identities:
         _insert(cur, st, g, epoch, batch, now, result, ch)
     _by_ids(cur, UNDELIVER, (g,), batch.undeliveries)
-    if batch.deliveries:
-        acked = set(batch.acks)
-        counts: defaultdict[int, int] = defaultdict(int)
-        for ref in batch.deliveries:
-            if ref not in acked:
-                counts[ref[1]] += 1
-        by_times: defaultdict[int, list[int]] = defaultdict(list)
-        for mid, n in counts.items():
-            by_times[n].append(mid)
-        for n, mids in by_times.items():
-            _by_ids(cur, DELIVER, (n, epoch, g), mids)
+    for (_, n), mids in deliveries_by_times(batch).items():  # queues only (pg_batch.fits)
+        _by_ids(cur, DELIVER, (n, epoch, g), mids)
     _by_ids(cur, RELEASE, (g,), [mid for _, mid in batch.releases])
     for chunk in chunks(acks, IN_CHUNK):
         ch.deleted_messages([row[0] for row in cur.execute(
