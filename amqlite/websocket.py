@@ -55,6 +55,13 @@ CLOSE_NORMAL = 1000
 
 
 #: RFC 6455 section 5.2: FIN and the data opcodes, and the payload length forms.
+#: After an HTTP error the socket's write side is shut and what the client still sends is
+#: read and dropped, for at most this long, before the socket closes: closing a socket
+#: with unread bytes sends a reset, which can destroy the answer before the client reads
+#: it (a client still sending an oversized upgrade request). nginx lingers up to 5 s
+#: (lingering_timeout); this socket has not logged in, so less.
+LINGER_SECONDS = 2.0
+
 OPCODE_TEXT = 0x81
 OPCODE_BINARY = 0x82
 OPCODE_CLOSE = 0x88
@@ -160,6 +167,7 @@ class WsPolicy:
 class WsState(enum.Enum):
     UPGRADING = "upgrading"  # HTTP request not answered yet
     OPEN = "open"  # STOMP flows in WebSocket messages
+    REFUSED = "refused"  # an HTTP error sent; the client's bytes dropped until it closes
     CLOSED = "closed"
 
 
@@ -181,10 +189,11 @@ class WsGate(asyncio.Protocol):
         #: Answer in text messages while the client speaks text (stompjs does by default;
         #: RabbitMQ answers text too), binary once it sends binary or a frame is no UTF-8.
         self.client_text = True
+        self.linger: asyncio.TimerHandle | None = None
 
     @property
     def done(self) -> bool:
-        return self.state is WsState.CLOSED
+        return self.state in (WsState.REFUSED, WsState.CLOSED)
 
     # -- asyncio.Protocol (the raw TCP or TLS transport) -----------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -252,13 +261,23 @@ class WsGate(asyncio.Protocol):
                 (b"content-type", b"text/plain; charset=utf-8"),
                 (b"content-length", str(len(body)).encode())]))
             self._send(RejectData(data=body))
-        self._drop()
+        raw = self.raw
+        if raw is None or raw.is_closing() or not raw.can_write_eof():  # TLS: no half-close
+            self._drop()
+            return
+        # A lingering close: the answer, then our FIN; the client's bytes are read and
+        # dropped (data_received) until its own FIN (eof_received) or LINGER_SECONDS.
+        self.state = WsState.REFUSED
+        raw.write_eof()
+        self.linger = asyncio.get_running_loop().call_later(LINGER_SECONDS, self._drop)
 
     def eof_received(self) -> bool | None:
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = WsState.CLOSED
+        if self.linger is not None:
+            self.linger.cancel()
         self.conn.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -300,6 +319,8 @@ class WsGate(asyncio.Protocol):
 
     def _drop(self) -> None:
         self.state = WsState.CLOSED
+        if self.linger is not None:
+            self.linger.cancel()
         if self.raw is not None and not self.raw.is_closing():
             self.raw.close()
 
