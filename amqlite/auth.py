@@ -628,15 +628,19 @@ W = TypeVar("W", bound=Waiting)
 def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
     """The socket to close for a newcomer past ``max_unauthenticated``: among the
     oldest EVICTION_SCAN of ``unauthenticated`` (oldest first), the first already refused
-    (``PendingCheck.refused``: it closes within a loop turn anyway) or waiting for a
+    (``PendingCheck.refused``: it closes within a loop turn anyway), waiting for a
     passcode tried again and again among many of its login's (a flood's guess: its answer
-    is the same for every socket that tries it, see ``CheckQueue.oft_tried``), else the
-    oldest that has not sent its CONNECT yet, else the oldest. A user's login waiting for
+    is the same for every socket that tries it, see ``CheckQueue.oft_tried``) or sharing
+    its check with other sockets (a burst of one login and passcode: closing one of them
+    saves no check and delays none), else the oldest that has not sent its CONNECT yet,
+    else the oldest. A user's login waiting for
     its check is not pushed out by the flood of guesses for its login, nor by a burst of
     sockets that have said nothing yet (a CI run: a flood's burst of a few hundred
     accepted in one loop turn closed alice's login, the oldest, with "server busy"), nor
     by a burst of a guess the cache already knows is wrong (a test run under load: each
-    had its denial on the way, none counted as a guess waiting, alice was the oldest). The
+    had its denial on the way, none counted as a guess waiting, alice was the oldest), nor
+    by the flood of one wrong passcode hashed again after her password changed (CI runs
+    under load: hundreds of sockets waited on that one check, alice was the oldest). The
     sockets waiting for a check are at most MAX_PENDING_CHECKS, below the default
     max_unauthenticated (a quarter of max_connections), so sockets that have said
     nothing yet keep room to say it.
@@ -653,7 +657,7 @@ def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
         if check.refused:
             return conn
         group = check.group
-        if group is not None and checks.oft_tried(group):
+        if group is not None and (len(group.waiters) > 1 or checks.oft_tried(group)):
             return conn
     if silent is not None:
         return silent

@@ -78,7 +78,7 @@ class BatchCommitting(FencedStore):
                 raise Fenced(f"{self.description}: group {self.group!r} is no longer at "
                              f"epoch {epoch}") from None
             raise store_error(self.description, "commit", e) from e
-        self.pipelined_commits += 1
+        self.fast_commits += 1
         return result
 
     def _commit_sqlite(self, epoch: int, batch: Batch) -> BatchResult:
@@ -93,7 +93,7 @@ class BatchCommitting(FencedStore):
         except Exception as e:  # rolled back: a refused value, or the file's trouble
             self._discard_writer()
             raise store_error(self.description, "commit", e) from e
-        self.pipelined_commits += 1
+        self.fast_commits += 1
         return result
 
     def _own_connection(self) -> Any:

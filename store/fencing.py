@@ -94,9 +94,9 @@ class FencedStore(Store):
         self._pipeline: Pipeline | None = None
         #: SQLite: the committer thread's own connection (``store.sqlite_batch``).
         self._sqlite_writer: sqlite3.Connection | None = None
-        #: Batches committed by the hot shapes' path: in one round trip on PostgreSQL,
+        #: Batches committed by the hot shapes' fast path: in one round trip on PostgreSQL,
         #: on the DB-API connection itself on SQLite (for tests and metrics).
-        self.pipelined_commits = 0
+        self.fast_commits = 0
         self._sqlite = self.dialect == "sqlite"
         self._dinsert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._chunk = IN_CHUNK if self._sqlite else ARRAY_CHUNK

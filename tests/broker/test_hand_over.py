@@ -192,7 +192,7 @@ def test_waiting_consumer_gets_the_message_in_the_commit_that_stores_it(
             queue = s.broker.queues[QUEUE]
             await until(lambda: not queue.store_has_more and not queue.paging)
             await s.settle()
-            commits, pipelined = s.committer.commits, store.pipelined_commits
+            commits, fast = s.committer.commits, store.fast_commits
 
             s.send(producer, "hello", receipt="r1")
             assert s.staged().delivery_count == 1  # handed over in the insert itself
@@ -210,7 +210,7 @@ def test_waiting_consumer_gets_the_message_in_the_commit_that_stores_it(
             assert producer.snapshots["r1"].commits == commits + 1
             assert s.committer.commits == commits + 1  # no separate delivery write
             if store.dialect == "postgresql":
-                assert store.pipelined_commits == pipelined + 1
+                assert store.fast_commits == fast + 1
             assert stored_row(store, message_id(message)) == handed
 
             s.ack(consumer, message, receipt="a1")

@@ -72,9 +72,9 @@ def message_ids(store: SqlStore) -> list[int]:
 
 def commit_fast(store: SqlStore, epoch: int, batch: Batch) -> BatchResult:
     """Commit ``batch`` and check that it took the fast path."""
-    before = store.pipelined_commits
+    before = store.fast_commits
     result = store.commit_batch(epoch, batch)
-    assert store.pipelined_commits == before + 1, "the batch did not take the fast path"
+    assert store.fast_commits == before + 1, "the batch did not take the fast path"
     return result
 
 

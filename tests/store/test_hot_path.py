@@ -40,9 +40,9 @@ def test_hot_shapes_take_the_fast_path(make_store: MakeStore, batch: Batch) -> N
 @pytest.mark.parametrize("batch", COLD.values(), ids=list(COLD))
 def test_other_shapes_go_step_by_step(make_store: MakeStore, batch: Batch) -> None:
     s, e = seeded(make_store)
-    before = s.pipelined_commits
+    before = s.fast_commits
     s.commit_batch(e, batch)
-    assert s.pipelined_commits == before
+    assert s.fast_commits == before
     assert_counters(s)
 
 
@@ -50,7 +50,7 @@ def test_the_test_seam_forces_the_step_by_step_path(make_store: MakeStore) -> No
     """The differential test below relies on it."""
     s, e = seeded(make_store)
     stepwise(s).commit_batch(e, HOT["all hot shapes"])
-    assert s.pipelined_commits == 0
+    assert s.fast_commits == 0
     assert 10 in message_ids(s)
 
 
@@ -64,7 +64,7 @@ def test_fast_and_step_by_step_paths_write_the_same(make_store: MakeStore) -> No
         got_slow = slow.commit_batch(es, batch)
         assert got_fast == got_slow == expected, f"batch {step}"
         assert rows(fast) == rows(slow), f"after batch {step}"
-    assert slow.pipelined_commits == 0
+    assert slow.fast_commits == 0
     assert message_ids(fast) == [6, 13, 17, 23, 25]
     for s, e in ((fast, ef), (slow, es)):
         assert_counters(s)

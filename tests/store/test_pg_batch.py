@@ -163,12 +163,12 @@ def test_a_batch_of_big_bodies_goes_step_by_step(
     MAX_PIPELINED_BODY_BYTES a batch is written statement by statement."""
     monkeypatch.setattr(pg_batch, "MAX_PIPELINED_BODY_BYTES", 1000)
     s, e = master(make_store)
-    before = s.pipelined_commits
+    before = s.fast_commits
     s.commit_batch(e, Batch(inserts=[msg(1, body=b"x" * 600), msg(2, body=b"y" * 600)]))
-    assert s.pipelined_commits == before
+    assert s.fast_commits == before
     assert one(s, "SELECT count(*) FROM amq_messages") == 2
     s.commit_batch(e, Batch(inserts=[msg(3, body=b"z" * 600)]))
-    assert s.pipelined_commits == before + 1
+    assert s.fast_commits == before + 1
 
 
 # -- same writes as the step-by-step path --------------------------------------
@@ -212,14 +212,14 @@ def test_fast_batch_waits_for_a_running_claim(
         with pytest.raises(Fenced):
             batch.outcome()
         assert written(a) == before
-        assert a.pipelined_commits == 0
+        assert a.fast_commits == 0
         commit_fast(b, ea + 1, Batch(inserts=[msg(10)]))  # the new master is unharmed
     else:
         blocker.commit()  # the claim's activation row now collides: it rolls back
         with pytest.raises(StoreError):
             claim.outcome()
         batch.outcome()
-        assert a.pipelined_commits == 1
+        assert a.fast_commits == 1
         assert message_ids(a) == [1, 2, 4, 10]
     assert_counters(a)
 
@@ -246,7 +246,7 @@ def test_claim_waits_for_a_fast_batch_blocked_after_its_fence(
     assert claim.is_alive()
     blocker.rollback()
     batch.outcome()
-    assert a.pipelined_commits == 1
+    assert a.fast_commits == 1
     eb = claim.outcome()
     assert eb == ea + 1
     # The claim re-read the group row after the batch committed: 1, 3 and 4.

@@ -129,7 +129,7 @@ def test_the_committer_commits_the_others_and_goes_on(
     does not stop, on_failure is not called, later commits go through."""
     s, e = master(make_store)
     failures: list[BaseException] = []
-    pipelined_before = s.pipelined_commits
+    fast_before = s.fast_commits
 
     async def scenario() -> None:
         gate = threading.Event()
@@ -156,7 +156,7 @@ def test_the_committer_commits_the_others_and_goes_on(
     asyncio.run(asyncio.wait_for(scenario(), DEADLINE_S))
     assert failures == []
     if case.pipelined:  # the good halves went the one-round-trip way too
-        assert s.pipelined_commits > pipelined_before
+        assert s.fast_commits > fast_before
     assert_counters(s)
 
 

@@ -1,9 +1,10 @@
 """Past max_unauthenticated, which socket goes (``amqlite.auth.crowded_out``, issue 23
 item 2): one waiting for a passcode tried again and again, of a login with many of those
-(``CheckQueue.oft_tried``), before the oldest, so a login waiting for its check is not
-closed for a flood's sockets, nor for one already refused; then one that has not sent
-its CONNECT yet; a client retrying its one passcode is not such a guess. Pure logic: the
-sockets are stand-ins with the attributes the choice reads."""
+(``CheckQueue.oft_tried``) or sharing its check with other sockets, before the oldest,
+so a login waiting for its check is not closed for a flood's sockets, nor for one
+already refused; then one that has not sent its CONNECT yet; a client retrying its one
+passcode is not such a guess. Pure logic: the sockets are stand-ins with the attributes
+the choice reads."""
 
 from __future__ import annotations
 
@@ -21,17 +22,26 @@ from amqlite.auth import (
 
 class Sock:
     """A socket not logged in: no CONNECT yet (None), or one whose passcode for
-    ``login`` was tried ``seen`` times (hashable by identity, as a ClientConnection is)."""
+    ``login`` was tried ``seen`` times, waiting on ``group`` (its own check by default,
+    hashable by identity, as a ClientConnection is)."""
 
-    def __init__(self, seen: int | None, login: str, refused: bool = False) -> None:
+    def __init__(self, seen: int | None, login: str, refused: bool = False,
+                 group: SimpleNamespace | None = None) -> None:
+        if group is None and not refused:
+            group = SimpleNamespace(seen=seen, login=login, waiters=[])
+        if group is not None:
+            group.waiters.append(self)
         self.check = (None if seen is None
-                      else SimpleNamespace(group=None if refused else
-                                           SimpleNamespace(seen=seen, login=login),
-                                           refused=refused))
+                      else SimpleNamespace(group=group, refused=refused))
 
 
 def sock(seen: int | None, login: str = "flooded") -> Any:
     return Sock(seen, login)
+
+
+def sharing(group: SimpleNamespace) -> Any:
+    """A socket waiting on ``group``, a check other sockets wait on too."""
+    return Sock(group.seen, group.login, group=group)
 
 
 def refused() -> Any:
@@ -86,3 +96,20 @@ def test_a_socket_already_refused_goes_before_a_login_waiting_for_its_check() ->
     login, the oldest, with "server busy" (test_login_flood_one_login.py[same])."""
     user, first_refused = sock(1), refused()
     assert choice([user, first_refused, refused(), sock(None)]) is first_refused
+
+
+def test_a_socket_sharing_its_check_goes_before_a_login_waiting_for_its_own() -> None:
+    """A flood of one wrong passcode whose answer is not known (alice's password changed,
+    so the cached denial no longer applies): hundreds of sockets wait on that one check,
+    none of them silent or refused, the passcode not one of many (``oft_tried`` is
+    false). CI runs under load closed alice's login, the oldest, with "server busy"
+    (test_login_flood_one_login.py's warmed flood[same])."""
+    user = sock(1)
+    wrong = SimpleNamespace(seen=400, login="retrying", waiters=[])
+    first_repeat = sharing(wrong)
+    assert choice([user, first_repeat, sharing(wrong), sharing(wrong)]) is first_repeat
+
+
+def test_one_socket_alone_on_its_check_is_not_taken_for_a_burst() -> None:
+    oldest = sock(1)
+    assert choice([oldest, sock(3, "retrying"), sock(1, "other")]) is oldest
