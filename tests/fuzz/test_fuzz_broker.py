@@ -35,13 +35,15 @@ from tests.helpers.broker_fixtures import store_args
 from tests.helpers.broker_proc import BrokerFactory, assert_broker_serves, unique
 from tests.helpers.seeds import fuzz_seed
 
-#: Wall-time budget of the fuzzing per store: two stores stay well under 2.5 minutes with
-#: broker start-up and the canary's drain.
-FUZZ_SECONDS = 45.0
+#: Wall-time budget of the fuzzing per store: with broker start-up and the canary's drain
+#: the two stores take about 70 s of the suite's 30 minutes (45 s each took 93 s, and the
+#: suite ran past 30 minutes: session 19). scripts/fuzz explores for longer.
+FUZZ_SECONDS = 30.0
 #: Cases that must run within FUZZ_SECONDS (scaled when AMQLITE_FUZZ_SECONDS changes it):
 #: "thousands per CI run" on a loaded 2-core machine. Measured on the shared 2-core box:
-#: 75,000 to 77,000 handled cases in 45 s on either store (2026-11-24, the 2-core VM);
-#: the floor leaves room for a slower broker and a much busier machine.
+#: 75,000 to 77,000 handled cases in 45 s on either store (2026-11-24, the 2-core VM), so
+#: about 50,000 in 30 s; the floor leaves room for a slower broker and a much busier
+#: machine.
 MIN_CASES = 5000
 #: The seed of the suite's run (any fixed number; this one is the day it was fixed).
 CI_SEED = 20261124

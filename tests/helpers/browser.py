@@ -48,13 +48,23 @@ def start_chromium(extra_args: tuple[str, ...] = ()) -> Any:
     return driver
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """One Chromium for every console module: each start costs 4-17 s of the suite."""
     driver = start_chromium()
     try:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: Any) -> Iterator[Any]:
+    """The shared Chromium, left on a blank page without cookies after the module (its
+    broker is gone: the console would go on polling it)."""
+    yield chromium
+    chromium.get("about:blank")
+    chromium.delete_all_cookies()
 
 
 @pytest.fixture

@@ -7,5 +7,5 @@ from tests.helpers.broker_fixtures import (  # noqa: F401 (fixtures and hooks, u
     module_factory,
     pytest_runtest_makereport,
 )
-from tests.helpers.browser import browser, shots  # noqa: F401 (the console tests' fixtures)
+from tests.helpers.browser import browser, chromium, shots  # noqa: F401 (the console tests' fixtures)
 from tests.helpers.sockets import sockets  # noqa: F401 (raw sockets closed after a test)
