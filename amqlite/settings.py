@@ -229,7 +229,7 @@ class Settings:
         "Open sockets; past it new ones get an ERROR and are closed.",
         "ActiveMQ's transport maximumConnections", domain=COUNT))
     max_unauthenticated: int = field(default=0, metadata=doc(
-        "Sockets not logged in yet; past it the oldest gets ERROR 'server busy'. "
+        "Sockets not logged in yet; past it one gets ERROR 'server busy' (docs/limits.md). "
         "0: the derived default.", domain=COUNT_OR_ZERO,
         derived=f"max_connections / {UNAUTHENTICATED_SHARE}"))
     connect_timeout: float = field(default=DEFAULT_CONNECT_TIMEOUT, metadata=doc(
