@@ -633,17 +633,16 @@ def crowded_out(unauthenticated: Iterable[W], checks: CheckQueue) -> W:
     is the same for every socket that tries it, see ``CheckQueue.oft_tried``) or sharing
     its check with other sockets (a burst of one login and passcode: closing one of them
     saves no check and delays none), else the oldest that has not sent its CONNECT yet,
-    else the oldest. A user's login waiting for
-    its check is not pushed out by the flood of guesses for its login, nor by a burst of
-    sockets that have said nothing yet (a CI run: a flood's burst of a few hundred
-    accepted in one loop turn closed alice's login, the oldest, with "server busy"), nor
-    by a burst of a guess the cache already knows is wrong (a test run under load: each
-    had its denial on the way, none counted as a guess waiting, alice was the oldest), nor
-    by the flood of one wrong passcode hashed again after her password changed (CI runs
-    under load: hundreds of sockets waited on that one check, alice was the oldest). The
-    sockets waiting for a check are at most MAX_PENDING_CHECKS, below the default
-    max_unauthenticated (a quarter of max_connections), so sockets that have said
-    nothing yet keep room to say it.
+    else the oldest. A user's login waiting for its check is not pushed out by the flood
+    of guesses for its login, nor by a burst of sockets that have said nothing yet (a CI
+    run: a flood's burst of a few hundred accepted in one loop turn closed alice's login,
+    the oldest, with "server busy"), nor by a burst of a guess the cache already knows is
+    wrong (a test run under load: each had its denial on the way, none counted as a guess
+    waiting, alice was the oldest), nor by the flood of one wrong passcode hashed again
+    after her password changed (CI runs under load: hundreds of sockets waited on that
+    one check, alice was the oldest). The sockets waiting for a check are at most
+    MAX_PENDING_CHECKS, below the default max_unauthenticated (a quarter of
+    max_connections), so sockets that have said nothing yet keep room to say it.
     A function of its inputs, not a server method: the server's class is compiled
     (``amqlite.native``), so its test cannot build one from stand-ins."""
     oldest = None

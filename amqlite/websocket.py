@@ -54,7 +54,6 @@ ANY_ORIGIN = "*"
 CLOSE_NORMAL = 1000
 
 
-#: RFC 6455 section 5.2: FIN and the data opcodes, and the payload length forms.
 #: After an HTTP error the socket's write side is shut and what the client still sends is
 #: read and dropped, for at most this long, before the socket closes: closing a socket
 #: with unread bytes sends a reset, which can destroy the answer before the client reads
@@ -62,6 +61,7 @@ CLOSE_NORMAL = 1000
 #: (lingering_timeout); this socket has not logged in, so less.
 LINGER_SECONDS = 2.0
 
+#: RFC 6455 section 5.2: FIN and the data opcodes, and the payload length forms.
 OPCODE_TEXT = 0x81
 OPCODE_BINARY = 0x82
 OPCODE_CLOSE = 0x88

@@ -63,8 +63,8 @@ def browser(chromium: Any) -> Iterator[Any]:
     """The shared Chromium, left on a blank page without cookies after the module (its
     broker is gone: the console would go on polling it)."""
     yield chromium
+    chromium.delete_all_cookies()  # the console's (cookies are per host, not per port)
     chromium.get("about:blank")
-    chromium.delete_all_cookies()
 
 
 @pytest.fixture
