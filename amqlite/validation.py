@@ -26,7 +26,7 @@ from amqlite.wire import (
     STOMP_1_1,
     STOMP_1_2,
 )
-from store.schema import (
+from store.limits import (
     BIGINT_MAX,
     CLIENT_ID_LENGTH,
     DESTINATION_NAME_LENGTH,

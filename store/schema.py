@@ -27,33 +27,25 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from store.limits import (  # noqa: F401 (re-exported: the schema's sizes, one place)
+    BIGINT_MAX,
+    CLIENT_ID_LENGTH,
+    DEDUP_KEY_LENGTH,
+    DESTINATION_NAME_LENGTH,
+    MESSAGE_ID_LENGTH,
+    NAME_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    PRODUCER_ID_LENGTH,
+    SUBSCRIPTION_NAME_LENGTH,
+)
+
 #: Bumped whenever a table or column changes; ``store`` upgrades older stores
 #: (``store.migrations.UPGRADES``). v2: ``amq_subscriptions.owner``. v3:
 #: ``amq_messages.deliver_at`` and ``schedule`` (scheduled delivery) and their index.
 #: v4: ``amq_counters`` (per-destination totals that survive a takeover). v5: its
 #: ``overflow_dropped`` (a bounded queue's drop-head).
 SCHEMA_VERSION = 5
-
-# Column sizes that bound what a client may send. The broker validates every
-# frame against these (amqlite/validation.py) so that a value the store cannot
-# hold is refused at the edge instead of failing a group commit; one constant
-# each, used here and there, so the two cannot drift.
-#: Destination names ("/queue/orders").
-DESTINATION_NAME_LENGTH = 512
-#: Group and node names, durable subscriptions' client-id and name.
-NAME_LENGTH = 200
-CLIENT_ID_LENGTH = NAME_LENGTH
-SUBSCRIPTION_NAME_LENGTH = NAME_LENGTH
-#: The STOMP message-id and the producer's identity (``amqlite.producerId``).
-MESSAGE_ID_LENGTH = 200
-PRODUCER_ID_LENGTH = 200
-#: ``producer_id:producer_seq`` (200 + 1 + 19 digits fit with room to spare).
-DEDUP_KEY_LENGTH = 420
-#: BIGINT columns (expires_at, producer_seq) hold a signed 64-bit integer.
-BIGINT_MAX = 2**63 - 1
-#: JMS priorities; the column is a SMALLINT.
-PRIORITY_MIN = 0
-PRIORITY_MAX = 9
 
 metadata = MetaData()
 

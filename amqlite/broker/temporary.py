@@ -47,7 +47,7 @@ from amqlite.validation import (
     is_temporary,
 )
 from amqlite.wildcard import ANY_CHILD, ANY_DESCENDANT, SEPARATOR
-from store.schema import DESTINATION_NAME_LENGTH
+from store.limits import DESTINATION_NAME_LENGTH
 
 if TYPE_CHECKING:
     from amqlite.broker.core import Broker

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from amqlite.codec import parse_uint
 from amqlite.management.actions import ActionError
-from store.schema import BIGINT_MAX
+from store.limits import BIGINT_MAX
 
 #: Largest JSON body an action accepts: a list of ids to move (~10 bytes each), 1 MiB is
 #: about 100,000 of them.
