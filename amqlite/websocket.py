@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -60,6 +61,9 @@ CLOSE_NORMAL = 1000
 #: it (a client still sending an oversized upgrade request). nginx lingers up to 5 s
 #: (lingering_timeout); this socket has not logged in, so less.
 LINGER_SECONDS = 2.0
+
+#: The blank line that ends an HTTP request's head (h11 accepts bare LF lines too).
+HEAD_END = re.compile(rb"\n\r?\n")
 
 #: RFC 6455 section 5.2: FIN and the data opcodes, and the payload length forms.
 OPCODE_TEXT = 0x81
@@ -184,7 +188,11 @@ class WsGate(asyncio.Protocol):
         self.reader = FrameReader()  # the frames after it
         self.raw: asyncio.Transport | None = None
         self.state = WsState.UPGRADING
-        self.request_bytes = 0
+        #: The upgrade request's head as it arrives, handed to wsproto once complete:
+        #: h11 under wsproto refuses an incomplete head past 16 KiB with a 400, so fed
+        #: piece by piece a request within max_handshake_bytes was refused or not
+        #: depending on how the bytes happened to arrive.
+        self.head = bytearray()
         self.subprotocol: str | None = None
         #: Answer in text messages while the client speaks text (stompjs does by default;
         #: RabbitMQ answers text too), binary once it sends binary or a frame is no UTF-8.
@@ -207,12 +215,15 @@ class WsGate(asyncio.Protocol):
         if self.state is WsState.OPEN:
             self._frames(data)
             return
-        self.request_bytes += len(data)
-        if self.request_bytes > self.max_request_bytes:
+        searched = max(0, len(self.head) - 2)
+        self.head += data
+        if len(self.head) > self.max_request_bytes:
             self._reject(431, "upgrade request too large")
             return
+        if HEAD_END.search(self.head, searched) is None:
+            return  # more to come, within max_handshake_bytes and connect_timeout
         try:
-            self.ws.receive_data(data)
+            self.ws.receive_data(bytes(self.head))
             for event in self.ws.events():
                 if isinstance(event, Request):
                     self._upgrade(event)
@@ -221,6 +232,8 @@ class WsGate(asyncio.Protocol):
             hint = getattr(exc, "event_hint", None)
             self._reject(hint.status_code if isinstance(hint, RejectConnection) else 400,
                          str(exc))
+            return
+        self._reject(400, "no request line before the blank line")  # only blank lines
 
     def _frames(self, data: bytes) -> None:
         """The client's frames (amqlite.wsframes): payload to the STOMP connection."""

@@ -6,6 +6,8 @@ authorization, flow control, wss://, and the published URLs."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 import socket
 import ssl
 import threading
@@ -274,6 +276,33 @@ def test_oversized_upgrade_still_arriving_gets_its_431_not_a_reset(
     request = (b"GET /ws HTTP/1.1\r\n" + f"Host: {HOST}:{port}\r\n".encode()
                + b"X-Pad: " + b"p" * HUGE_REQUEST + b"\r\n\r\n")
     assert raw_answer(port, request).startswith(b"HTTP/1.1 431")
+
+
+#: An upgrade request past h11's own 16 KiB, within max_handshake_bytes (64 KiB): a
+#: browser's cookies can make one that long.
+LONG_REQUEST_PAD = 40 * 1024
+
+
+def test_long_upgrade_request_within_the_limit_arriving_piecemeal_is_upgraded(
+        broker: BrokerProcess) -> None:
+    """Sent in 1 KiB pieces, so the broker reads it in several parts: wsproto's h11
+    refuses an incomplete head past 16 KiB with 400 "Bad HTTP message", so fed piece by
+    piece such a request was refused or upgraded depending on how its bytes arrived. The
+    broker hands wsproto the head once it is complete: 101."""
+    port = broker.ws_port  # type: ignore[attr-defined]
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = (f"GET /ws HTTP/1.1\r\nHost: {HOST}:{port}\r\nUpgrade: websocket\r\n"
+               f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+               f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: v12.stomp\r\n"
+               f"Cookie: pad={'c' * LONG_REQUEST_PAD}\r\n\r\n").encode()
+    with socket.create_connection((HOST, port), timeout=WAIT) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(request), 1024):
+            sock.sendall(request[start:start + 1024])
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 101"), answer[:200]
 
 
 def test_stomp_py_ws_connection(broker: BrokerProcess) -> None:
