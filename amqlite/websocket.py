@@ -222,8 +222,9 @@ class WsGate(asyncio.Protocol):
             return
         if HEAD_END.search(self.head, searched) is None:
             return  # more to come, within max_handshake_bytes and connect_timeout
+        request, self.head = bytes(self.head), bytearray()  # not kept for the socket's life
         try:
-            self.ws.receive_data(bytes(self.head))
+            self.ws.receive_data(request)
             for event in self.ws.events():
                 if isinstance(event, Request):
                     self._upgrade(event)
