@@ -1,8 +1,8 @@
 """Run one amqlite node (``python -m cli ...``) under cProfile, every thread on its own.
 
 Bench only: ``bench/peers.py`` starts a spawned amqlite through this when
-``AMQLITE_BENCH_PROFILE`` names a directory (``load.py --profile DIR`` sets it), and
-never otherwise. At exit each thread's profile goes to ``DIR/<thread>.pstats`` and the
+``AMQLITE_BENCH_PROFILE`` names a directory (``AMQLITE_BENCH_PROFILE=DIR bench/load.py
+--spawn postgres ...``), and never otherwise. At exit each thread's profile goes to ``DIR/<thread>.pstats`` and the
 CPU seconds of every thread of the process (from /proc) to ``DIR/threads.json``, so a
 run says where the event loop and the committer spend their time and how much each.
 
