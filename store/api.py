@@ -1,15 +1,17 @@
 """The broker's view of the store: value types, the batch, and the ``Store`` seam.
 
 The broker is single-threaded asyncio; a ``Store`` is synchronous and is
-driven by exactly one thread (the group committer), so it needs no locking of
-its own. Every write goes through ``commit_batch``, which proves the epoch in
-the same transaction and raises ``Fenced`` when the group has moved on.
+driven by one thing at a time (the group committer: its thread, or for
+``start_commit`` its event loop), so it needs no locking of its own. Every write
+goes through ``commit_batch`` or ``start_commit``, which prove the epoch in the
+same transaction and raise ``Fenced`` when the group has moved on.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class StoreError(Exception):
@@ -363,6 +365,27 @@ class Recovery:
     counters: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
+class LoopCommit(Protocol):
+    """A commit sent by ``Store.start_commit``, its answer not yet read. The loop
+    calls ``flush`` while the socket is writable and not all is sent (``sent``
+    False), ``receive`` when it is readable; after an exception from either, once
+    it no longer watches ``fd``, ``failed`` (which closes the connection)."""
+
+    sent: bool
+
+    @property
+    def fd(self) -> int: ...
+
+    def flush(self) -> bool:
+        """Send more (never blocks); True when all of it went."""
+
+    def receive(self) -> BatchResult | None:
+        """Read what came (never blocks): the result once the answer is in."""
+
+    def failed(self, exc: BaseException) -> StoreError:
+        """What ``commit_batch`` would have raised for ``exc``."""
+
+
 class Store(abc.ABC):
     """Synchronous, single-thread persistence for one group."""
 
@@ -410,6 +433,21 @@ class Store(abc.ABC):
         group's current one. Raises ``Fenced`` (nothing written), ``StoreRejected``
         (the data, not the store, is at fault: nothing written, the store is
         usable) or ``StoreError``."""
+
+    #: Whether ``start_commit`` may take batches at all (PostgreSQL): the group
+    #: committer then orders its work on the event loop (``store.group_commit``).
+    loop_commits: bool = False
+
+    def loop_fits(self, batch: Batch) -> bool:
+        """Whether ``start_commit`` takes batches of this shape."""
+        return False
+
+    def start_commit(self, epoch: int, batch: Batch) -> LoopCommit | None:
+        """``commit_batch`` without waiting: the transaction sent, its answer read
+        by an event loop that watches ``LoopCommit.fd``. None when the batch cannot
+        go this way now (``commit_batch`` then, on the store thread). Raises as
+        ``commit_batch`` does when sending fails."""
+        return None
 
     @abc.abstractmethod
     def load_page(

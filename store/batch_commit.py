@@ -52,13 +52,39 @@ class BatchCommitting(FencedStore):
                       else self._commit_pipelined(epoch, batch))
         else:
             result = self._commit_stepwise(epoch, batch)
+        self._committed(batch)
+        if self._analyze_pending and self._inserted_since_open >= ANALYZE_AFTER_ROWS:
+            self._analyze_once()
+        return result
+
+    def _committed(self, batch: Batch) -> None:
+        """A batch's count of what the store did (vacuum, the first ANALYZE)."""
         if batch.acks or batch.moves:
             self.deleting_commits += 1
         if self._analyze_pending:
             self._inserted_since_open += len(batch.inserts)
-            if self._inserted_since_open >= ANALYZE_AFTER_ROWS:
-                self._analyze_once()
-        return result
+
+    def loop_fits(self, batch: Batch) -> bool:
+        return not self._sqlite and pg_batch.fits(batch)
+
+    def start_commit(self, epoch: int, batch: Batch) -> PipelinedCommit | None:
+        """The hot shapes' one round trip, sent on the pipeline's connection once a
+        ``commit_batch`` on the store thread opened it (a connect blocks: never on
+        the loop). Not the commit that reaches the first ANALYZE: that one is
+        ``commit_batch``'s, which runs it."""
+        pipeline = self._pipeline
+        if (pipeline is None or self.after_fence is not None or not pg_batch.fits(batch)
+                or (self._analyze_pending and self._inserted_since_open + len(batch.inserts)
+                    >= ANALYZE_AFTER_ROWS)):
+            return None
+        try:
+            steps, answer = pg_batch.prepare(self.group, epoch, batch, now_ms(),
+                                             encode_headers)
+            sent = pipeline.send(steps)
+        except Exception as e:
+            err = self._pipeline_failed(epoch, e)
+            raise err from err.__cause__  # Fenced: no cause, as the fence says it all
+        return PipelinedCommit(self, epoch, batch, pipeline, answer, sent)
 
     def _commit_pipelined(self, epoch: int, batch: Batch) -> BatchResult:
         """The hot shapes in one round trip (see ``store.pg_batch``)."""
@@ -71,15 +97,20 @@ class BatchCommitting(FencedStore):
             result = pg_batch.commit(self._pipeline, self.group, epoch, batch, now_ms(),
                                      encode_headers)
         except Exception as e:  # a database error, or e.g. a value it cannot encode
-            # Whatever failed, the connection's state is unknown (the fence may
-            # hold the group row): close it, and start afresh next time.
-            self._discard_writer()
-            if getattr(e, "sqlstate", None) == pg_batch.FENCED_SQLSTATE:
-                raise Fenced(f"{self.description}: group {self.group!r} is no longer at "
-                             f"epoch {epoch}") from None
-            raise store_error(self.description, "commit", e) from e
+            err = self._pipeline_failed(epoch, e)
+            raise err from err.__cause__  # Fenced: no cause, as the fence says it all
         self.fast_commits += 1
         return result
+
+    def _pipeline_failed(self, epoch: int, e: BaseException) -> StoreError:
+        """The error a failed pipelined commit raises (with its cause, but for the
+        fence). Whatever failed, the connection's state is unknown (the fence may
+        hold the group row): it is closed, and the next commit opens another."""
+        self._discard_writer()
+        if getattr(e, "sqlstate", None) == pg_batch.FENCED_SQLSTATE:
+            return Fenced(f"{self.description}: group {self.group!r} is no longer at "
+                          f"epoch {epoch}")
+        return store_error(self.description, "commit", e)
 
     def _commit_sqlite(self, epoch: int, batch: Batch) -> BatchResult:
         """The hot shapes on SQLite's own connection (see ``store.sqlite_batch``)."""
@@ -341,3 +372,34 @@ class BatchCommitting(FencedStore):
             ch.deleted_messages(conn.scalars(self._st.delete_sub_orphans, params).all())
             conn.execute(self._st.delete_sub_pending, params)
             conn.execute(self._st.delete_subs, params)
+
+
+class PipelinedCommit:
+    """A batch's transaction sent on the store's pipeline connection and read by
+    the group committer's event loop (``Store.start_commit``, ``LoopCommit``)."""
+
+    def __init__(self, store: BatchCommitting, epoch: int, batch: Batch,
+                 pipeline: Pipeline, answer: pg_batch.Answer, sent: bool) -> None:
+        self._store, self._epoch, self._batch = store, epoch, batch
+        self._pipeline, self._answer = pipeline, answer
+        self.sent = sent
+
+    @property
+    def fd(self) -> int:
+        return self._pipeline.fd
+
+    def flush(self) -> bool:
+        self.sent = self._pipeline.flush()
+        return self.sent
+
+    def receive(self) -> BatchResult | None:
+        results = self._pipeline.receive()
+        if results is None:
+            return None
+        result = self._answer.result(self._pipeline, results)
+        self._store.fast_commits += 1
+        self._store._committed(self._batch)
+        return result
+
+    def failed(self, exc: BaseException) -> StoreError:
+        return self._store._pipeline_failed(self._epoch, exc)

@@ -102,6 +102,7 @@ class FencedStore(Store):
         self._chunk = IN_CHUNK if self._sqlite else ARRAY_CHUNK
         self._inserted_since_open = 0
         self._analyze_pending = not self._sqlite
+        self.loop_commits = not self._sqlite  # PostgreSQL's pipeline (store.batch_commit)
         #: Batches that acknowledged or moved messages (deleted rows), and how many there
         #: were at the last ``vacuum_messages``: a store with none since has nothing to
         #: vacuum. Written on the committer's thread, read on the vacuum's (an int).

@@ -18,6 +18,18 @@ futures, calls ``on_failure`` once on the loop, and from then on every
 submit fails at once. The master demotes; it never retries a write whose
 outcome it does not know.
 
+On PostgreSQL (``Store.loop_commits``) the usual commit never leaves the event
+loop: the work waits in a line on the loop, in submission order, and while the
+thread has nothing, the batches heading it that fit one round trip
+(``Store.loop_fits``) are merged and sent by the loop itself
+(``Store.start_commit``), their answer read when the socket is readable. The
+rest (calls, barriers, other shapes, a refused commit to be split) is handed to
+the thread, in order, with a mark that comes back once the thread is past it;
+until then everything goes to the thread, so nothing overtakes. Under W1 the
+loop and the thread handed the GIL to each other about once a message (a futex
+call each and a context switch every few), which cost more CPU than the
+committer's own work on the loop (bench/README.md, "Issue 25, session 20").
+
 A refusal is not a failure: when the store refuses a merged commit's data
 (``StoreRejected``: nothing was written and the store is fine), the submitted
 batches are committed again in halves, in submission order, each half its own
@@ -37,6 +49,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -44,6 +57,7 @@ from store.api import (
     OUTSIDE_UNITS,
     Batch,
     BatchResult,
+    LoopCommit,
     Store,
     StoreError,
     StoreRejected,
@@ -73,8 +87,11 @@ DEFAULT_COMMIT_DELAY_MS = 0
 #   (future, batch, spans)       a write (spans: list[UnitSpan] or None)
 #   (future, fn, args, None)     a read / any call on the store thread
 #   (future, None, None, None)   a barrier (drain): resolved even after a failure
+#   (future, _MARK)              the loop's mark: resolved once the thread is past it,
+#                                with the commit it merged into (no commit of its own)
 #   _STOP                        stop
 _STOP: tuple[Any, ...] = (None,)
+_MARK = "mark"
 
 
 class GroupCommitter:
@@ -106,6 +123,8 @@ class GroupCommitter:
         #: Transactions committed, and the batches they carried (for tests and metrics).
         self.commits = 0
         self.batches = 0
+        #: Of ``commits``, those the event loop sent itself (``Store.start_commit``).
+        self.on_loop = 0
         #: Batches the store refused on their own, and merged commits it refused.
         self.rejected = 0
         self.splits = 0
@@ -113,6 +132,16 @@ class GroupCommitter:
         #: call), None while it waits for work: how long a commit has been stuck
         #: (amqlite.replication diagnoses one stuck on a missing synchronous standby).
         self.busy_since: float | None = None
+        #: The line on the loop (see the module docstring), or None: every item goes
+        #: to the thread at once (SQLite; and with a commit delay, which the thread keeps).
+        self._line: deque[tuple[Any, ...]] | None = (
+            deque() if store.loop_commits and not self._delay_s else None)
+        #: The commit the loop sent and awaits, and the items it carries.
+        self._underway: LoopCommit | None = None
+        self._underway_items: list[tuple[Any, ...]] = []
+        #: Marks handed to the thread and not yet back: while any is out, all goes there.
+        self._handed = 0
+        self._kick_due = False
         self._worker = threading.Thread(
             target=self._run, name=f"amqlite-store-{store.group}", daemon=True
         )
@@ -149,14 +178,25 @@ class GroupCommitter:
         elif self._closed:
             fut.set_exception(StoreError("the group committer is closed"))
         else:
+            self._put(item)
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        """Into the line, or straight to the thread when there is none."""
+        line = self._line
+        if line is None:
             self._queue.put(item)
+            return
+        line.append(item)
+        if not self._kick_due and self._underway is None:
+            self._kick_due = True
+            self._loop.call_soon(self._kick)
 
     async def drain(self) -> None:
         """Wait until everything submitted so far is committed (or failed)."""
         if self._closed and self._stopped.done():
             return
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._queue.put((fut, None, None, None))
+        self._put((fut, None, None, None))
         await fut
 
     def close(self) -> None:
@@ -164,7 +204,7 @@ class GroupCommitter:
         graceful stop, ``await drain()`` first; ``await wait_closed()`` after."""
         if not self._closed:
             self._closed = True
-            self._queue.put(_STOP)
+            self._put(_STOP)
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._stopped)
@@ -173,6 +213,119 @@ class GroupCommitter:
         """Block until the thread ended (for synchronous callers); True if it did."""
         self._worker.join(timeout)
         return not self._worker.is_alive()
+
+    # -- the line, on the loop ---------------------------------------------------
+    def _kick(self) -> None:
+        """Send what heads the line: a commit of the loop's own when the thread has
+        nothing and the head fits one; else hand everything to the thread."""
+        self._kick_due = False
+        line = self._line
+        assert line is not None
+        while line and self._underway is None:
+            if not (self._handed == 0 and self._failure is None
+                    and self._loop_fits(line[0]) and self._start_on_loop(line)):
+                self._hand_over(line)
+
+    def _loop_fits(self, item: tuple[Any, ...]) -> bool:
+        return len(item) == 3 and self.store.loop_fits(item[1])
+
+    def _start_on_loop(self, line: deque[tuple[Any, ...]]) -> bool:
+        """Merge the writes heading ``line`` that fit and send them; False (and the
+        line as it was) when the store cannot take them now."""
+        items = [line.popleft()]
+        merging = _Merging(items[0][1], self._max_ops, self._max_bytes)
+        while line and self._loop_fits(line[0]) and merging.add(line[0][1]):
+            items.append(line.popleft())
+        try:
+            commit = self.store.start_commit(self.epoch, merging.batch)
+        except StoreError as exc:
+            self._loop_failed(exc, items)
+            return True
+        if commit is None:
+            line.extendleft(reversed(items))
+            return False
+        self._underway, self._underway_items = commit, items
+        self.busy_since = time.monotonic()
+        self._loop.add_reader(commit.fd, self._readable)
+        if not commit.sent:
+            self._loop.add_writer(commit.fd, self._writable)
+        return True
+
+    def _hand_over(self, line: deque[tuple[Any, ...]]) -> None:
+        """Everything in ``line`` to the thread, in order, and a mark behind it."""
+        put = self._queue.put
+        while line:
+            put(line.popleft())
+        mark: asyncio.Future[Any] = self._loop.create_future()
+        mark.add_done_callback(self._mark_back)
+        self._handed += 1
+        put((mark, _MARK))
+
+    def _mark_back(self, mark: asyncio.Future[Any]) -> None:
+        if not mark.cancelled():
+            mark.exception()  # retrieved: a failed store fails marks too
+        self._handed -= 1
+        if self._line:
+            self._kick()
+
+    def _writable(self) -> None:
+        commit = self._underway
+        assert commit is not None
+        try:
+            sent = commit.flush()
+        except Exception as exc:
+            self._underway_failed(commit, exc)
+            return
+        if sent:
+            self._loop.remove_writer(commit.fd)
+
+    def _readable(self) -> None:
+        commit = self._underway
+        assert commit is not None
+        try:
+            result = commit.receive()
+        except Exception as exc:
+            self._underway_failed(commit, exc)
+            return
+        if result is None:
+            return
+        items = self._stop_watching(commit)
+        self.commits += 1
+        self.on_loop += 1
+        self.batches += len(items)
+        if result.duplicate_ids and len(items) > 1:
+            _resolve_each(items, _split_result(result, items))
+        else:
+            _resolve_all(items, result)
+        if self._line:
+            self._kick()
+
+    def _stop_watching(self, commit: LoopCommit) -> list[tuple[Any, ...]]:
+        """The commit is over: its socket unwatched (before a failure closes it)."""
+        self._loop.remove_reader(commit.fd)
+        if not commit.sent:
+            self._loop.remove_writer(commit.fd)
+        items, self._underway, self._underway_items = self._underway_items, None, []
+        self.busy_since = None
+        return items
+
+    def _underway_failed(self, commit: LoopCommit, exc: Exception) -> None:
+        items = self._stop_watching(commit)
+        self._loop_failed(commit.failed(exc), items)
+        if self._line:
+            self._kick()
+
+    def _loop_failed(self, exc: StoreError, items: list[tuple[Any, ...]]) -> None:
+        """A refusal goes back to the head of the line for the thread, which commits
+        those batches again in halves (``_rejected``); anything else stops the
+        committer, as on the thread."""
+        if isinstance(exc, StoreRejected):
+            line = self._line
+            assert line is not None
+            line.extendleft(reversed(items))
+            self._hand_over(line)
+        else:
+            self._fail(exc, items)
 
     # -- store thread --------------------------------------------------------
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
@@ -188,6 +341,9 @@ class GroupCommitter:
             held = None
             if item is _STOP:
                 break
+            if len(item) == 2:  # a mark with no commit to ride along
+                self._post(_resolve_marks, [item])
+                continue
             self.busy_since = time.monotonic()
             try:
                 if len(item) == 4:
@@ -205,13 +361,11 @@ class GroupCommitter:
         """Merge ``first`` with what is queued behind it, commit, and return an
         item that was taken but did not fit (it goes next)."""
         items = [first]
-        acc: Batch = first[1]
-        merged = False
-        ops = len(acc)
-        size = _body_bytes(acc)
+        marks: list[tuple[Any, ...]] = []
+        merging = _Merging(first[1], self._max_ops, self._max_bytes)
         held = None
         deadline = time.monotonic() + self._delay_s if self._delay_s else 0.0
-        while ops < self._max_ops:
+        while merging.ops < self._max_ops:
             try:
                 if deadline:
                     remaining = deadline - time.monotonic()
@@ -221,25 +375,16 @@ class GroupCommitter:
                     nxt = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if len(nxt) != 3:  # a call, barrier or stop: it must see this commit first
-                held = nxt
+            if len(nxt) == 2:  # a mark: back with this commit, merging goes on
+                marks.append(nxt)
+                continue
+            if len(nxt) != 3 or not merging.add(nxt[1]):
+                held = nxt  # a call, barrier or stop must see this commit first
                 break
-            later: Batch = nxt[1]
-            n = len(later)
-            more = _body_bytes(later)
-            if (ops + n > self._max_ops or size + more > self._max_bytes
-                    or not acc.merge_safe(later)):
-                held = nxt
-                break
-            if not merged:  # never mutate a caller's batch
-                acc = Batch()
-                acc.extend(first[1])
-                merged = True
-            acc.extend(later)
             items.append(nxt)
-            ops += n
-            size += more
-        self._commit(acc, items)
+        self._commit(merging.batch, items)
+        if marks:
+            self._post(_resolve_marks, marks)
         return held
 
     def _commit(self, batch: Batch, items: list[tuple[Any, ...]]) -> None:
@@ -396,6 +541,33 @@ def _body_bytes(batch: Batch) -> int:
     return sum([len(x.body) for x in batch.inserts])
 
 
+class _Merging:
+    """Batches merged into one commit within the committer's limits; a caller's
+    batch is never mutated (the first is copied before a second joins it)."""
+
+    def __init__(self, first: Batch, max_ops: int, max_bytes: int) -> None:
+        self.batch = first
+        self.ops = len(first)
+        self._size = _body_bytes(first)
+        self._max_ops, self._max_bytes = max_ops, max_bytes
+        self._copied = False
+
+    def add(self, later: Batch) -> bool:
+        """Merge ``later`` in, or False when it would pass a limit or is not safe."""
+        n, more = len(later), _body_bytes(later)
+        if (self.ops + n > self._max_ops or self._size + more > self._max_bytes
+                or not self.batch.merge_safe(later)):
+            return False
+        if not self._copied:
+            first, self.batch = self.batch, Batch()
+            self.batch.extend(first)
+            self._copied = True
+        self.batch.extend(later)
+        self.ops += n
+        self._size += more
+        return True
+
+
 def _merged(batches: list[Batch]) -> Batch:
     """One batch as it is, several extended into a new one (a caller's batch is
     never mutated)."""
@@ -434,6 +606,12 @@ def _resolve_each(items: list[tuple[Any, ...]], results: list[BatchResult]) -> N
         fut = item[0]
         if not fut.done():
             fut.set_result(result)
+
+
+def _resolve_marks(marks: list[tuple[Any, ...]]) -> None:
+    for mark in marks:
+        if not mark[0].done():
+            mark[0].set_result(None)
 
 
 def _fail_all(items: list[tuple[Any, ...]], exc: BaseException) -> None:

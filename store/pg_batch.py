@@ -193,6 +193,32 @@ def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
            encode_headers: Any) -> BatchResult:
     """Run ``batch`` as one pipelined transaction. Raises psycopg errors as they are;
     the caller maps them (``FENCED_SQLSTATE`` = fenced) and closes the connection."""
+    steps, answer = prepare(group, epoch, batch, now, encode_headers)
+    return answer.result(pipeline, pipeline.transaction(steps))
+
+
+class Answer:
+    """What a commit's results are read into: the duplicates PostgreSQL found."""
+
+    def __init__(self, result: BatchResult, inserting: bool, ids_by_key: dict[str, int]
+                 ) -> None:
+        self._result = result  # with the duplicates found inside the batch already
+        self._inserting = inserting
+        self._ids_by_key = ids_by_key
+
+    def result(self, pipeline: Pipeline, results: list[Any]) -> BatchResult:
+        result = self._result
+        if self._inserting:  # INSERT's rows: the keys PostgreSQL already held
+            for key in pipeline.texts(results[1]):
+                result.duplicates.add(key)
+                result.duplicate_ids.add(self._ids_by_key[key])
+        return result
+
+
+def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any
+            ) -> tuple[list[tuple[Statement, dict[str, bytes | None]]], Answer]:
+    """The statements of ``batch``'s transaction with their parameters, and how to
+    read their results (``Answer.result``)."""
     result = BatchResult()
     inserts, identities, ids_by_key = _dedup_in_batch(batch.inserts, batch.identities, result)
     base: dict[str, bytes | None] = {"g": group.encode(), "e": int8(epoch), "now": int8(now)}
@@ -222,12 +248,7 @@ def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
         steps.append((S_ACK, {**base, **_ids(list(acked))}))
     elif batch.counters:
         steps.append((S_COUNT, {**base, **_count_arrays(batch.counters)}))
-    results = pipeline.transaction(steps)
-    if inserting:
-        for key in pipeline.texts(results[1]):
-            result.duplicates.add(key)
-            result.duplicate_ids.add(ids_by_key[key])
-    return result
+    return steps, Answer(result, inserting, ids_by_key)
 
 
 def _ids(ids: list[int]) -> dict[str, bytes | None]:

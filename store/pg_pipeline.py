@@ -78,13 +78,37 @@ class Pipeline:
         self._prepared: set[bytes] = set()
         self._poll = select.poll()
         self._fd = self._pg.socket
+        #: The transaction sent and not yet answered: its statements, and those it
+        #: prepares; the answers read so far, and the first error among them.
+        self._underway: tuple[list[Statement], list[bytes]] | None = None
+        self._answers: list[Any] = []
+        self._error: Any = None
 
     def transaction(self, steps: Sequence[tuple[Statement, Mapping[str, bytes | None]]]
                     ) -> list[Any]:
         """Run ``steps`` (statement, parameters by name) between BEGIN and COMMIT in
-        one round trip. Returns each step's result (a ``pq.PGresult``); raises the
-        first error as psycopg would (``psycopg.errors``), after reading the rest
-        (the connection is then in a failed transaction: close it)."""
+        one round trip, waiting for the answer. Returns each step's result (a
+        ``pq.PGresult``); raises the first error as psycopg would (``psycopg.errors``),
+        after reading the rest (the connection is then in a failed transaction: close
+        it)."""
+        if not self.send(steps):
+            self._flush()
+        while (results := self.receive()) is None:
+            self._wait(select.POLLIN)
+        return results
+
+    # -- the same transaction for an event loop that watches ``fd`` ----------------
+    @property
+    def fd(self) -> int:
+        """The connection's socket: readable when an answer may have come."""
+        return int(self._fd)
+
+    def send(self, steps: Sequence[tuple[Statement, Mapping[str, bytes | None]]]) -> bool:
+        """Queue ``steps`` between BEGIN and COMMIT, and a Sync, and send what the
+        socket takes now. True when all of it went; else ``flush`` when the socket is
+        writable. Then ``receive`` when it is readable. One transaction at a time."""
+        if self._underway is not None:
+            raise OperationalError("pipeline: a transaction is already underway")
         pg = self._pg
         parsed: list[bytes] = []  # statements prepared by this transaction
         pg.send_query_params(b"BEGIN", None)
@@ -96,17 +120,50 @@ class Pipeline:
             pg.send_query_prepared(name, [values[n] for n in st.params], st.formats)
         pg.send_query_params(b"COMMIT", None)
         pg.pipeline_sync()
-        self._flush()
-        answers = self._answers()
-        # BEGIN, a Parse per statement prepared here (before its first use), each
-        # step's result, COMMIT.
+        self._underway = ([st for st, _ in steps], parsed)
+        self._answers = []
+        self._error = None
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Send what the socket takes of the transaction (never blocks); True when
+        all of it went."""
+        return not self._pg.flush()
+
+    def receive(self) -> list[Any] | None:
+        """Read what has come (never blocks): None until the Sync's answer is in,
+        then each step's result, or the first error raised."""
+        underway = self._underway
+        if underway is None:
+            raise OperationalError("pipeline: no transaction underway")
+        pg = self._pg
+        pg.consume_input()
+        while not pg.is_busy():
+            res = pg.get_result()
+            if res is None:  # the end of one query's results
+                continue
+            status = res.status
+            if status == _SYNC:
+                self._underway = None
+                return self._results(*underway)
+            self._answers.append(res)
+            if self._error is None and status not in _OK and status != _ABORTED:
+                self._error = res
+        return None
+
+    def _results(self, steps: list[Statement], parsed: list[bytes]) -> list[Any]:
+        """Each step's answer, from all of the transaction's (BEGIN, a Parse per
+        statement prepared by it before its first use, each step's, COMMIT)."""
+        answers, self._answers = self._answers, []
+        if self._error is not None:
+            raise errors.error_from_result(self._error, encoding=self._encoding)
         expected = 2 + len(parsed) + len(steps)
         if len(answers) != expected:
             raise OperationalError(f"pipeline: {len(answers)} answers to {expected} queries")
         self._prepared.update(parsed)
         results: list[Any] = []
         i = 1
-        for st, _ in steps:
+        for st in steps:
             if parsed and st.name == parsed[0]:
                 del parsed[0]  # its Parse's answer
                 i += 1
@@ -118,28 +175,6 @@ class Pipeline:
         """The first column of a result's rows (text format), as strings."""
         encoding = self._encoding
         return [result.get_value(i, 0).decode(encoding) for i in range(result.ntuples)]
-
-    def _answers(self) -> list[Any]:
-        """Every query's result up to the Sync; the first error raised once all are in."""
-        pg = self._pg
-        answers: list[Any] = []
-        error: Any = None
-        while True:
-            while pg.is_busy():
-                self._wait(select.POLLIN)
-                pg.consume_input()
-            res = pg.get_result()
-            if res is None:  # the end of one query's results
-                continue
-            status = res.status
-            if status == _SYNC:
-                break
-            answers.append(res)
-            if error is None and status not in _OK and status != _ABORTED:
-                error = res
-        if error is not None:
-            raise errors.error_from_result(error, encoding=self._encoding)
-        return answers
 
     def _flush(self) -> None:
         """Send everything libpq holds; read meanwhile, so that a server blocked on
