@@ -2,9 +2,10 @@
 
 Bench only: ``bench/peers.py`` starts a spawned amqlite through this when
 ``AMQLITE_BENCH_PROFILE`` names a directory (``AMQLITE_BENCH_PROFILE=DIR bench/load.py
---spawn postgres ...``), and never otherwise. At exit each thread's profile goes to ``DIR/<thread>.pstats`` and the
-CPU seconds of every thread of the process (from /proc) to ``DIR/threads.json``, so a
-run says where the event loop and the committer spend their time and how much each.
+--spawn postgres ...``), and never otherwise. At exit each thread's profile goes to
+``DIR/<thread>.pstats`` and the CPU seconds of every thread of the process (from /proc)
+to ``DIR/threads.json``, so a run says where the event loop and the committer spend
+their time and how much each.
 
     python bench/profile_node.py DIR start --group g ...   # the arguments of ``cli``
 
