@@ -129,9 +129,9 @@ class GroupCommitter:
         self.rejected = 0
         self.splits = 0
         #: time.monotonic() when the store thread took up the work in hand (a commit, a
-        #: call), None while it waits for work: how long a commit has been stuck
-        #: (amqlite.replication diagnoses one stuck on a missing synchronous standby).
-        self.busy_since: float | None = None
+        #: call), None while it waits for work; the same for the loop's commit.
+        self._thread_busy_since: float | None = None
+        self._loop_busy_since: float | None = None
         #: The line on the loop (see the module docstring), or None: every item goes
         #: to the thread at once (SQLite; and with a commit delay, which the thread keeps).
         self._line: deque[tuple[Any, ...]] | None = (
@@ -148,6 +148,14 @@ class GroupCommitter:
         self._worker.start()
 
     # -- loop side -----------------------------------------------------------
+    @property
+    def busy_since(self) -> float | None:
+        """time.monotonic() when the commit or call in hand was taken up, None when
+        there is none: how long a commit has been stuck (amqlite.replication
+        diagnoses one stuck on a missing synchronous standby)."""
+        since = self._loop_busy_since
+        return since if since is not None else self._thread_busy_since
+
     @property
     def failure(self) -> BaseException | None:
         """The error that stopped the committer, if any."""
@@ -241,11 +249,16 @@ class GroupCommitter:
         except StoreError as exc:
             self._loop_failed(exc, items)
             return True
+        except Exception as bug:  # one name per clause (mypyc); the outcome is unknown
+            log.exception("group committer failed")
+            self._loop_failed(StoreError(f"{self.store.description}: commit failed: "
+                                         f"{bug!r}"), items)
+            return True
         if commit is None:
             line.extendleft(reversed(items))
             return False
         self._underway, self._underway_items = commit, items
-        self.busy_since = time.monotonic()
+        self._loop_busy_since = time.monotonic()
         self._loop.add_reader(commit.fd, self._readable)
         if not commit.sent:
             self._loop.add_writer(commit.fd, self._writable)
@@ -306,7 +319,7 @@ class GroupCommitter:
         if not commit.sent:
             self._loop.remove_writer(commit.fd)
         items, self._underway, self._underway_items = self._underway_items, None, []
-        self.busy_since = None
+        self._loop_busy_since = None
         return items
 
     def _underway_failed(self, commit: LoopCommit, exc: Exception) -> None:
@@ -344,7 +357,7 @@ class GroupCommitter:
             if len(item) == 2:  # a mark with no commit to ride along
                 self._post(_resolve_marks, [item])
                 continue
-            self.busy_since = time.monotonic()
+            self._thread_busy_since = time.monotonic()
             try:
                 if len(item) == 4:
                     self._run_call(item)
@@ -354,7 +367,7 @@ class GroupCommitter:
                 log.exception("group committer failed")
                 self._fail(exc, [item])
             finally:
-                self.busy_since = None
+                self._thread_busy_since = None
         self._shutdown(held)
 
     def _run_writes(self, first: tuple[Any, ...]) -> tuple[Any, ...] | None:
