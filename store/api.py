@@ -387,7 +387,8 @@ class LoopCommit(Protocol):
 
 
 class Store(abc.ABC):
-    """Synchronous, single-thread persistence for one group."""
+    """Synchronous persistence for one group, driven by one caller at a time (the
+    group committer's thread, or its event loop for ``start_commit``)."""
 
     #: URL with the password removed, for log lines.
     description: str = "store"

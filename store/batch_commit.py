@@ -65,7 +65,7 @@ class BatchCommitting(FencedStore):
             self._inserted_since_open += len(batch.inserts)
 
     def loop_fits(self, batch: Batch) -> bool:
-        return not self._sqlite and pg_batch.fits(batch)
+        return self.loop_commits and pg_batch.fits(batch)
 
     def start_commit(self, epoch: int, batch: Batch) -> PipelinedCommit | None:
         """The hot shapes' one round trip, sent on the pipeline's connection once a
