@@ -67,8 +67,8 @@ WITH f AS (
 SELECT 1 / count(*) FROM f"""
 
 # Arrays go in binary (%b): a bytea[] in text form would be hex-escaped.
-INSERT = """\
-WITH d AS (
+_DEDUP = """\
+d AS (
   INSERT INTO amq_dedup (grp, dedup_key, producer_id, producer_seq, msg_id, created_at)
   SELECT %(g)s, k, p, s, i, %(now)s
   FROM unnest(%(dk)b::text[], %(dp)b::text[], %(ds)b::int8[], %(di)b::int8[]) AS u(k, p, s, i)
@@ -85,16 +85,21 @@ WITH d AS (
     AS u(id, dst, mid, pid, pseq, k, prio, exp, enq, dc, h, b)
   WHERE k IS NULL OR k IN (SELECT dedup_key FROM d)
   RETURNING destination_id
-), c AS (
+)"""
+#: INSERT's answer: the keys PostgreSQL already held (duplicates).
+_HELD_KEYS = """
+SELECT k FROM unnest(%(dk)b::text[]) AS k
+WHERE k NOT IN (SELECT dedup_key FROM d)"""
+
+INSERT = f"""\
+WITH {_DEDUP}, c AS (
   SELECT destination_id, count(*) AS n FROM m GROUP BY destination_id
 ), depth AS (
   UPDATE amq_destinations t SET depth = t.depth + c.n
   FROM c WHERE t.grp = %(g)s AND t.id = c.destination_id
 ), total AS (
   UPDATE amq_groups SET msg_count = msg_count + (SELECT count(*) FROM m) WHERE grp = %(g)s
-)
-SELECT k FROM unnest(%(dk)b::text[]) AS k
-WHERE k NOT IN (SELECT dedup_key FROM d)"""
+){_HELD_KEYS}"""
 
 # Rows by id: a join with unnest, not ``id = ANY(array)``. With ANY, the
 # planner may pick ix_amq_messages_dest (grp, destination_id, id) and filter
@@ -149,6 +154,34 @@ COUNT = (
 #: The fence ran before (its own statement), so the row locks come in the same order.
 ACK_COUNT = ACK.replace("\nUPDATE amq_groups", f",\ncnt AS (\n{COUNT}\n)\nUPDATE amq_groups")
 assert ACK_COUNT != ACK
+#: INSERT and ACK_COUNT as one statement, for a commit that has both (every W1 commit):
+#: the group's total and each destination's depth are updated once, from what was really
+#: inserted and deleted, and not at all when that is as many as were deleted (W1's steady
+#: state), instead of once per statement (each update of a row is a new row version and a
+#: WAL record); and one statement less goes through the pipeline. All of it
+#: runs on one snapshot, so the DELETE cannot see the INSERT's rows: right, because a
+#: message is acked only after the commit that stored it (its MESSAGE goes out then), and
+#: ``prepare`` keeps a batch that would ack its own insert on the separate statements.
+#: The acked ids are ``aid`` (their bounds ``alo``, ``ahi``): ``id`` is the inserts'.
+INSERT_ACK_COUNT = f"""\
+WITH {_DEDUP}, del AS (
+  DELETE FROM amq_messages t USING unnest(%(aid)b::int8[]) AS u(id)
+  WHERE t.grp = %(g)s AND t.id = u.id AND t.id BETWEEN %(alo)s AND %(ahi)s
+  RETURNING t.destination_id
+), c AS (
+  SELECT destination_id, sum(n) AS n FROM (
+    SELECT destination_id, 1 AS n FROM m UNION ALL SELECT destination_id, -1 FROM del) AS x
+  GROUP BY destination_id
+), depth AS (
+  UPDATE amq_destinations t SET depth = t.depth + c.n
+  FROM c WHERE t.grp = %(g)s AND t.id = c.destination_id AND c.n <> 0
+), total AS (
+  UPDATE amq_groups SET msg_count = msg_count + (SELECT count(*) FROM m)
+    - (SELECT count(*) FROM del)
+  WHERE grp = %(g)s AND (SELECT count(*) FROM m) <> (SELECT count(*) FROM del)
+), cnt AS (
+{COUNT}
+){_HELD_KEYS}"""
 
 
 def fits(batch: Batch) -> bool:
@@ -174,19 +207,21 @@ def fits(batch: Batch) -> bool:
 #: The type of each parameter of the statements above, by name.
 TYPES = {
     "g": arr.TEXT_OID, "e": arr.INT8_OID, "now": arr.INT8_OID, "max_id": arr.INT8_OID,
-    "lo": arr.INT8_OID, "hi": arr.INT8_OID,
+    "lo": arr.INT8_OID, "hi": arr.INT8_OID, "alo": arr.INT8_OID, "ahi": arr.INT8_OID,
     **dict.fromkeys(("dk", "dp", "mid", "pid", "k", "h"), arr.TEXT_ARRAY_OID),
-    **dict.fromkeys(("ds", "di", "id", "dst", "pseq", "exp", "enq", "d", *COUNTER_KINDS),
+    **dict.fromkeys(("ds", "di", "id", "aid", "dst", "pseq", "exp", "enq", "d",
+                     *COUNTER_KINDS),
                     arr.INT8_ARRAY_OID),
     "prio": arr.INT2_ARRAY_OID, "dc": arr.INT4_ARRAY_OID, "n": arr.INT4_ARRAY_OID,
     "b": arr.BYTEA_ARRAY_OID,
 }
 #: Prepared once per connection (``store.pg_pipeline``).
-S_FENCE, S_INSERT, S_UNDELIVER, S_DELIVER, S_RELEASE, S_ACK, S_ACK_COUNT, S_COUNT = (
+(S_FENCE, S_INSERT, S_UNDELIVER, S_DELIVER, S_RELEASE, S_ACK, S_ACK_COUNT, S_COUNT,
+ S_INSERT_ACK_COUNT) = (
     Statement(f"amqlite_{name}", sql, TYPES) for name, sql in (
         ("fence", FENCE), ("insert", INSERT), ("undeliver", UNDELIVER),
         ("deliver", DELIVER), ("release", RELEASE), ("ack", ACK), ("ack_count", ACK_COUNT),
-        ("count", COUNT)))
+        ("count", COUNT), ("insert_ack_count", INSERT_ACK_COUNT)))
 
 
 def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
@@ -231,7 +266,15 @@ def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any
     steps: list[tuple[Statement, dict[str, bytes | None]]] = [
         (S_FENCE, {**base, "max_id": int8(max_id)})]
     inserting = bool(inserts or identities)
-    if inserting:
+    # One statement for the inserts, the acks and the totals (INSERT_ACK_COUNT), unless
+    # the batch acks a message it inserts, which that statement's DELETE would not see.
+    together = (inserting and bool(acked) and bool(batch.counters)
+                and acked.isdisjoint([x.id for x in inserts]))
+    if together:
+        steps.append((S_INSERT_ACK_COUNT, {
+            **base, **_insert_arrays(inserts, identities, now, encode_headers),
+            **_ids(list(acked), "a"), **_count_arrays(batch.counters)}))
+    elif inserting:
         steps.append((S_INSERT, {**base, **_insert_arrays(inserts, identities, now,
                                                            encode_headers)}))
     if batch.undeliveries:
@@ -241,7 +284,9 @@ def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any
                                   "n": int4s(list(deliveries.values()))}))
     if batch.releases:
         steps.append((S_RELEASE, {**base, **_ids([mid for _, mid in batch.releases])}))
-    if acked and batch.counters:
+    if together:
+        pass
+    elif acked and batch.counters:
         steps.append((S_ACK_COUNT, {**base, **_ids(list(acked)),
                                     **_count_arrays(batch.counters)}))
     elif acked:
@@ -251,9 +296,11 @@ def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any
     return steps, Answer(result, inserting, ids_by_key)
 
 
-def _ids(ids: list[int]) -> dict[str, bytes | None]:
-    """Message ids as the probing statements take them: the array and its bounds."""
-    return {"id": int8s(ids), "lo": int8(min(ids)), "hi": int8(max(ids))}
+def _ids(ids: list[int], prefix: str = "") -> dict[str, bytes | None]:
+    """Message ids as the probing statements take them: the array and its bounds
+    (``prefix``: INSERT_ACK_COUNT's names for the acked ones)."""
+    return {prefix + "id": int8s(ids), prefix + "lo": int8(min(ids)),
+            prefix + "hi": int8(max(ids))}
 
 
 def _count_arrays(counts: dict[int, list[int]]) -> dict[str, bytes | None]:

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from store import Batch, BatchResult, DestinationRow, NewMessage, SqlStore, SubscriptionRow
+from store.schema import COUNTER_KINDS
 from tests.helpers.store import (
     DLQ,
     SUB1,
@@ -28,6 +29,16 @@ Rows = dict[str, list[tuple[Any, ...]]]
 #: Header values that a text-format array would have to quote or escape.
 ODD_HEADERS = {"quote": 'a"b', "brace": "{x,y}", "back": "c:\\d", "null": "NULL",
                "uni": "ü✓", "empty": ""}
+
+
+def totals(*per_destination: tuple[int, int, int]) -> dict[int, list[int]]:
+    """``Batch.counters`` of (destination id, enqueued, dequeued) deltas."""
+    out = {}
+    for did, enqueued, dequeued in per_destination:
+        deltas = [0] * len(COUNTER_KINDS)
+        deltas[0], deltas[1] = enqueued, dequeued
+        out[did] = deltas
+    return out
 
 
 def delivered(mid: int, **kw: Any) -> NewMessage:
@@ -55,6 +66,8 @@ def rows(store: SqlStore) -> Rows:
         "depth": "SELECT id, depth FROM amq_destinations WHERE grp = :g ORDER BY id",
         "pending": "SELECT sub_id, msg_id, delivery_count, inflight_epoch FROM amq_sub_pending "
                    "WHERE grp = :g ORDER BY sub_id, msg_id",
+        "totals": f"SELECT destination_id, {', '.join(COUNTER_KINDS)} FROM amq_counters "
+                  "WHERE grp = :g ORDER BY destination_id",
     }
     return {name: sql(store, q, g=store.group) for name, q in queries.items()}
 
@@ -98,6 +111,9 @@ HOT = {
     "all hot shapes": Batch(inserts=[msg(10, key="p:10")], identities=[msg(11, key="p:11")],
                             undeliveries=[1], deliveries=[(None, 1)], releases=[(None, 2)],
                             acks=[(None, 3)]),
+    "inserts, acks and totals": Batch(inserts=[msg(10, key="p:10"), msg(11, DLQ.id)],
+                                      acks=[(None, 2), (None, 3)],
+                                      counters=totals((1, 1, 2), (DLQ.id, 1, 0))),
 }
 
 
@@ -136,13 +152,13 @@ def sequence() -> list[tuple[Batch, BatchResult]]:
             inserts=[msg(10, key="p:2"), msg(11, key="p:3"), msg(12, key="p:4"), msg(13)],
             identities=[msg(14, key="p:4"), msg(15, key="p:1")],
             deliveries=[(None, 2), (None, 2), (None, 3), (None, 12), (None, 5), (None, 999)],
-            acks=[(None, 3), (None, 999), (None, 4)]),
+            acks=[(None, 3), (None, 999), (None, 4)], counters=totals((1, 2, 3))),
          BatchResult({"p:1", "p:2", "p:3", "p:4"}, {10, 11, 14, 15})),
         (Batch(  # stored as delivered; releases, also twice and of nothing
             inserts=[delivered(16), delivered(17, key="p:5"), delivered(18, key="p:4")],
             deliveries=[(None, 6)],
             releases=[(None, 1), (None, 2), (None, 2), (None, 998)],
-            acks=[(None, 5), (None, 12)]),
+            acks=[(None, 5), (None, 12)], counters=totals((1, 3, 1), (DLQ.id, 0, 1))),
          BatchResult({"p:4"}, {18})),
         (Batch(  # handed over, then not: also twice, of nothing, and delivered again
             inserts=[delivered(25, key="p:7")], undeliveries=[16, 16, 17, 25, 997],
@@ -156,7 +172,15 @@ def sequence() -> list[tuple[Batch, BatchResult]]:
                releases=[(None, 22)]),
          BatchResult()),
         (Batch(inserts=[msg(24, key="p:1")], deliveries=[(None, 22), (None, 23)],
-               acks=[(None, 22)]),
+               acks=[(None, 22)], counters=totals((1, 1, 1))),
          BatchResult({"p:1"}, {24})),
+        (Batch(  # as many inserted as acked, on two queues: depths unchanged
+            inserts=[msg(26, key="p:8"), msg(27, DLQ.id)], acks=[(None, 17), (None, 23)],
+            counters=totals((1, 1, 1), (DLQ.id, 1, 1))),
+         BatchResult()),
+        (Batch(  # acks a message it inserts (not in one statement: the DELETE would miss it)
+            inserts=[msg(28), msg(29, key="p:9")], acks=[(None, 28), (None, 26)],
+            counters=totals((1, 2, 2))),
+         BatchResult()),
     ]
 

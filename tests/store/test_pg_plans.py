@@ -33,11 +33,17 @@ CUSTOM_PLANS_FIRST = 5
 GROWTH_ROWS = 5000
 GROWTH_FIRST_ID = 100_000
 #: The pipeline's statements that find amq_messages' rows by id.
-PROBING = (pg_batch.S_UNDELIVER, pg_batch.S_DELIVER, pg_batch.S_RELEASE, pg_batch.S_ACK_COUNT)
-#: A value for each of their parameters, as an SQL literal: the group, one message id.
-ARGUMENTS = {"g": "'g1'", "e": "1", "id": "'{1}'", "n": "'{1}'", "d": "'{1}'", "lo": "1",
-             "hi": "1",
+PROBING = (pg_batch.S_UNDELIVER, pg_batch.S_DELIVER, pg_batch.S_RELEASE, pg_batch.S_ACK_COUNT,
+           pg_batch.S_INSERT_ACK_COUNT)
+#: A value for each of their parameters, as an SQL literal: the group, one message id
+#: (``aid``: the one INSERT_ACK_COUNT acks), nothing to insert.
+ARGUMENTS = {"g": "'g1'", "e": "1", "now": "0", "id": "'{1}'", "n": "'{1}'", "d": "'{1}'",
+             "lo": "1", "hi": "1", "aid": "'{1}'", "alo": "1", "ahi": "1",
+             **dict.fromkeys(("dk", "dp", "ds", "di", "dst", "mid", "pid", "pseq", "k", "prio",
+                              "exp", "enq", "dc", "h", "b"), "'{}'"),
              **dict.fromkeys(COUNTER_KINDS, "'{0}'")}
+#: INSERT_ACK_COUNT's ``id`` is the inserts': none.
+NOTHING_INSERTED = {pg_batch.S_INSERT_ACK_COUNT.name: {"id": "'{}'"}}
 
 
 @pytest.fixture
@@ -76,7 +82,8 @@ def scans_of_messages(store: SqlStore, st: Statement) -> list[dict[str, Any]]:
     pipeline = store._pipeline
     assert pipeline is not None
     name = st.name.decode()
-    args = ", ".join(ARGUMENTS[p] for p in st.params)
+    arguments = {**ARGUMENTS, **NOTHING_INSERTED.get(st.name, {})}
+    args = ", ".join(arguments[p] for p in st.params)
     explain = Statement(f"explain_{name}",
                         f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({args})", {})
     (result,) = pipeline.transaction([(explain, {})])
@@ -103,6 +110,9 @@ def test_a_plan_made_on_an_empty_looking_table_reads_only_its_ids(
         s.commit_batch(e, Batch(releases=[(None, a)], undeliveries=[b]))
         s.commit_batch(e, Batch(acks=[(None, a), (None, b)],
                                 counters={1: [0, 2, 0, 0, 0, 0, 0]}))
+        # Inserts, acks and totals in one commit: INSERT_ACK_COUNT (ids of their own).
+        s.commit_batch(e, Batch(inserts=[msg(a + 50_000)], acks=[(None, b + 50_000)],
+                                counters={1: [1, 1, 0, 0, 0, 0, 0]}))
     grow(pg_url)
     for st in PROBING:
         scans = scans_of_messages(s, st)
