@@ -72,6 +72,9 @@ class StubCommitter:
         fut.set_result(fn(*args))
         return fut
 
+    def defer(self, flush: Any) -> bool:
+        return False  # nothing is ever underway here
+
 
 class FakeTransport:
     def __init__(self, on_write: Any) -> None:

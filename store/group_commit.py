@@ -29,6 +29,10 @@ until then everything goes to the thread, so nothing overtakes. Under W1 the
 loop and the thread handed the GIL to each other about once a message (a futex
 call each and a context switch every few), which cost more CPU than the
 committer's own work on the loop (bench/README.md, "Issue 25, session 20").
+While the loop's commit is underway, the write buffer's flush waits for it
+(``defer``): what the loop stages meanwhile comes as one batch, not one per
+loop turn, and a call or barrier flushes it first, so it still comes after
+those writes.
 
 A refusal is not a failure: when the store refuses a merged commit's data
 (``StoreRejected``: nothing was written and the store is fine), the submitted
@@ -142,6 +146,8 @@ class GroupCommitter:
         #: Marks handed to the thread and not yet back: while any is out, all goes there.
         self._handed = 0
         self._kick_due = False
+        #: A write buffer's flush held while the loop's commit is underway (``defer``).
+        self._deferred: Callable[[bool], None] | None = None
         self._worker = threading.Thread(
             target=self._run, name=f"amqlite-store-{store.group}", daemon=True
         )
@@ -174,9 +180,27 @@ class GroupCommitter:
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run ``fn(*args)`` on the store thread after the writes submitted so far."""
+        self._flush_deferred()  # a deferred flush's writes were staged before: first
         fut: asyncio.Future[T] = self._loop.create_future()
         self._enqueue(fut, (fut, fn, args, None))
         return fut
+
+    def defer(self, flush: Callable[[bool], None]) -> bool:
+        """Hold a write buffer's flush while the loop's commit is underway: True, and
+        ``flush(True)`` (flush now) is called once that commit is over, or before a
+        call, a drain or the close is queued (they come after those writes), so what
+        the loop staged meanwhile comes as one batch instead of one per loop turn, each
+        with its future, callbacks and merge (W1: about three a commit). False when
+        nothing is underway: flush now."""
+        if self._underway is None:
+            return False
+        self._deferred = flush
+        return True
+
+    def _flush_deferred(self) -> None:
+        flush, self._deferred = self._deferred, None
+        if flush is not None:
+            flush(True)
 
     def _enqueue(self, fut: asyncio.Future[Any], item: tuple[Any, ...]) -> None:
         """Queue ``item`` for the store thread, or fail ``fut`` at once when the
@@ -203,6 +227,7 @@ class GroupCommitter:
         """Wait until everything submitted so far is committed (or failed)."""
         if self._closed and self._stopped.done():
             return
+        self._flush_deferred()
         fut: asyncio.Future[None] = self._loop.create_future()
         self._put((fut, None, None, None))
         await fut
@@ -211,6 +236,7 @@ class GroupCommitter:
         """Stop the thread once it has worked through what is queued. For a
         graceful stop, ``await drain()`` first; ``await wait_closed()`` after."""
         if not self._closed:
+            self._flush_deferred()
             self._closed = True
             self._put(_STOP)
 
@@ -310,6 +336,7 @@ class GroupCommitter:
             _resolve_each(items, _split_result(result, items))
         else:
             _resolve_all(items, result)
+        self._flush_deferred()
         if self._line:
             self._kick()
 
@@ -325,6 +352,7 @@ class GroupCommitter:
     def _underway_failed(self, commit: LoopCommit, exc: Exception) -> None:
         items = self._stop_watching(commit)
         self._loop_failed(commit.failed(exc), items)
+        self._flush_deferred()
         if self._line:
             self._kick()
 

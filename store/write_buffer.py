@@ -1,5 +1,7 @@
 """The write buffer in front of the group committer: every write the broker's
-loop produces in one iteration, gathered into one ``Batch``.
+loop produces in one iteration, gathered into one ``Batch`` (and, while the
+committer has a commit underway on the loop, every write until it is over:
+``Committer.defer``).
 
 It lives next to ``group_commit`` (which it feeds) rather than in the broker:
 it knows batches, unit spans and refusals, nothing about STOMP. The client a
@@ -52,6 +54,8 @@ class Committer(Protocol):
                ) -> asyncio.Future[BatchResult]: ...
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]: ...
+
+    def defer(self, flush: Callable[[bool], None]) -> bool: ...
 
 
 class WriteUnit(Generic[C]):
@@ -187,7 +191,7 @@ class WriteBuffer(Generic[C]):
 
     def stage_delivery(self, ref: Ref, callback: StagedCallback) -> None:
         if ref in self._released:
-            self.flush()  # release first, in its own batch, then the new delivery
+            self.flush(now=True)  # release first, in its own batch, then the delivery
         self.stage(callback).deliveries.append(ref)
 
     def _schedule(self) -> None:
@@ -197,9 +201,15 @@ class WriteBuffer(Generic[C]):
                 self._first_staged = time.monotonic()
             self.loop.call_soon(self.flush)
 
-    def flush(self) -> None:
+    def flush(self, now: bool = False) -> None:
+        """Hand what is staged to the committer; unless ``now``, when it has a commit
+        underway it may hold the flush until that one is over (``Committer.defer``)."""
         self._flush_scheduled = False
         if self.held:
+            return
+        committer = self.committer
+        if not now and committer is not None and not self.failed and committer.defer(self.flush):
+            self._flush_scheduled = True  # staging more schedules nothing: the committer will
             return
         if self.before_flush is not None:
             self.before_flush(self.batch)

@@ -1,11 +1,13 @@
 """The group committer's commits on the event loop (PostgreSQL's one round trip,
 ``Store.start_commit``): taken once the store thread opened the connection, in
 submission order with what the thread does, a refused value split by the thread,
-a fence or a lost connection failing everything after, as on the thread."""
+a fence or a lost connection failing everything after, as on the thread; and the
+write buffer's flushes held while one is underway (``GroupCommitter.defer``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +16,7 @@ import psycopg
 import pytest
 
 from store import Batch, Fenced, GroupCommitter, SqlStore, StoreError, StoreRejected
+from store.write_buffer import WriteBuffer
 from tests.helpers.store import QUEUE, assert_counters, master, msg, one, store_opener
 
 pytestmark = pytest.mark.integration
@@ -203,3 +206,112 @@ def test_a_connection_lost_on_the_loop_fails_the_commit_and_stops(
 
     run(scenario)
     assert s._writer is None  # closed; a new term opens another
+
+
+@contextlib.contextmanager
+def group_row_held(pg_url: str, group: str) -> Iterator[psycopg.Connection[Any]]:
+    """Another session holding the group's row lock: the fence of a commit sent now
+    waits (the commit stays underway) until the transaction ends; the connection, to
+    end it (commit or roll back) when the test says."""
+    with psycopg.connect(pg_url) as other:
+        other.execute("SELECT 1 FROM amq_groups WHERE grp = %s FOR UPDATE", (group,))
+        yield other
+
+
+async def underway(gc: GroupCommitter, mid: int) -> asyncio.Future[Any]:
+    """Submit one insert and let the loop send it (one loop turn: the line is kicked)."""
+    fut = gc.submit(Batch(inserts=[msg(mid)]))
+    await asyncio.sleep(0)
+    assert gc.busy_since is not None, "the commit is not underway on the loop"
+    return fut
+
+
+def stage(writes: WriteBuffer[Any], mid: int) -> asyncio.Future[bool]:
+    """Stage one insert; the future says whether it committed."""
+    done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    writes.stage(done.set_result).inserts.append(msg(mid))
+    return done
+
+
+def test_flushes_wait_for_the_commit_underway_and_go_as_one_batch(
+        make_store: Callable[..., SqlStore], pg_url: str) -> None:
+    """Three loop turns of staged writes while a commit is underway: one batch for the
+    committer when it is over (one future, one merge), not three."""
+    s, e = warm(make_store)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gc = GroupCommitter(s, e, loop, lambda exc: None)
+        first_free = await loop_commits_again(gc, 1)
+        writes: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        with group_row_held(pg_url, s.group) as other:
+            first = await underway(gc, first_free)
+            staged = []
+            for mid in range(first_free + 1, first_free + 4):
+                staged.append(stage(writes, mid))
+                await asyncio.sleep(0)  # a loop turn: its flush comes and is held
+            batches = gc.batches
+            other.rollback()
+        await first
+        assert await asyncio.gather(*staged) == [True, True, True]
+        assert gc.batches == batches + 2  # the commit underway, then the three as one
+        assert set(await gc.call(ids, s)) >= set(range(first_free, first_free + 4))
+        gc.close()
+        await gc.wait_closed()
+
+    run(scenario)
+    assert_counters(s)
+
+
+def test_a_call_after_held_writes_runs_after_them(
+        make_store: Callable[..., SqlStore], pg_url: str) -> None:
+    """``call`` runs after the writes staged before it, also when their flush is held."""
+    s, e = warm(make_store)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gc = GroupCommitter(s, e, loop, lambda exc: None)
+        first_free = await loop_commits_again(gc, 1)
+        writes: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        with group_row_held(pg_url, s.group) as other:
+            first = await underway(gc, first_free)
+            held = stage(writes, first_free + 1)
+            await asyncio.sleep(0)  # its flush is held
+            seen = gc.call(ids, s)
+            other.rollback()
+        await first
+        assert await held
+        assert first_free + 1 in await seen
+        gc.close()
+        await gc.wait_closed()
+
+    run(scenario)
+
+
+def test_held_writes_fail_with_a_fenced_commit_underway(
+        make_store: Callable[..., SqlStore], pg_url: str) -> None:
+    """The commit underway is fenced (a new master bumped the epoch while it waited on
+    the group's row): the held writes are failed too, at once, never left waiting."""
+    s, e = warm(make_store)
+    failures: list[BaseException] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gc = GroupCommitter(s, e, loop, failures.append)
+        first_free = await loop_commits_again(gc, 1)
+        writes: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        with group_row_held(pg_url, s.group) as other:
+            first = await underway(gc, first_free)
+            held = stage(writes, first_free + 1)
+            await asyncio.sleep(0)
+            other.execute("UPDATE amq_groups SET epoch = epoch + 1 WHERE grp = %s",
+                          (s.group,))
+            other.commit()
+        with pytest.raises(Fenced):
+            await first
+        assert await held is False
+        assert len(failures) == 1 and isinstance(failures[0], Fenced)
+        gc.close()
+        await gc.wait_closed()
+
+    run(scenario)
