@@ -6,16 +6,17 @@ store thread spent most of its time waiting on the network, and every message
 cost psycopg's per-row Python. Here the whole transaction is one pipeline
 (``store.pg_pipeline``: libpq's pipeline mode, statements prepared once per
 connection, parameters in binary): the fence, one set-based statement per kind
-of write (arrays of values, ``unnest``), and COMMIT go out together and
-PostgreSQL answers once.
+of write (arrays of values, ``unnest``) go out together, one transaction up to the
+pipeline's Sync, and PostgreSQL answers once.
 
 That needs two things the step-by-step path did in Python:
 
 * The fence aborts the transaction by itself: ``SELECT 1 / count(*)`` over the
   guarded UPDATE of the group row divides by zero when the epoch is no longer
-  ours, and a pipeline skips everything after an error, COMMIT included. It is
-  still the first statement, so the fencing argument of ``store.fencing`` holds
-  unchanged (the row lock is taken before any write).
+  ours, and a pipeline skips everything after an error up to the Sync, where the
+  transaction is rolled back. It is still the first statement, so the fencing
+  argument of ``store.fencing`` holds unchanged (the row lock is taken before any
+  write).
 * Duplicate detection happens in the INSERT: the dedup rows go in with ``ON
   CONFLICT DO NOTHING RETURNING``, and only the messages whose key came back
   are inserted. Counters (group ``msg_count``, destination ``depth``) are kept

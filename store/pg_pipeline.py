@@ -6,11 +6,14 @@ handling are Python run for every statement: under W1 they were most of the
 group committer's CPU per commit (bench/README.md, issue 25 session 11). The
 committer's statements are few and fixed, and their parameters are already in
 PostgreSQL's binary format (``store.pg_arrays``), so here each is prepared once
-per connection and every commit is: ``BEGIN``, the prepared statements with their
-binary parameters, ``COMMIT``, one Sync, one flush, then the results read as they
-come. PostgreSQL runs them as psycopg's pipeline did: in order, and after an error
-none of the rest (``COMMIT`` included) until the Sync, so a failed statement
-leaves nothing written.
+per connection and every commit is: the prepared statements with their binary
+parameters, one Sync, one flush, then the results read as they come. Without a
+``BEGIN``, what comes before a Sync is one transaction of its own, committed at the
+Sync (the extended query protocol's implicit transaction: PostgreSQL's protocol
+documentation, "Pipelining"), so no ``BEGIN`` and ``COMMIT`` go with it: two statements
+less for PostgreSQL to parse and run per commit. PostgreSQL runs them in order, and
+after an error none of the rest until the Sync, when it rolls the transaction back, so
+a failed statement leaves nothing written.
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ class Pipeline:
 
     def transaction(self, steps: Sequence[tuple[Statement, Mapping[str, bytes | None]]]
                     ) -> list[Any]:
-        """Run ``steps`` (statement, parameters by name) between BEGIN and COMMIT in
-        one round trip, waiting for the answer. Returns each step's result (a
+        """Run ``steps`` (statement, parameters by name) as one transaction in one
+        round trip, waiting for the answer. Returns each step's result (a
         ``pq.PGresult``); raises the first error as psycopg would (``psycopg.errors``),
         after reading the rest (the connection is then in a failed transaction: close
         it)."""
@@ -104,21 +107,19 @@ class Pipeline:
         return int(self._fd)
 
     def send(self, steps: Sequence[tuple[Statement, Mapping[str, bytes | None]]]) -> bool:
-        """Queue ``steps`` between BEGIN and COMMIT, and a Sync, and send what the
-        socket takes now. True when all of it went; else ``flush`` when the socket is
+        """Queue ``steps`` and a Sync (one transaction: see the module docstring), and
+        send what the socket takes now. True when all of it went; else ``flush`` when the socket is
         writable. Then ``receive`` when it is readable. One transaction at a time."""
         if self._underway is not None:
             raise OperationalError("pipeline: a transaction is already underway")
         pg = self._pg
         parsed: list[bytes] = []  # statements prepared by this transaction
-        pg.send_query_params(b"BEGIN", None)
         for st, values in steps:
             name = st.name
             if name not in self._prepared and name not in parsed:
                 pg.send_prepare(name, st.sql, st.oids)
                 parsed.append(name)
             pg.send_query_prepared(name, [values[n] for n in st.params], st.formats)
-        pg.send_query_params(b"COMMIT", None)
         pg.pipeline_sync()
         self._underway = ([st for st, _ in steps], parsed)
         self._answers = []
@@ -152,17 +153,17 @@ class Pipeline:
         return None
 
     def _results(self, steps: list[Statement], parsed: list[bytes]) -> list[Any]:
-        """Each step's answer, from all of the transaction's (BEGIN, a Parse per
-        statement prepared by it before its first use, each step's, COMMIT)."""
+        """Each step's answer, from all of the transaction's (a Parse per statement
+        prepared by it before its first use, each step's)."""
         answers, self._answers = self._answers, []
         if self._error is not None:
             raise errors.error_from_result(self._error, encoding=self._encoding)
-        expected = 2 + len(parsed) + len(steps)
+        expected = len(parsed) + len(steps)
         if len(answers) != expected:
             raise OperationalError(f"pipeline: {len(answers)} answers to {expected} queries")
         self._prepared.update(parsed)
         results: list[Any] = []
-        i = 1
+        i = 0
         for st in steps:
             if parsed and st.name == parsed[0]:
                 del parsed[0]  # its Parse's answer

@@ -23,7 +23,8 @@ from store import (
 )
 from store import fencing as store_fencing
 from store.engine import store_application_name
-from store.pg_pipeline import Statement
+from store.pg_arrays import INT8_OID, TEXT_OID
+from store.pg_pipeline import Statement, int8
 from tests.helpers.hot_path import assert_usable, commit_fast, message_ids, seeded, written
 from tests.helpers.poll import poll
 from tests.helpers.store import (
@@ -385,3 +386,36 @@ def test_the_writer_prepares_its_statements_once(make_store: MakeStore) -> None:
                                 "WHERE name LIKE 'amqlite%' ORDER BY name", {})
     names = pipeline.texts(pipeline.transaction([(probe, {})])[0])
     assert names == ["amqlite_ack", "amqlite_fence", "amqlite_insert"]
+
+
+def test_a_pipeline_transaction_is_one_transaction_up_to_its_sync(
+        make_store: MakeStore, pg_url: str) -> None:
+    """store.pg_pipeline sends no BEGIN and no COMMIT: what comes before the Sync is
+    one transaction, committed there when every statement succeeded (another session
+    sees it as soon as the call returns), rolled back whole when one failed, also when
+    the failure comes after statements that wrote."""
+    s, e = seeded(make_store)
+    commit_fast(s, e, Batch(inserts=[msg(10)]))
+    pipeline = s._pipeline
+    assert pipeline is not None
+    mark = Statement("t_mark", "UPDATE amq_groups SET checkpoint_at = %(at)s "
+                               "WHERE grp = %(g)s", {"at": INT8_OID, "g": TEXT_OID})
+    fail = Statement("t_fail", "SELECT 1 / (SELECT count(*) FROM amq_groups "
+                               "WHERE grp = %(g)s AND checkpoint_at < 0)", {"g": TEXT_OID})
+
+    def checkpoint() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            row = other.execute("SELECT checkpoint_at FROM amq_groups WHERE grp = %s",
+                                (s.group,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    g = s.group.encode()
+    pipeline.transaction([(mark, {"at": int8(111), "g": g})])
+    assert checkpoint() == 111
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        pipeline.transaction([(mark, {"at": int8(222), "g": g}), (mark, {"at": int8(333), "g": g}),
+                              (fail, {"g": g})])
+    assert checkpoint() == 111
+    pipeline.transaction([(mark, {"at": int8(444), "g": g})])  # the session is usable
+    assert checkpoint() == 444
