@@ -191,8 +191,8 @@ class GroupCommitter:
         call, a drain or the close is queued (they come after those writes), so what
         the loop staged meanwhile comes as one batch instead of one per loop turn, each
         with its future, callbacks and merge (W1: about three a commit). False when
-        nothing is underway: flush now."""
-        if self._underway is None:
+        nothing is underway, or another buffer's flush is held already: flush now."""
+        if self._underway is None or (self._deferred is not None and self._deferred != flush):
             return False
         self._deferred = flush
         return True

@@ -92,8 +92,8 @@ class Pipeline:
         """Run ``steps`` (statement, parameters by name) as one transaction in one
         round trip, waiting for the answer. Returns each step's result (a
         ``pq.PGresult``); raises the first error as psycopg would (``psycopg.errors``),
-        after reading the rest (the connection is then in a failed transaction: close
-        it)."""
+        after reading the rest up to the Sync, where PostgreSQL rolled the transaction
+        back (the store closes the connection all the same: ``store.batch_commit``)."""
         if not self.send(steps):
             self._flush()
         while (results := self.receive()) is None:
@@ -108,8 +108,8 @@ class Pipeline:
 
     def send(self, steps: Sequence[tuple[Statement, Mapping[str, bytes | None]]]) -> bool:
         """Queue ``steps`` and a Sync (one transaction: see the module docstring), and
-        send what the socket takes now. True when all of it went; else ``flush`` when the socket is
-        writable. Then ``receive`` when it is readable. One transaction at a time."""
+        send what the socket takes now. True when all of it went; else ``flush`` when the
+        socket is writable. Then ``receive`` when it is readable. One at a time."""
         if self._underway is not None:
             raise OperationalError("pipeline: a transaction is already underway")
         pg = self._pg

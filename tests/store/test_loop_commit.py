@@ -315,3 +315,32 @@ def test_held_writes_fail_with_a_fenced_commit_underway(
         await gc.wait_closed()
 
     run(scenario)
+
+
+def test_a_second_buffers_flush_is_not_held_over_the_first(
+        make_store: Callable[..., SqlStore], pg_url: str) -> None:
+    """One flush is held at a time: a second write buffer's goes at once (into the line
+    behind the commit underway), and both buffers' writes commit."""
+    s, e = warm(make_store)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gc = GroupCommitter(s, e, loop, lambda exc: None)
+        first_free = await loop_commits_again(gc, 1)
+        a: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        b: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        with group_row_held(pg_url, s.group) as other:
+            first = await underway(gc, first_free)
+            held = stage(a, first_free + 1)
+            await asyncio.sleep(0)  # a's flush is held
+            batches = gc.batches
+            other_buffer = stage(b, first_free + 2)
+            await asyncio.sleep(0)  # b's is not: submitted behind the commit underway
+            other.rollback()
+        await first
+        assert (await held, await other_buffer) == (True, True)
+        assert gc.batches == batches + 3  # the first, b's and a's: none lost
+        gc.close()
+        await gc.wait_closed()
+
+    run(scenario)
