@@ -70,12 +70,17 @@ def test_the_first_commit_opens_the_connection_on_the_thread_then_the_loop_commi
         gc = GroupCommitter(s, e, asyncio.get_running_loop(), lambda exc: None)
         await gc.submit(Batch(inserts=[msg(1)]))
         assert (gc.commits, gc.on_loop) == (1, 0)  # the thread connected
-        futures = [gc.submit(Batch(inserts=[msg(i)])) for i in range(2, 22)]
+        # The loop takes over once the thread's mark is back (a loop turn or so later;
+        # a submit before that still goes to the thread, in order).
+        first = await loop_commits_again(gc, 2)
+        commits, on_loop, batches = gc.commits, gc.on_loop, gc.batches
+        futures = [gc.submit(Batch(inserts=[msg(i)])) for i in range(first, first + 20)]
         await asyncio.gather(*futures)
-        assert (gc.commits, gc.on_loop, gc.batches) == (2, 1, 21)  # merged, on the loop
+        # merged into one commit, on the loop
+        assert (gc.commits, gc.on_loop, gc.batches) == (commits + 1, on_loop + 1, batches + 20)
         await gc.submit(Batch(acks=[(None, i) for i in range(1, 11)]))
-        assert gc.on_loop == 2
-        assert await gc.call(ids, s) == list(range(11, 22))
+        assert gc.on_loop == on_loop + 2
+        assert await gc.call(ids, s) == list(range(11, first + 20))
         gc.close()
         await gc.wait_closed()
 
@@ -226,6 +231,17 @@ async def underway(gc: GroupCommitter, mid: int) -> asyncio.Future[Any]:
     return fut
 
 
+async def committing_on_the_loop(
+        s: SqlStore, e: int, on_failure: Callable[[BaseException], None] = lambda exc: None
+) -> tuple[GroupCommitter, WriteBuffer[Any], int]:
+    """A committer whose commits go on the loop, a write buffer in front of it, and the
+    first message id left free."""
+    loop = asyncio.get_running_loop()
+    gc = GroupCommitter(s, e, loop, on_failure)
+    first_free = await loop_commits_again(gc, 1)
+    return gc, WriteBuffer(gc, loop), first_free
+
+
 def stage(writes: WriteBuffer[Any], mid: int) -> asyncio.Future[bool]:
     """Stage one insert; the future says whether it committed."""
     done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -240,10 +256,7 @@ def test_flushes_wait_for_the_commit_underway_and_go_as_one_batch(
     s, e = warm(make_store)
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        gc = GroupCommitter(s, e, loop, lambda exc: None)
-        first_free = await loop_commits_again(gc, 1)
-        writes: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        gc, writes, first_free = await committing_on_the_loop(s, e)
         with group_row_held(pg_url, s.group) as other:
             first = await underway(gc, first_free)
             staged = []
@@ -269,10 +282,7 @@ def test_a_call_after_held_writes_runs_after_them(
     s, e = warm(make_store)
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        gc = GroupCommitter(s, e, loop, lambda exc: None)
-        first_free = await loop_commits_again(gc, 1)
-        writes: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        gc, writes, first_free = await committing_on_the_loop(s, e)
         with group_row_held(pg_url, s.group) as other:
             first = await underway(gc, first_free)
             held = stage(writes, first_free + 1)
@@ -296,10 +306,7 @@ def test_held_writes_fail_with_a_fenced_commit_underway(
     failures: list[BaseException] = []
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        gc = GroupCommitter(s, e, loop, failures.append)
-        first_free = await loop_commits_again(gc, 1)
-        writes: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        gc, writes, first_free = await committing_on_the_loop(s, e, failures.append)
         with group_row_held(pg_url, s.group) as other:
             first = await underway(gc, first_free)
             held = stage(writes, first_free + 1)
@@ -324,11 +331,8 @@ def test_a_second_buffers_flush_is_not_held_over_the_first(
     s, e = warm(make_store)
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        gc = GroupCommitter(s, e, loop, lambda exc: None)
-        first_free = await loop_commits_again(gc, 1)
-        a: WriteBuffer[Any] = WriteBuffer(gc, loop)
-        b: WriteBuffer[Any] = WriteBuffer(gc, loop)
+        gc, a, first_free = await committing_on_the_loop(s, e)
+        b: WriteBuffer[Any] = WriteBuffer(gc, asyncio.get_running_loop())
         with group_row_held(pg_url, s.group) as other:
             first = await underway(gc, first_free)
             held = stage(a, first_free + 1)
