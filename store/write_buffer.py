@@ -107,7 +107,8 @@ class CommitUnit(WriteUnit[C]):
 
 
 class WriteBuffer(Generic[C]):
-    """Gathers every write of one loop iteration into one Batch for the committer.
+    """Gathers every write of one loop iteration (or, while the committer has a commit
+    underway, of every iteration until it is over) into one Batch for the committer.
 
     What a client frame brings is staged between ``begin_unit`` and
     ``end_unit`` (see ``WriteUnit``). Callbacks run on the loop, in staging
