@@ -336,6 +336,11 @@ class GroupCommitter:
             _resolve_each(items, _split_result(result, items))
         else:
             _resolve_all(items, result)
+        self._commit_over()
+
+    def _commit_over(self) -> None:
+        """The loop's commit is answered (or failed): the flush it held goes into the
+        line, and the line's head is sent."""
         self._flush_deferred()
         if self._line:
             self._kick()
@@ -352,9 +357,7 @@ class GroupCommitter:
     def _underway_failed(self, commit: LoopCommit, exc: Exception) -> None:
         items = self._stop_watching(commit)
         self._loop_failed(commit.failed(exc), items)
-        self._flush_deferred()
-        if self._line:
-            self._kick()
+        self._commit_over()
 
     def _loop_failed(self, exc: StoreError, items: list[tuple[Any, ...]]) -> None:
         """A refusal goes back to the head of the line for the thread, which commits

@@ -128,12 +128,20 @@ FROM unnest(%(id)b::int8[]) AS u(id)
 WHERE t.grp = %(g)s AND t.id = u.id
   AND t.id BETWEEN %(lo)s AND %(hi)s"""
 
-ACK = """\
-WITH del AS (
-  DELETE FROM amq_messages t USING unnest(%(id)b::int8[]) AS u(id)
-  WHERE t.grp = %(g)s AND t.id = u.id AND t.id BETWEEN %(lo)s AND %(hi)s
+
+
+def _deleted(ids: str = "") -> str:
+    """The acked rows deleted, as the CTE ``del``; ``ids``: the prefix of the names of
+    the ids' array and bounds (INSERT_ACK_COUNT's ``id`` is the inserts')."""
+    return f"""del AS (
+  DELETE FROM amq_messages t USING unnest(%({ids}id)b::int8[]) AS u(id)
+  WHERE t.grp = %(g)s AND t.id = u.id AND t.id BETWEEN %({ids}lo)s AND %({ids}hi)s
   RETURNING t.destination_id
-), c AS (
+)"""
+
+
+ACK = f"""\
+WITH {_deleted()}, c AS (
   SELECT destination_id, count(*) AS n FROM del GROUP BY destination_id
 ), depth AS (
   UPDATE amq_destinations t SET depth = t.depth - c.n
@@ -163,13 +171,8 @@ assert ACK_COUNT != ACK
 #: runs on one snapshot, so the DELETE cannot see the INSERT's rows: right, because a
 #: message is acked only after the commit that stored it (its MESSAGE goes out then), and
 #: ``prepare`` keeps a batch that would ack its own insert on the separate statements.
-#: The acked ids are ``aid`` (their bounds ``alo``, ``ahi``): ``id`` is the inserts'.
 INSERT_ACK_COUNT = f"""\
-WITH {_DEDUP}, del AS (
-  DELETE FROM amq_messages t USING unnest(%(aid)b::int8[]) AS u(id)
-  WHERE t.grp = %(g)s AND t.id = u.id AND t.id BETWEEN %(alo)s AND %(ahi)s
-  RETURNING t.destination_id
-), c AS (
+WITH {_DEDUP}, {_deleted("a")}, c AS (
   SELECT destination_id, sum(n) AS n FROM (
     SELECT destination_id, 1 AS n FROM m UNION ALL SELECT destination_id, -1 FROM del) AS x
   GROUP BY destination_id
@@ -285,16 +288,23 @@ def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any
                                   "n": int4s(list(deliveries.values()))}))
     if batch.releases:
         steps.append((S_RELEASE, {**base, **_ids([mid for _, mid in batch.releases])}))
-    if together:
-        pass
-    elif acked and batch.counters:
-        steps.append((S_ACK_COUNT, {**base, **_ids(list(acked)),
-                                    **_count_arrays(batch.counters)}))
-    elif acked:
-        steps.append((S_ACK, {**base, **_ids(list(acked))}))
-    elif batch.counters:
-        steps.append((S_COUNT, {**base, **_count_arrays(batch.counters)}))
+    if not together:
+        steps += _acks_and_totals(base, acked, batch.counters)
     return steps, Answer(result, inserting, ids_by_key)
+
+
+def _acks_and_totals(base: dict[str, bytes | None], acked: set[int],
+                     counts: dict[int, list[int]]
+                     ) -> list[tuple[Statement, dict[str, bytes | None]]]:
+    """The last step when the inserts did not take the acks and totals along: one
+    statement for both, for either, or none."""
+    if acked and counts:
+        return [(S_ACK_COUNT, {**base, **_ids(list(acked)), **_count_arrays(counts)})]
+    if acked:
+        return [(S_ACK, {**base, **_ids(list(acked))})]
+    if counts:
+        return [(S_COUNT, {**base, **_count_arrays(counts)})]
+    return []
 
 
 def _ids(ids: list[int], prefix: str = "") -> dict[str, bytes | None]:
