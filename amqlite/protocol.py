@@ -143,13 +143,16 @@ class ConnectionClosed(ProtocolError):
         super().__init__("connection closed", detail, fault="local")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class FrameReceived:
-    """A frame arrived. Not frozen, unlike the other events: one is made per frame
-    received, and mypyc compiles a plain dataclass's constructor, while a frozen one's
-    runs as interpreted Python (``object.__setattr__``) even in the compiled build."""
+    """A frame arrived. One is made per frame received, so its constructor is written
+    out: the one ``dataclass`` generates runs as interpreted Python even in the compiled
+    build (``codec.Frame``)."""
 
     frame: Frame
+
+    def __init__(self, frame: Frame) -> None:
+        self.frame = frame
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,24 +37,34 @@ _FRAME_SET = frozenset({"subscription", "message-id", "destination", "ack", "red
                         DELIVERY_COUNT_HEADER, AMQ_GROUP_FIRST, "content-length"})
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Delivery:
+    """A message handed to a subscription. One per delivery, so the constructor is
+    written out: the one ``dataclass`` generates runs as interpreted Python even in the
+    compiled build (``codec.Frame``)."""
+
     message: Message
     ref: Ref | None  # None: nothing stored to acknowledge
     #: Handed over with its insert, which has not committed yet (see Broker._send).
-    pending: bool = False
+    pending: bool
     #: Its MESSAGE frame went out: only then may the client acknowledge it (a
     #: cumulative ACK must not cover a delivery still waiting for its commit).
-    written: bool = False
+    written: bool
     #: Order in which its MESSAGE went out on the subscription. A cumulative
     #: ACK covers what was written up to the acked message, which is not the
     #: order deliveries entered ``inflight``: a persistent delivery waits for
     #: its record to commit while a non-persistent one behind it goes at once.
-    written_seq: int = 0
+    written_seq: int
     #: Its subscription closed before that commit: the commit requeues it.
-    orphaned: bool = False
+    orphaned: bool
     #: The first message of its group this consumer gets (``choice``).
-    group_first: bool = False
+    group_first: bool
+
+    def __init__(self, message: Message, ref: Ref | None, pending: bool = False,
+                 group_first: bool = False) -> None:
+        self.message, self.ref = message, ref
+        self.pending, self.group_first = pending, group_first
+        self.written, self.written_seq, self.orphaned = False, 0, False
 
 
 class Subscription:
