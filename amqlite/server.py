@@ -29,7 +29,7 @@ from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtoco
 from amqlite.settings import default_max_unauthenticated
 from amqlite.stomp_tls import TlsGate
 from amqlite.validation import check_connect
-from amqlite.websocket import WsGate, WsPolicy, parse_origins
+from amqlite.websocket import LINGER_SECONDS, WsGate, WsPolicy, parse_origins
 from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER, REBALANCE_HEADER
 
 if TYPE_CHECKING:
@@ -45,6 +45,11 @@ SWEEP_INTERVAL_MIN = 0.05
 #: A closed connection's last frames (its ERROR, DISCONNECT's RECEIPT) get this long to
 #: be read; then the socket is dropped: a client that does not read keeps no memory.
 CLOSE_LINGER = 10.0
+#: After an ERROR to a logged-in client on plain TCP, its socket stays half-closed this
+#: long, what it still sends read and dropped: closed with unread bytes, the kernel sends
+#: a reset instead of our FIN, and a client whose system drops unread data on a reset
+#: (Windows) loses the ERROR. Apache httpd lingers as long (SECONDS_TO_LINGER = 2).
+ERROR_LINGER = LINGER_SECONDS
 
 
 class StompServer:
@@ -228,7 +233,7 @@ class StompServer:
 
     def close_all(self, reason: str) -> None:
         for conn in list(self.connections):
-            conn.close_with_error(reason)
+            conn.close_with_error(reason, linger=False)  # the listener goes: no lingering
 
     async def wait_closed(self) -> None:
         for server in self.servers:
@@ -478,7 +483,8 @@ class ClientConnection(asyncio.Protocol):
         self.refused = True
         return False
 
-    def close_with_error(self, message: str, detail: str = "", receipt: str | None = None) -> None:
+    def close_with_error(self, message: str, detail: str = "", receipt: str | None = None,
+                         linger: bool = True) -> None:
         if self.closed or self.transport is None:
             return
         if self.handshaking:  # no TLS yet: the socket just goes
@@ -489,14 +495,27 @@ class ClientConnection(asyncio.Protocol):
         self._flush()
         with contextlib.suppress(Exception):
             self.transport.write(self.proto.error(exc))
-        self.close()
+        self.close(linger)
 
-    def close(self) -> None:
+    def close(self, linger: bool = False) -> None:
+        """Close; with ``linger`` (after an ERROR), a lingering close where it can be
+        had: for a logged-in client on plain TCP (TLS cannot half-close, a WebSocket
+        ends with its close frame, a socket not logged in gets no more of our time)."""
         self._flush()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()  # flushes what is buffered, then closes
-            if self._sent_held:  # not taken by the socket yet (a no-op once gone)
-                self.loop.call_later(CLOSE_LINGER, self.transport.abort)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if (linger and self.connected and not self.tls and not self.websocket
+                    and transport.can_write_eof()):
+                transport.write_eof()  # our FIN after the ERROR; eof_received closes
+                if self.pause_reasons:  # read (and drop) what the client still sends
+                    self.pause_reasons.clear()
+                    transport.resume_reading()
+                self._schedule(CLOSE_LINGER if self._sent_held else ERROR_LINGER,
+                               transport.abort)
+            else:
+                transport.close()  # flushes what is buffered, then closes
+                if self._sent_held:  # not taken by the socket yet (a no-op once gone)
+                    self.loop.call_later(CLOSE_LINGER, transport.abort)
         self.closed = True
         if self.partial_held:
             self._hold_partial(0)
@@ -535,7 +554,7 @@ class ClientConnection(asyncio.Protocol):
             self._flush()
             with contextlib.suppress(Exception):
                 self.transport.write(self.proto.error(exc))
-        self.close()
+        self.close(linger=True)
 
     def _on_frame(self, frame: Frame) -> None:
         if not self.connected:

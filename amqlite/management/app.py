@@ -519,9 +519,10 @@ class ManagementServer:
         self.access.require_admin(request["login"])  # logins, addresses, client-ids
         server, broker = self.view.server, self.view.broker
         out = []
-        # Sockets still logging in (connected_at None) first, then by connection time.
-        for conn in sorted(server.connections if server is not None else (),
-                           key=lambda c: c.connected_at or 0.0):
+        # Sockets still logging in (connected_at None) first, then by connection time; not
+        # those closed after an ERROR that still linger (ClientConnection.close).
+        for conn in sorted((c for c in (server.connections if server is not None else ())
+                            if not c.closed), key=lambda c: c.connected_at or 0.0):
             session = broker.sessions.get(conn) if broker is not None else None
             subs = list(session.all_subscriptions()) if session is not None else []
             out.append({

@@ -26,6 +26,8 @@ class RawStomp:
         self.sock = socket.create_connection((HOST, port), timeout=timeout)
         self.buf = b""
         self.closed = False
+        #: The broker ended the stream with a reset, not its FIN (set with ``closed``).
+        self.reset = False
 
     def __enter__(self) -> RawStomp:
         return self
@@ -75,8 +77,9 @@ class RawStomp:
             data = self.sock.recv(65536)
         except TimeoutError:
             return False
-        except OSError:
+        except OSError as exc:
             self.closed = True
+            self.reset = isinstance(exc, ConnectionResetError)
             return False
         if not data:
             self.closed = True

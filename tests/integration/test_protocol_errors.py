@@ -6,11 +6,13 @@ always the same: ERROR frame, closed connection, and a broker that keeps serving
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from amqlite.server import ERROR_LINGER
 from tests.helpers.broker_proc import (
     CLOSE_DEADLINE,
     BrokerFactory,
@@ -115,6 +117,44 @@ def test_header_too_long_gets_error_and_close(broker: BrokerProcess) -> None:
         raw.send_raw(send_frame_bytes("/queue/long", {"x-long": "v" * (MAX_HEADER_LENGTH * 4)},
                                       b"hi"))
         assert_error_then_closed(raw, "header too long", "header too long")
+    assert_broker_serves(broker.port)
+
+
+#: A frame the codec refuses, and what a client goes on writing behind it: more than the
+#: broker reads at once, so bytes are still unread when its ERROR goes out.
+BAD_LENGTH = b"SEND\ndestination:/queue/x\ncontent-length:abc\n\nhello\x00"
+STILL_SENDING = 4 * 2**20
+
+
+def test_error_then_fin_while_the_client_is_still_sending(broker: BrokerProcess) -> None:
+    """The ERROR is followed by the broker's FIN, not a reset, though the client had sent
+    more than the broker read: what it sends on is read and dropped (a lingering close),
+    so a client whose system drops unread data on a reset (Windows) still gets its ERROR."""
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        sent: list[bool] = []
+        sender = threading.Thread(
+            target=lambda: sent.append(raw.send_raw(BAD_LENGTH + b"x" * STILL_SENDING)))
+        sender.start()
+        assert_error_then_closed(raw, "bad content-length", "invalid content-length")
+        assert not raw.reset, "the broker reset the connection after its ERROR"
+        sender.join(CLOSE_DEADLINE)
+        assert sent == [True], "the broker stopped reading before the client was done"
+    assert_broker_serves(broker.port)
+
+
+def test_a_lingering_socket_is_dropped_after_error_linger(broker: BrokerProcess) -> None:
+    """A client that neither stops writing nor closes after its ERROR does not keep the
+    socket: the broker drops it ERROR_LINGER after the ERROR (then the client's writes
+    fail), not at once."""
+    with RawStomp(broker.port) as raw:
+        raw.connect()
+        raw.send_raw(BAD_LENGTH)
+        assert_error_then_closed(raw, "bad content-length", "invalid content-length")
+        _, took = poll(lambda: not raw.send_raw(b"x" * 1024),
+                       timeout=ERROR_LINGER + CLOSE_DEADLINE,
+                       what="the broker to drop the socket it lingered on")
+        assert took > ERROR_LINGER / 2, f"dropped {took:.2f}s after the ERROR, no lingering"
     assert_broker_serves(broker.port)
 
 
