@@ -29,7 +29,7 @@ from amqlite.protocol import HEARTBEAT_GRACE, Event, FrameReceived, StompProtoco
 from amqlite.settings import default_max_unauthenticated
 from amqlite.stomp_tls import TlsGate
 from amqlite.validation import check_connect
-from amqlite.websocket import LINGER_SECONDS, WsGate, WsPolicy, parse_origins
+from amqlite.websocket import LINGER_SECONDS, WsGate, WsPolicy, WsTransport, parse_origins
 from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER, REBALANCE_HEADER
 
 if TYPE_CHECKING:
@@ -498,18 +498,21 @@ class ClientConnection(asyncio.Protocol):
         self.close(linger)
 
     def close(self, linger: bool = False) -> None:
-        """Close; with ``linger`` (after an ERROR), a lingering close where it can be
-        had: for a logged-in client on plain TCP (TLS cannot half-close, a WebSocket
-        ends with its close frame, a socket not logged in gets no more of our time)."""
+        """Close; with ``linger`` (after an ERROR to a logged-in client), a lingering
+        close where it can be had: on plain TCP our FIN, then the client's bytes dropped
+        until its own; on a WebSocket its closing handshake (``WsGate.close``); not over
+        TLS (no half-close) nor before login (no more of our time for such a socket)."""
         self._flush()
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            if (linger and self.connected and not self.tls and not self.websocket
-                    and transport.can_write_eof()):
+            linger = linger and self.connected
+            if linger and self.pause_reasons:  # read (and drop) what the client still sends
+                self.pause_reasons.clear()
+                transport.resume_reading()
+            if linger and isinstance(transport, WsTransport):
+                transport.close(linger=True)
+            elif linger and not self.tls and not self.websocket and transport.can_write_eof():
                 transport.write_eof()  # our FIN after the ERROR; eof_received closes
-                if self.pause_reasons:  # read (and drop) what the client still sends
-                    self.pause_reasons.clear()
-                    transport.resume_reading()
                 self._schedule(CLOSE_LINGER if self._sent_held else ERROR_LINGER,
                                transport.abort)
             else:

@@ -172,6 +172,7 @@ class WsState(enum.Enum):
     UPGRADING = "upgrading"  # HTTP request not answered yet
     OPEN = "open"  # STOMP flows in WebSocket messages
     REFUSED = "refused"  # an HTTP error sent; the client's bytes dropped until it closes
+    CLOSING = "closing"  # our close frame sent; the client's frames dropped until its own
     CLOSED = "closed"
 
 
@@ -203,6 +204,11 @@ class WsGate(asyncio.Protocol):
     def done(self) -> bool:
         return self.state in (WsState.REFUSED, WsState.CLOSED)
 
+    @property
+    def closing(self) -> bool:
+        """In the closing handshake (``close``): what comes in is read for its close frame."""
+        return self.state is WsState.CLOSING
+
     # -- asyncio.Protocol (the raw TCP or TLS transport) -----------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.raw = transport  # type: ignore[assignment]  # a stream transport
@@ -210,6 +216,9 @@ class WsGate(asyncio.Protocol):
             self.conn.tcp_accepted(self.raw)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            self._frames(data)
+            return
         if self.done or self.conn.closed:
             return
         if self.state is WsState.OPEN:
@@ -245,6 +254,11 @@ class WsGate(asyncio.Protocol):
             self.close(exc.code)
             return
         for item in items:
+            if self.closing:  # the closing handshake: only the client's close frame counts
+                if item.kind is Kind.CLOSE:
+                    self._drop()
+                    return
+                continue
             if item.kind is Kind.DATA:
                 self.client_text = item.text
                 self.conn.data_received(item.payload)
@@ -252,7 +266,7 @@ class WsGate(asyncio.Protocol):
                 self._write(OPCODE_PONG, item.payload)
             else:  # CLOSE: answered with the client's code, then the socket goes
                 self.close(item.code)
-            if self.done or self.conn.closed:
+            if self.done or (self.conn.closed and not self.closing):
                 return
 
     def _upgrade(self, request: Request) -> None:
@@ -325,10 +339,20 @@ class WsGate(asyncio.Protocol):
                 pass
         self.raw.write(data_frame_header(opcode, len(data)) + data)
 
-    def close(self, code: int | None = CLOSE_NORMAL) -> None:
-        """Close the WebSocket (close frame, then the socket once what is queued went)."""
+    def close(self, code: int | None = CLOSE_NORMAL, linger: bool = False) -> None:
+        """Close the WebSocket (close frame, then the socket once what is queued went).
+        With ``linger`` (an ERROR to a logged-in client), the closing handshake of RFC
+        6455 (5.5.1) first: the client's frames are read and dropped until its own close
+        frame, its FIN or LINGER_SECONDS, so the socket goes with nothing unread, in a FIN
+        and not a reset that can destroy the ERROR and the close frame before they are
+        read (as ``ClientConnection.close`` does on plain TCP)."""
         if self.state is WsState.OPEN:
             self._write(OPCODE_CLOSE, b"" if code is None else code.to_bytes(2, "big"))
+            if linger and self.raw is not None and not self.raw.is_closing():
+                self.state = WsState.CLOSING
+                self.linger = asyncio.get_running_loop().call_later(LINGER_SECONDS,
+                                                                    self._drop)
+                return
         self._drop()
 
     def _drop(self) -> None:
@@ -352,8 +376,8 @@ class WsTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview[Any]) -> None:
         self._gate.send_stomp(bytes(data))
 
-    def close(self) -> None:
-        self._gate.close()
+    def close(self, linger: bool = False) -> None:
+        self._gate.close(linger=linger)
 
     def abort(self) -> None:
         self._gate.state = WsState.CLOSED

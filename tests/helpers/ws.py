@@ -4,13 +4,20 @@ implementation of RFC 6455, not ours): raw WebSocket messages in, parsed frames 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import os
+import socket
 import ssl
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from amqlite.codec import HEARTBEAT, Frame, FrameParser, Limits
+from amqlite.wsframes import FrameReader, Item, Kind
+from bench.wsclient import masked_frame
 from tests.helpers.broker_proc import HOST, WAIT
 
 WS_PATH = "/ws"
@@ -129,3 +136,64 @@ async def refused_status(url: str, **kwargs: object) -> int:
         return exc.status
     await client.close()
     raise AssertionError(f"{url} accepted a WebSocket it should refuse ({kwargs})")
+
+
+class RawWs:
+    """A blocking WebSocket on a bare socket, for what a polite client never does (keep
+    sending after the broker closed, never answer its close frame): the upgrade by hand,
+    masked frames out (``bench.wsclient.masked_frame``), the broker's frames read with
+    ``amqlite.wsframes``. ``reset`` tells a reset from the broker's FIN."""
+
+    def __init__(self, port: int, protocol: str = "v12.stomp") -> None:
+        self.sock = socket.create_connection((HOST, port), timeout=WAIT)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            f"GET {WS_PATH} HTTP/1.1\r\nHost: {HOST}:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13"
+            f"\r\nSec-WebSocket-Protocol: {protocol}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := self.sock.recv(4096)):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 101"), answer[:200]
+        self.reader = FrameReader(masked=False)
+        self.items = self.reader.feed(answer.split(b"\r\n\r\n", 1)[1])
+        self.ended = self.reset = False
+
+    def send(self, opcode: int, payload: bytes) -> bool:
+        """One masked frame; False once the broker's socket is gone."""
+        try:
+            self.sock.sendall(masked_frame(opcode, payload))
+            return True
+        except OSError:
+            return False
+
+    def read_until(self, kind: Kind, timeout: float = WAIT) -> list[Item]:
+        """The frames read until one of ``kind`` (included), the end of the stream or
+        the timeout: the items read meanwhile."""
+        deadline = time.monotonic() + timeout
+        got: list[Item] = []
+        while True:
+            while self.items:
+                item = self.items.pop(0)
+                got.append(item)
+                if item.kind is kind:
+                    return got
+            left = deadline - time.monotonic()
+            if self.ended or left <= 0:
+                return got
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return got
+            except OSError as exc:
+                self.ended, self.reset = True, isinstance(exc, ConnectionResetError)
+                return got
+            if not data:
+                self.ended = True
+                return got
+            self.items += self.reader.feed(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()

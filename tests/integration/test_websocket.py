@@ -18,7 +18,9 @@ import aiohttp
 import pytest
 import stomp
 
+from amqlite.websocket import LINGER_SECONDS, OPCODE_BINARY, OPCODE_CLOSE, OPCODE_TEXT
 from amqlite.wire import CLUSTER_UPDATE_RECEIPT, CLUSTER_URIS_HEADER
+from amqlite.wsframes import Kind
 from tests.helpers.broker_proc import (
     HOST,
     WAIT,
@@ -34,7 +36,14 @@ from tests.helpers.mgmt import Api
 from tests.helpers.poll import poll
 from tests.helpers.servers import free_port
 from tests.helpers.tls import make_pki
-from tests.helpers.ws import connect_frame, frame_bytes, refused_status, ws_open, ws_url
+from tests.helpers.ws import (
+    RawWs,
+    connect_frame,
+    frame_bytes,
+    refused_status,
+    ws_open,
+    ws_url,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -197,6 +206,58 @@ def test_frame_over_the_limit_is_an_error(broker: BrokerProcess) -> None:
         assert await client.wait_closed()
         await client.close()
     run(go())
+
+
+#: A frame the codec refuses, and what a client goes on sending behind it (binary frames
+#: of 64 KiB): more than the broker reads at once, so bytes are unread at its ERROR.
+BAD_LENGTH = b"SEND\ndestination:/queue/ws.x\ncontent-length:abc\n\nhello\x00"
+STILL_SENDING = [b"x" * 65536] * 64
+
+
+def raw_logged_in(b: BrokerProcess) -> RawWs:
+    raw = RawWs(b.ws_port)  # type: ignore[attr-defined]
+    raw.send(OPCODE_TEXT, connect_frame(LOGIN, PASSCODE))
+    assert b"CONNECTED" in b"".join(i.payload for i in raw.read_until(Kind.DATA))
+    return raw
+
+
+def test_error_then_the_closing_handshake_while_the_client_is_still_sending(
+        broker: BrokerProcess) -> None:
+    """After an ERROR the broker sends its close frame and reads (and drops) what the
+    client still sends until the client's own close frame (RFC 6455's closing
+    handshake); then its FIN, not a reset that could destroy the ERROR unread."""
+    raw = raw_logged_in(broker)
+    try:
+        sent: list[bool] = []
+        sender = threading.Thread(target=lambda: sent.append(all(
+            raw.send(OPCODE_BINARY, data) for data in [BAD_LENGTH, *STILL_SENDING])))
+        sender.start()
+        items = raw.read_until(Kind.CLOSE)
+        assert b"ERROR\nmessage:invalid content-length" in b"".join(i.payload for i in items)
+        assert items[-1].kind is Kind.CLOSE and items[-1].code == 1000, items[-1:]
+        sender.join(WAIT)
+        assert sent == [True], "the broker stopped reading before the client's close frame"
+        assert not raw.ended, "the broker closed the socket before the client's close frame"
+        raw.send(OPCODE_CLOSE, (1000).to_bytes(2, "big"))
+        raw.read_until(Kind.CLOSE)  # nothing more comes: the end of the stream
+        assert raw.ended and not raw.reset, "the socket ended in a reset, not a FIN"
+    finally:
+        raw.close()
+
+
+def test_a_client_without_its_close_frame_is_dropped_after_the_linger(
+        broker: BrokerProcess) -> None:
+    """A client that never answers the close frame does not keep the socket: the broker
+    drops it LINGER_SECONDS after the ERROR (then the client's writes fail), not at once."""
+    raw = raw_logged_in(broker)
+    try:
+        raw.send(OPCODE_BINARY, BAD_LENGTH)
+        assert raw.read_until(Kind.CLOSE)[-1].kind is Kind.CLOSE
+        _, took = poll(lambda: not raw.send(OPCODE_BINARY, b"x" * 1024),
+                       timeout=LINGER_SECONDS + WAIT, what="the broker to drop the socket")
+        assert took > LINGER_SECONDS / 2, f"dropped {took:.2f}s after the close frame"
+    finally:
+        raw.close()
 
 
 def test_refused_login_and_authorization(broker: BrokerProcess) -> None:
