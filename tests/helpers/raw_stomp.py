@@ -12,6 +12,21 @@ from dataclasses import dataclass
 from tests.helpers.broker_process import HOST, WAIT
 
 
+def recv_before(sock: socket.socket, deadline: float) -> tuple[bytes | None, bool]:
+    """The next bytes the socket has before ``deadline``: ``(None, False)`` when none came
+    in time, ``(b"", reset)`` when the stream ended, by the peer's FIN or by a reset."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None, False
+    sock.settimeout(remaining)
+    try:
+        return sock.recv(65536), False
+    except TimeoutError:
+        return None, False
+    except OSError as exc:
+        return b"", isinstance(exc, ConnectionResetError)
+
+
 @dataclass
 class RawFrame:
     command: str
@@ -69,20 +84,11 @@ class RawStomp:
 
     def _fill(self, deadline: float) -> bool:
         """Read more bytes before the deadline; False on EOF/reset (sets closed) or timeout."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        self.sock.settimeout(remaining)
-        try:
-            data = self.sock.recv(65536)
-        except TimeoutError:
-            return False
-        except OSError as exc:
-            self.closed = True
-            self.reset = isinstance(exc, ConnectionResetError)
+        data, reset = recv_before(self.sock, deadline)
+        if data is None:
             return False
         if not data:
-            self.closed = True
+            self.closed, self.reset = True, reset
             return False
         self.buf += data
         return True

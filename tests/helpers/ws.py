@@ -19,6 +19,7 @@ from amqlite.codec import HEARTBEAT, Frame, FrameParser, Limits
 from amqlite.wsframes import FrameReader, Item, Kind
 from bench.wsclient import masked_frame
 from tests.helpers.broker_proc import HOST, WAIT
+from tests.helpers.raw_stomp import recv_before
 
 WS_PATH = "/ws"
 
@@ -178,19 +179,13 @@ class RawWs:
                 got.append(item)
                 if item.kind is kind:
                     return got
-            left = deadline - time.monotonic()
-            if self.ended or left <= 0:
+            if self.ended:
                 return got
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                return got
-            except OSError as exc:
-                self.ended, self.reset = True, isinstance(exc, ConnectionResetError)
+            data, reset = recv_before(self.sock, deadline)
+            if data is None:
                 return got
             if not data:
-                self.ended = True
+                self.ended, self.reset = True, reset
                 return got
             self.items += self.reader.feed(data)
 
