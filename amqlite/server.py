@@ -509,14 +509,15 @@ class ClientConnection(asyncio.Protocol):
             if linger and self.pause_reasons:  # read (and drop) what the client still sends
                 self.pause_reasons.clear()
                 transport.resume_reading()
-            if linger and isinstance(transport, WsTransport):
-                transport.close(linger=True)
-            elif linger and not self.tls and not self.websocket and transport.can_write_eof():
+            if linger and not self.tls and not self.websocket and transport.can_write_eof():
                 transport.write_eof()  # our FIN after the ERROR; eof_received closes
                 self._schedule(CLOSE_LINGER if self._sent_held else ERROR_LINGER,
                                transport.abort)
             else:
-                transport.close()  # flushes what is buffered, then closes
+                if isinstance(transport, WsTransport):
+                    transport.close(linger=linger)  # lingering: its closing handshake
+                else:
+                    transport.close()  # flushes what is buffered, then closes
                 if self._sent_held:  # not taken by the socket yet (a no-op once gone)
                     self.loop.call_later(CLOSE_LINGER, transport.abort)
         self.closed = True
