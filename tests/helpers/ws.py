@@ -139,6 +139,14 @@ async def refused_status(url: str, **kwargs: object) -> int:
     raise AssertionError(f"{url} accepted a WebSocket it should refuse ({kwargs})")
 
 
+def upgrade_request(port: int, protocol: str = "v12.stomp", extra: str = "") -> bytes:
+    """A WebSocket upgrade request written by hand (``extra``: more header lines)."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    return (f"GET {WS_PATH} HTTP/1.1\r\nHost: {HOST}:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13"
+            f"\r\nSec-WebSocket-Protocol: {protocol}\r\n{extra}\r\n").encode()
+
+
 class RawWs:
     """A blocking WebSocket on a bare socket, for what a polite client never does (keep
     sending after the broker closed, never answer its close frame): the upgrade by hand,
@@ -147,11 +155,7 @@ class RawWs:
 
     def __init__(self, port: int, protocol: str = "v12.stomp") -> None:
         self.sock = socket.create_connection((HOST, port), timeout=WAIT)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall(
-            f"GET {WS_PATH} HTTP/1.1\r\nHost: {HOST}:{port}\r\nUpgrade: websocket\r\n"
-            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13"
-            f"\r\nSec-WebSocket-Protocol: {protocol}\r\n\r\n".encode())
+        self.sock.sendall(upgrade_request(port, protocol))
         answer = b""
         while b"\r\n\r\n" not in answer and (chunk := self.sock.recv(4096)):
             answer += chunk

@@ -6,8 +6,6 @@ authorization, flow control, wss://, and the published URLs."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 import socket
 import ssl
 import threading
@@ -41,6 +39,7 @@ from tests.helpers.ws import (
     connect_frame,
     frame_bytes,
     refused_status,
+    upgrade_request,
     ws_open,
     ws_url,
 )
@@ -351,11 +350,7 @@ def test_long_upgrade_request_within_the_limit_arriving_piecemeal_is_upgraded(
     piece such a request was refused or upgraded depending on how its bytes arrived. The
     broker hands wsproto the head once it is complete: 101."""
     port = broker.ws_port  # type: ignore[attr-defined]
-    key = base64.b64encode(os.urandom(16)).decode()
-    request = (f"GET /ws HTTP/1.1\r\nHost: {HOST}:{port}\r\nUpgrade: websocket\r\n"
-               f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-               f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: v12.stomp\r\n"
-               f"Cookie: pad={'c' * LONG_REQUEST_PAD}\r\n\r\n").encode()
+    request = upgrade_request(port, extra=f"Cookie: pad={'c' * LONG_REQUEST_PAD}\r\n")
     with socket.create_connection((HOST, port), timeout=WAIT) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for start in range(0, len(request), 1024):
