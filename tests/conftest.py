@@ -11,52 +11,62 @@ import pytest
 from tests.helpers.servers import PostgresServer, ZooKeeperServer, running_postgres
 
 TESTS = Path(__file__).resolve().parent
-#: Whole directories of tests that run alone: failover clients, cluster commands, lockers
-#: and the fuzzer kill, pause and partition masters and time how long the rest takes.
-SERIAL_DIRS = ("client", "cluster", "fuzz", "lockers")
-#: Files elsewhere that run alone (marked ``serial``): they time something (a takeover, a
-#: lease, a timeout that must fire, and not early), kill a master under a client, or run
-#: such tests themselves (the compiled build). ``scripts/test`` runs everything else
-#: first on two pytest-xdist workers, then these in one process with the machine to
-#: themselves, so that a neighbour taking both cores (Spark, Chromium, a build) cannot make
-#: a lease run out or a deadline pass for real.
-SERIAL_FILES = frozenset({
-    "bench/test_bench_smoke.py",
+#: Tests are run in three passes by ``scripts/test``, so that what a test times is never
+#: slowed down for real by a neighbour:
+#:
+#: 1. the rest (no marker), on two pytest-xdist workers: nothing they assert depends on
+#:    how fast the machine is, so Spark, Chromium or the compiled build may take both
+#:    cores beside them;
+#: 2. ``timed``: they time something (a takeover, a lease, a timeout that must fire, and
+#:    not early) or kill, pause and partition masters under clients; two at a time, as
+#:    none of them takes more than a core for long;
+#: 3. ``alone``: timed and taking both cores themselves (floods of logins, handshakes and
+#:    hostile frames, Spark, Chromium, a PostgreSQL promotion, three ZooKeepers, the
+#:    compiled build and the tests it runs), one at a time.
+#:
+#: Whole directories of ``timed`` tests: failover clients, cluster commands and lockers.
+TIMED_DIRS = ("client", "cluster", "lockers")
+TIMED_FILES = frozenset({
     "integration/test_activation_lock_loss.py",
-    "integration/test_compiled_build.py",
     "integration/test_consumer_choice.py",
     "integration/test_counters_takeover.py",
     "integration/test_failover_embedded.py",
     "integration/test_held_broker_wide.py",
     "integration/test_held_memory.py",
-    "integration/test_http_connection_limits.py",
-    "integration/test_login_flood_one_login.py",
     "integration/test_management_delete.py",
     "integration/test_management_live.py",
-    "integration/test_management_login_flood.py",
     "integration/test_node_exit_codes.py",
     "integration/test_pg_ha.py",
     "integration/test_pg_lease.py",
     "integration/test_pg_multi_host.py",
-    "integration/test_pg_promotion.py",
     "integration/test_pg_replication.py",
     "integration/test_policies.py",
-    "integration/test_preauth_limits.py",
     "integration/test_protocol_errors.py",
     "integration/test_scheduled.py",
     "integration/test_selectors.py",
     "integration/test_subscription_cli.py",
     "integration/test_tls.py",
-    "integration/test_tls_handshake_limits.py",
     "integration/test_websocket.py",
-    "integration/test_websocket_browser.py",
     "integration/test_wildcards.py",
-    "integration/test_zk_ensemble.py",
-    "spark/test_audit_after_failover.py",
-    "spark/test_audit_cluster.py",
     "store/test_claim_ends_stale_session.py",
     "store/test_schema_upgrade.py",
     "unit/test_selector.py",
+})
+ALONE_FILES = frozenset({
+    "bench/test_bench_smoke.py",
+    "client/test_stress_failover.py",
+    "fuzz/test_fuzz_broker.py",
+    "integration/test_compiled_build.py",
+    "integration/test_http_connection_limits.py",
+    "integration/test_login_flood_one_login.py",
+    "integration/test_management_login_flood.py",
+    "integration/test_pg_promotion.py",
+    "integration/test_preauth_limits.py",
+    "integration/test_tls_handshake_limits.py",
+    "integration/test_websocket_browser.py",
+    "integration/test_zk_ensemble.py",
+    "spark/test_audit_after_failover.py",
+    "spark/test_audit_cluster.py",
 })
 
 
@@ -64,8 +74,11 @@ SERIAL_FILES = frozenset({
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         relative = item.path.relative_to(TESTS)
-        if relative.parts[0] in SERIAL_DIRS or relative.as_posix() in SERIAL_FILES:
-            item.add_marker(pytest.mark.serial)
+        name = relative.as_posix()
+        if name in ALONE_FILES:
+            item.add_marker(pytest.mark.alone)
+        elif relative.parts[0] in TIMED_DIRS or name in TIMED_FILES:
+            item.add_marker(pytest.mark.timed)
 
 
 def pytest_configure(config: pytest.Config) -> None:

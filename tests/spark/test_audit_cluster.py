@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pyspark
 import pytest
@@ -109,9 +110,17 @@ def _wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], what: st
          context=lambda: log.read_text(errors="replace")[-3000:])
 
 
-@pytest.fixture
-def standalone_cluster(tmp_path: Path) -> Iterator[str]:
-    """A Spark standalone master and one worker on loopback; yields the master URL."""
+class Cluster(NamedTuple):
+    url: str  # spark://host:port of the master
+    work_dir: Path  # the worker's: one directory per application that ran an executor
+
+
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A Spark standalone master and one worker on loopback, shared by the module's
+    audits (two JVMs to start: about 10 s each time)."""
+    tmp_path = tmp_path_factory.mktemp("spark-cluster")
+    (tmp_path / "w").mkdir()
     port, ui, worker_ui = free_port(), free_port(), free_port()
     url = f"spark://{HOST}:{port}"
     env = {**_env(), "SPARK_LOG_DIR": str(tmp_path), "SPARK_WORKER_DIR": str(tmp_path / "w")}
@@ -132,7 +141,7 @@ def standalone_cluster(tmp_path: Path) -> Iterator[str]:
                  "--webui-port", str(worker_ui), "--work-dir", str(tmp_path / "w")],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         _wait_for_line(master_log, "Registering worker", procs[0], "worker registration")
-        yield url
+        yield Cluster(url, tmp_path / "w")
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -147,11 +156,13 @@ def standalone_cluster(tmp_path: Path) -> Iterator[str]:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_audit_on_a_standalone_cluster(
-    standalone_cluster: str, tmp_path: Path, backend: str, request: pytest.FixtureRequest
+    standalone_cluster: Cluster, tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
     """SQLite: Spark reads every row on the executor. PostgreSQL: the driver runs the
     store's statements while the executor starts and hands Spark what they returned
     (the executor runs no Python of the audit)."""
+    master, work_dir = standalone_cluster
+    apps_before = set(work_dir.iterdir())
     now = int(time.time() * 1000)
     if backend == "sqlite":
         store = f"sqlite:///{tmp_path / 'amqlite.db'}"
@@ -163,7 +174,7 @@ def test_audit_on_a_standalone_cluster(
     conf.mkdir()
     (conf / "spark-defaults.conf").write_text(CLUSTER_DEFAULTS)
     result = _audit("--store", store, "--now", str(now), "--master",
-                    standalone_cluster, "--output", str(out), "--json", "--progress",
+                    master, "--output", str(out), "--json", "--progress",
                     timeout=CLUSTER_AUDIT_S, conf_dir=conf)
     assert result.returncode == EXIT_FINDINGS, result.stderr[-3000:]
     summary = json.loads(result.stdout)
@@ -174,11 +185,12 @@ def test_audit_on_a_standalone_cluster(
     assert got == {finding: {finding: d.count} for finding, (_, d) in DAMAGE.items()}
     progress = [line for line in result.stderr.splitlines()
                 if line.startswith("amqlite audit: [")]
-    assert any(f"starting Spark ({standalone_cluster})" in line for line in progress), progress
+    assert any(f"starting Spark ({master})" in line for line in progress), progress
     assert any("read " in line and "rows of amq_messages" in line for line in progress)
     if backend == "postgresql":
         assert summary["pushed"]["run_by"] == "driver", summary["pushed"]
         assert any("statements in the store on" in line for line in progress), progress
     assert progress[-1].endswith("done"), progress
-    # The executor ran on the worker: its application directory is in the work dir.
-    assert any((tmp_path / "w").iterdir()), "no executor ran on the worker"
+    # The executor ran on the worker: this audit's application directory is in its work
+    # dir.
+    assert set(work_dir.iterdir()) - apps_before, "no executor ran on the worker"
