@@ -18,11 +18,15 @@ from amqlite.frame_rules import (
     DEFAULT_MAX_HEADER_COUNT,
     DEFAULT_MAX_HEADER_LENGTH,
     MAX_CONTENT_LENGTH,
+    TRIMMED_1_0,
     Limits,
     ProtocolError,
     header_too_long,
     parse_uint,
+    receipt_line,
+    refuse_trailing_cr,
     too_many_headers,
+    trims_values,
 )
 from amqlite.wire import STOMP_1_0, STOMP_1_2, SUPPORTED_VERSIONS
 
@@ -50,12 +54,6 @@ __all__ = [
 # STOMP 1.2 "Value Encoding": CONNECT and CONNECTED frames do not escape or unescape
 # headers, so that 1.0 peers can still read the handshake.
 NO_ESCAPE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "CONNECTED"})
-#: Frames that negotiate the version (parsed before it is known).
-HANDSHAKE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "STOMP", "CONNECTED"})
-#: STOMP 1.0 header values lose these at both ends: the 1.0 specification's own examples
-#: put a space after the colon ("login: <username>") and ActiveMQ trims 1.0 values
-#: (Java's String.trim); 1.1 and 1.2 keep every byte.
-TRIMMED_1_0 = " \t"
 
 @dataclass(slots=True, init=False)
 class Frame:
@@ -593,7 +591,7 @@ class FrameParser:
     def _receipt_of_bad_head(self, raw: bytes) -> str | None:
         """Best effort, for the ERROR of a head we refuse: its ``receipt``, when that
         header itself is clean (the client can then match the ERROR to its frame)."""
-        value = _receipt_line(raw)
+        value = receipt_line(raw)
         if value is None or b"\x00" in value:
             return None
         try:
@@ -651,10 +649,10 @@ class FrameParser:
                 value = _unescape(value, self.version)
             if name not in headers:  # spec: the first of repeated headers wins
                 headers[name] = value
-        if self.version == STOMP_1_0 and _trims_values(command, headers):
+        if self.version == STOMP_1_0 and trims_values(command, headers):
             headers = {name: value.strip(TRIMMED_1_0) for name, value in headers.items()}
         if has_cr and self.version != STOMP_1_2:
-            _refuse_trailing_cr(command, headers, self.version)
+            refuse_trailing_cr(command, headers, self.version)
         self._command = command
         self._headers = headers
         length_text = headers.get("content-length")
@@ -671,35 +669,3 @@ class FrameParser:
             )
         self._content_length = length
 
-
-def _trims_values(command: str, headers: dict[str, str]) -> bool:
-    """Whether a frame parsed as STOMP 1.0 gets its header values trimmed: every frame of a
-    1.0 connection, but not a handshake frame that negotiates 1.1/1.2 (whose values are
-    taken as they are, spaces included, by those specifications)."""
-    if command not in HANDSHAKE_COMMANDS:
-        return True
-    offered = headers.get("accept-version", headers.get("version"))
-    return offered is None or offered.strip(TRIMMED_1_0) == STOMP_1_0
-
-
-def _refuse_trailing_cr(command: str, headers: dict[str, str], version: str) -> None:
-    """A name or value that still ends with CR once the EOL is gone (``x:v\\r\\r\\n``)
-    cannot be sent back in STOMP 1.0 or 1.1: the reader takes that CR for part of the
-    EOL, and only 1.2 can escape it. The broker echoes ``receipt`` and the subscription
-    ``id`` to this very client, so refuse the frame now, not when the echo fails."""
-    for name, value in headers.items():
-        if name.endswith("\r") or value.endswith("\r"):
-            raise ProtocolError(
-                "malformed header",
-                f"header {name[:40]!r} in {command[:40]} frame ends with CR, which STOMP "
-                f"{version} cannot carry (only 1.2 escapes it as \\r)",
-                receipt_id=headers.get("receipt"),
-            )
-
-
-def _receipt_line(raw: bytes) -> bytes | None:
-    """The value of the first ``receipt`` header line of a raw head, if any."""
-    for line in raw.split(b"\n")[1:]:
-        if line.startswith(b"receipt:"):
-            return line[len(b"receipt:"):].rstrip(b"\r")
-    return None

@@ -1,6 +1,8 @@
 """What a STOMP frame may be, and the error when it is not: the parser's limits, the one
-strict integer parser for client input, ``ProtocolError``. Apart from amqlite.codec
-(which re-exports all of it) so that the codec stays one room; compiled with it
+strict integer parser for client input, what each version does to a header value
+(1.0's trimming, the trailing CR only 1.2 can carry), ``ProtocolError``. Apart from
+amqlite.codec (which re-exports what its users need: the limits, ``parse_uint``,
+``ProtocolError``) so that the codec stays one room under 700 lines; compiled with it
 (amqlite.native.HOT_MODULES).
 """
 
@@ -9,20 +11,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from amqlite.wire import STOMP_1_0
+
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_HEADER_COUNT",
     "DEFAULT_MAX_HEADER_LENGTH",
+    "HANDSHAKE_COMMANDS",
     "MAX_CONTENT_LENGTH",
+    "TRIMMED_1_0",
     "Fault",
     "Limits",
     "ProtocolError",
     "header_too_long",
     "parse_uint",
+    "receipt_line",
+    "refuse_trailing_cr",
     "too_many_headers",
+    "trims_values",
 ]
 
 Fault = Literal["remote", "local"]
+
+#: Frames that negotiate the version (parsed before it is known).
+HANDSHAKE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "STOMP", "CONNECTED"})
+#: STOMP 1.0 header values lose these at both ends: the 1.0 specification's own examples
+#: put a space after the colon ("login: <username>") and ActiveMQ trims 1.0 values
+#: (Java's String.trim); 1.1 and 1.2 keep every byte.
+TRIMMED_1_0 = " \t"
 
 # ActiveMQ's StompWireFormat.MAX_HEADERS: more headers than this is an attack, not a message.
 DEFAULT_MAX_HEADER_COUNT = 1000
@@ -117,3 +133,36 @@ def too_many_headers(limit: int) -> ProtocolError:
 
 def header_too_long(limit: int, length: int) -> ProtocolError:
     return ProtocolError("header too long", f"header line of {length} bytes exceeds {limit}")
+
+
+def trims_values(command: str, headers: dict[str, str]) -> bool:
+    """Whether a frame parsed as STOMP 1.0 gets its header values trimmed: every frame of a
+    1.0 connection, but not a handshake frame that negotiates 1.1/1.2 (whose values are
+    taken as they are, spaces included, by those specifications)."""
+    if command not in HANDSHAKE_COMMANDS:
+        return True
+    offered = headers.get("accept-version", headers.get("version"))
+    return offered is None or offered.strip(TRIMMED_1_0) == STOMP_1_0
+
+
+def refuse_trailing_cr(command: str, headers: dict[str, str], version: str) -> None:
+    """A name or value that still ends with CR once the EOL is gone (``x:v\\r\\r\\n``)
+    cannot be sent back in STOMP 1.0 or 1.1: the reader takes that CR for part of the
+    EOL, and only 1.2 can escape it. The broker echoes ``receipt`` and the subscription
+    ``id`` to this very client, so refuse the frame now, not when the echo fails."""
+    for name, value in headers.items():
+        if name.endswith("\r") or value.endswith("\r"):
+            raise ProtocolError(
+                "malformed header",
+                f"header {name[:40]!r} in {command[:40]} frame ends with CR, which STOMP "
+                f"{version} cannot carry (only 1.2 escapes it as \\r)",
+                receipt_id=headers.get("receipt"),
+            )
+
+
+def receipt_line(raw: bytes) -> bytes | None:
+    """The value of the first ``receipt`` header line of a raw head, if any."""
+    for line in raw.split(b"\n")[1:]:
+        if line.startswith(b"receipt:"):
+            return line[len(b"receipt:"):].rstrip(b"\r")
+    return None
