@@ -55,6 +55,7 @@ __all__ = [
 # headers, so that 1.0 peers can still read the handshake.
 NO_ESCAPE_COMMANDS: frozenset[str] = frozenset({"CONNECT", "CONNECTED"})
 
+
 @dataclass(slots=True, init=False)
 class Frame:
     """One STOMP frame. Header order is kept; on parse the first of a repeated header wins.
