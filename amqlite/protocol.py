@@ -25,6 +25,7 @@ from amqlite.codec import (
     encode_frame,
     parse_uint,
 )
+from amqlite.frame_rules import HANDSHAKE_COMMANDS
 from amqlite.wire import ACK_AUTO, ACK_MODES, STOMP_1_0, STOMP_1_1, STOMP_1_2, SUPPORTED_VERSIONS
 
 __all__ = [
@@ -53,7 +54,9 @@ CLIENT_COMMANDS: frozenset[str] = frozenset(
      "ABORT", "DISCONNECT"}
 )
 SERVER_COMMANDS: frozenset[str] = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
-_HANDSHAKE_COMMANDS = frozenset({"CONNECT", "STOMP"})
+#: The handshake frames each side receives (amqlite.frame_rules.HANDSHAKE_COMMANDS, split).
+_HANDSHAKE_COMMANDS = HANDSHAKE_COMMANDS & CLIENT_COMMANDS
+_SERVER_HANDSHAKE = HANDSHAKE_COMMANDS & SERVER_COMMANDS
 
 # stomp.py tolerates 1.5x the negotiated interval before calling a peer dead; we allow 2x so
 # that a client stalled by GC or a busy event loop is not dropped while it is still alive.
@@ -337,7 +340,7 @@ class StompProtocol:
         # Stop right after the handshake frame so the rest of the chunk is decoded with
         # the version that frame negotiates.
         self._parser.hold_after = (
-            _HANDSHAKE_COMMANDS if role == "server" else frozenset({"CONNECTED"})
+            _HANDSHAKE_COMMANDS if role == "server" else _SERVER_HANDSHAKE
         )
         # Server: keep what follows CONNECT as unparsed bytes until release_handshake(), so a
         # client whose login is still being checked cannot make us parse and queue frames.
