@@ -601,3 +601,19 @@ def test_protocol_error_carries_fault_message_detail_receipt() -> None:
     assert exc.headers == {"v": "1"}
     assert str(exc) == "bad: because"
     assert ProtocolError("bad").fault == "remote"
+
+
+@pytest.mark.parametrize(("head", "receipt_id"), [
+    (b"SEND\ndestination:/q\nreceipt:r7\r\nx-evil:a\x00b\n", "r7"),  # its own line is clean
+    (b"SEND\ndestination:/q\nreceipt:r\x007\n", None),  # the NUL is in the receipt itself
+    (b"SEND\ndestination:/q\nx-evil:a\x00b\n", None),  # no receipt asked for
+])
+def test_head_with_a_nul_is_refused_with_its_receipt_when_that_is_clean(
+        head: bytes, receipt_id: str | None) -> None:
+    """The ERROR for a head the parser cannot take names the frame's ``receipt`` when that
+    line itself is clean, so the client can match the ERROR to what it sent."""
+    with pytest.raises(ProtocolError) as info:
+        FrameParser(version="1.2").feed(head + b"\nbody\x00")
+    assert info.value.fault == "remote"
+    assert info.value.message == "malformed frame"
+    assert info.value.receipt_id == receipt_id
