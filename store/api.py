@@ -380,7 +380,8 @@ class LoopCommit(Protocol):
         """Send more (never blocks); True when all of it went."""
 
     def receive(self) -> BatchResult | None:
-        """Read what came (never blocks): the result once the answer is in."""
+        """Read what came (never blocks): the result once the answer is in. A commit
+        may send itself again meanwhile (then ``sent`` says whether all of it went)."""
 
     def failed(self, exc: BaseException) -> StoreError:
         """What ``commit_batch`` would have raised for ``exc``."""

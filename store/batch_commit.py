@@ -93,9 +93,17 @@ class BatchCommitting(FencedStore):
                 writer = self._own_connection()
                 self._writer = writer
                 self._pipeline = Pipeline(writer, pg_batch.PLANNER_SETTINGS)
-            assert self._pipeline is not None
-            result = pg_batch.commit(self._pipeline, self.group, epoch, batch, now_ms(),
-                                     encode_headers)
+            pipeline = self._pipeline
+            assert pipeline is not None
+            try:
+                result = pg_batch.commit(pipeline, self.group, epoch, batch, now_ms(),
+                                         encode_headers)
+            except Exception as e:
+                if not pg_batch.held_key(e):
+                    raise
+                self.careful_retries += 1
+                result = pg_batch.commit(pipeline, self.group, epoch, batch, now_ms(),
+                                         encode_headers, careful=True)
         except Exception as e:  # a database error, or e.g. a value it cannot encode
             err = self._pipeline_failed(epoch, e)
             raise err from err.__cause__  # Fenced: no cause, as the fence says it all
@@ -382,6 +390,7 @@ class PipelinedCommit:
                  pipeline: Pipeline, answer: pg_batch.Answer, sent: bool) -> None:
         self._store, self._epoch, self._batch = store, epoch, batch
         self._pipeline, self._answer = pipeline, answer
+        self._careful = False
         self.sent = sent
 
     @property
@@ -393,7 +402,21 @@ class PipelinedCommit:
         return self.sent
 
     def receive(self) -> BatchResult | None:
-        results = self._pipeline.receive()
+        """The commit's result once answered; None until then, and after a refused
+        dedup key, when the commit is sent again, careful (``store.pg_batch.held_key``;
+        ``flush`` when ``sent`` is False)."""
+        try:
+            results = self._pipeline.receive()
+        except Exception as e:
+            if self._careful or not pg_batch.held_key(e):
+                raise
+            self._careful = True
+            store = self._store
+            store.careful_retries += 1
+            steps, self._answer = pg_batch.prepare(store.group, self._epoch, self._batch,
+                                                   now_ms(), encode_headers, careful=True)
+            self.sent = self._pipeline.send(steps)
+            return None
         if results is None:
             return None
         result = self._answer.result(self._pipeline, results)

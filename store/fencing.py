@@ -97,6 +97,9 @@ class FencedStore(Store):
         #: Batches committed by the hot shapes' fast path: in one round trip on PostgreSQL,
         #: on the DB-API connection itself on SQLite (for tests and metrics).
         self.fast_commits = 0
+        #: Of those, the ones sent again with the careful INSERT because the plain one
+        #: met a dedup key the store held (``store.pg_batch.held_key``).
+        self.careful_retries = 0
         self._sqlite = self.dialect == "sqlite"
         self._dinsert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._chunk = IN_CHUNK if self._sqlite else ARRAY_CHUNK

@@ -327,6 +327,8 @@ class GroupCommitter:
             self._underway_failed(commit, exc)
             return
         if result is None:
+            if not commit.sent:  # sent again (``PipelinedCommit.receive``), not all of it yet
+                self._loop.add_writer(commit.fd, self._writable)
             return
         items = self._stop_watching(commit)
         self.commits += 1

@@ -17,10 +17,14 @@ That needs two things the step-by-step path did in Python:
   transaction is rolled back. It is still the first statement, so the fencing
   argument of ``store.fencing`` holds unchanged (the row lock is taken before any
   write).
-* Duplicate detection happens in the INSERT: the dedup rows go in with ``ON
-  CONFLICT DO NOTHING RETURNING``, and only the messages whose key came back
-  are inserted. Counters (group ``msg_count``, destination ``depth``) are kept
-  in the same statements from what they really inserted and deleted.
+* Duplicate detection happens in the INSERT, optimistically: the dedup rows go in
+  with a plain INSERT, which PostgreSQL refuses on a key it already holds (the
+  primary key, ``DEDUP_KEY_CONSTRAINT``); that rare commit (a failover client's
+  re-send of a message stored before the takeover) is sent again with the careful
+  statement, ``ON CONFLICT DO NOTHING RETURNING``, which inserts only the messages
+  whose key came back (``prepare``'s ``careful``). Counters (group ``msg_count``,
+  destination ``depth``) are kept in the same statements from what they really
+  inserted and deleted.
 
 Only the hot shapes take this path: queue messages, producer identities, and
 queue undeliveries, deliveries, releases and acks. A batch that also creates destinations
@@ -67,13 +71,29 @@ WITH f AS (
   RETURNING 1)
 SELECT 1 / count(*) FROM f"""
 
+#: The dedup table's primary key, (grp, dedup_key), as PostgreSQL names it: a
+#: unique violation of it is a key the store already holds (``held_key``).
+DEDUP_KEY_CONSTRAINT = "amq_dedup_pkey"
+#: SQLSTATE unique_violation.
+UNIQUE_VIOLATION = "23505"
+#: ``ON CONFLICT`` makes every row a speculative insertion (a probe of the key before
+#: the heap insert, and a WAL record more to confirm it): about 3 µs of PostgreSQL's
+#: CPU a W1 message, 8 % of it (bench/README.md, "Issue 25, session 25"), paid for the
+#: one commit in millions that meets a key it holds. So the usual statement inserts
+#: plainly and the careful one (``prepare``'s ``careful``) runs only after a refusal.
+_CAREFUL = "\n  ON CONFLICT DO NOTHING"
+
+
 # Arrays go in binary (%b): a bytea[] in text form would be hex-escaped.
-_DEDUP = """\
+def _dedup(careful: bool) -> str:
+    """The dedup rows (CTE ``d``) and the message rows (``m``) whose key is new: with
+    ``careful``, the keys already held are skipped; without, they fail the statement."""
+    return f"""\
 d AS (
   INSERT INTO amq_dedup (grp, dedup_key, producer_id, producer_seq, msg_id, created_at)
   SELECT %(g)s, k, p, s, i, %(now)s
-  FROM unnest(%(dk)b::text[], %(dp)b::text[], %(ds)b::int8[], %(di)b::int8[]) AS u(k, p, s, i)
-  ON CONFLICT DO NOTHING
+  FROM unnest(%(dk)b::text[], %(dp)b::text[], %(ds)b::int8[], %(di)b::int8[]) AS u(k, p, s, i)\
+{_CAREFUL if careful else ""}
   RETURNING dedup_key
 ), m AS (
   INSERT INTO amq_messages (grp, id, destination_id, message_id, producer_id, producer_seq,
@@ -87,13 +107,17 @@ d AS (
   WHERE k IS NULL OR k IN (SELECT dedup_key FROM d)
   RETURNING destination_id
 )"""
+
 #: INSERT's answer: the keys PostgreSQL already held (duplicates).
 _HELD_KEYS = """
 SELECT k FROM unnest(%(dk)b::text[]) AS k
 WHERE k NOT IN (SELECT dedup_key FROM d)"""
 
-INSERT = f"""\
-WITH {_DEDUP}, c AS (
+
+def _insert(careful: bool) -> str:
+    """The inserts and their totals."""
+    return f"""\
+WITH {_dedup(careful)}, c AS (
   SELECT destination_id, count(*) AS n FROM m GROUP BY destination_id
 ), depth AS (
   UPDATE amq_destinations t SET depth = t.depth + c.n
@@ -101,6 +125,9 @@ WITH {_DEDUP}, c AS (
 ), total AS (
   UPDATE amq_groups SET msg_count = msg_count + (SELECT count(*) FROM m) WHERE grp = %(g)s
 ){_HELD_KEYS}"""
+
+
+INSERT, CAREFUL_INSERT = _insert(False), _insert(True)
 
 # Rows by id: a join with unnest, not ``id = ANY(array)``. With ANY, the
 # planner may pick ix_amq_messages_dest (grp, destination_id, id) and filter
@@ -171,8 +198,9 @@ assert ACK_COUNT != ACK
 #: runs on one snapshot, so the DELETE cannot see the INSERT's rows: right, because a
 #: message is acked only after the commit that stored it (its MESSAGE goes out then), and
 #: ``prepare`` keeps a batch that would ack its own insert on the separate statements.
-INSERT_ACK_COUNT = f"""\
-WITH {_DEDUP}, {_deleted("a")}, c AS (
+def _insert_ack_count(careful: bool) -> str:
+    return f"""\
+WITH {_dedup(careful)}, {_deleted("a")}, c AS (
   SELECT destination_id, sum(n) AS n FROM (
     SELECT destination_id, 1 AS n FROM m UNION ALL SELECT destination_id, -1 FROM del) AS x
   GROUP BY destination_id
@@ -186,6 +214,9 @@ WITH {_DEDUP}, {_deleted("a")}, c AS (
 ), cnt AS (
 {COUNT}
 ){_HELD_KEYS}"""
+
+
+INSERT_ACK_COUNT, CAREFUL_INSERT_ACK_COUNT = _insert_ack_count(False), _insert_ack_count(True)
 
 
 def fits(batch: Batch) -> bool:
@@ -221,18 +252,30 @@ TYPES = {
 }
 #: Prepared once per connection (``store.pg_pipeline``).
 (S_FENCE, S_INSERT, S_UNDELIVER, S_DELIVER, S_RELEASE, S_ACK, S_ACK_COUNT, S_COUNT,
- S_INSERT_ACK_COUNT) = (
+ S_INSERT_ACK_COUNT, S_CAREFUL_INSERT, S_CAREFUL_INSERT_ACK_COUNT) = (
     Statement(f"amqlite_{name}", sql, TYPES) for name, sql in (
         ("fence", FENCE), ("insert", INSERT), ("undeliver", UNDELIVER),
         ("deliver", DELIVER), ("release", RELEASE), ("ack", ACK), ("ack_count", ACK_COUNT),
-        ("count", COUNT), ("insert_ack_count", INSERT_ACK_COUNT)))
+        ("count", COUNT), ("insert_ack_count", INSERT_ACK_COUNT),
+        ("careful_insert", CAREFUL_INSERT),
+        ("careful_insert_ack_count", CAREFUL_INSERT_ACK_COUNT)))
+
+
+def held_key(exc: BaseException) -> bool:
+    """True when ``exc`` is the plain INSERT refusing a dedup key the store already
+    holds: the transaction was rolled back, the connection is fine, and the commit is
+    to be sent again with ``careful``."""
+    diag = getattr(exc, "diag", None)
+    return (getattr(exc, "sqlstate", None) == UNIQUE_VIOLATION and diag is not None
+            and diag.constraint_name == DEDUP_KEY_CONSTRAINT)
 
 
 def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
-           encode_headers: Any) -> BatchResult:
+           encode_headers: Any, careful: bool = False) -> BatchResult:
     """Run ``batch`` as one pipelined transaction. Raises psycopg errors as they are;
-    the caller maps them (``FENCED_SQLSTATE`` = fenced) and closes the connection."""
-    steps, answer = prepare(group, epoch, batch, now, encode_headers)
+    the caller sends it again with ``careful`` after a ``held_key``, maps the rest
+    (``FENCED_SQLSTATE`` = fenced) and closes the connection."""
+    steps, answer = prepare(group, epoch, batch, now, encode_headers, careful)
     return answer.result(pipeline, pipeline.transaction(steps))
 
 
@@ -254,10 +297,12 @@ class Answer:
         return result
 
 
-def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any
+def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any,
+            careful: bool = False
             ) -> tuple[list[tuple[Statement, dict[str, bytes | None]]], Answer]:
     """The statements of ``batch``'s transaction with their parameters, and how to
-    read their results (``Answer.result``)."""
+    read their results (``Answer.result``). ``careful``: skip the dedup keys the store
+    already holds (as duplicates) instead of failing on them (``_CAREFUL``)."""
     result = BatchResult()
     inserts, identities, ids_by_key = _dedup_in_batch(batch.inserts, batch.identities, result)
     base: dict[str, bytes | None] = {"g": group.encode(), "e": int8(epoch), "now": int8(now)}
@@ -275,12 +320,12 @@ def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any
     together = (inserting and bool(acked) and bool(batch.counters)
                 and acked.isdisjoint([x.id for x in inserts]))
     if together:
-        steps.append((S_INSERT_ACK_COUNT, {
+        steps.append((S_CAREFUL_INSERT_ACK_COUNT if careful else S_INSERT_ACK_COUNT, {
             **base, **_insert_arrays(inserts, identities, now, encode_headers),
             **_ids(list(acked), "a"), **_count_arrays(batch.counters)}))
     elif inserting:
-        steps.append((S_INSERT, {**base, **_insert_arrays(inserts, identities, now,
-                                                           encode_headers)}))
+        steps.append((S_CAREFUL_INSERT if careful else S_INSERT,
+                      {**base, **_insert_arrays(inserts, identities, now, encode_headers)}))
     if batch.undeliveries:
         steps.append((S_UNDELIVER, {**base, **_ids(batch.undeliveries)}))
     if deliveries:

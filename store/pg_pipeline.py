@@ -154,22 +154,29 @@ class Pipeline:
 
     def _results(self, steps: list[Statement], parsed: list[bytes]) -> list[Any]:
         """Each step's answer, from all of the transaction's (a Parse per statement
-        prepared by it before its first use, each step's)."""
+        prepared by it before its first use, each step's). A failed transaction raises
+        its error, but the statements it did prepare stay prepared: a prepared
+        statement is the session's, not the transaction's, so a commit sent again on
+        this connection (``store.pg_batch.held_key``) must not Parse them again."""
         answers, self._answers = self._answers, []
-        if self._error is not None:
-            raise errors.error_from_result(self._error, encoding=self._encoding)
+        error = self._error
         expected = len(parsed) + len(steps)
         if len(answers) != expected:
+            if error is not None:  # what it prepared is unknown: closed by the store
+                raise errors.error_from_result(error, encoding=self._encoding)
             raise OperationalError(f"pipeline: {len(answers)} answers to {expected} queries")
-        self._prepared.update(parsed)
         results: list[Any] = []
         i = 0
         for st in steps:
             if parsed and st.name == parsed[0]:
-                del parsed[0]  # its Parse's answer
+                del parsed[0]
+                if answers[i].status in _OK:  # its Parse's answer
+                    self._prepared.add(st.name)
                 i += 1
             results.append(answers[i])
             i += 1
+        if error is not None:
+            raise errors.error_from_result(error, encoding=self._encoding)
         return results
 
     def texts(self, result: Any) -> list[str]:

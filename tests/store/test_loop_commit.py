@@ -158,6 +158,45 @@ def test_a_value_refused_on_the_loop_is_split_by_the_thread(
     assert_counters(s)
 
 
+#: Bodies that together overflow the socket's buffers many times over: a commit the
+#: loop cannot send at once (``LoopCommit.sent`` False, sent on as it becomes writable).
+BIG_BODY = 8 * 2**20
+
+
+@pytest.mark.parametrize("body_size", [0, BIG_BODY], ids=["small", "unsent-at-once"])
+def test_a_held_key_on_the_loop_is_sent_again_carefully_there(
+        make_store: Callable[..., SqlStore], body_size: int) -> None:
+    """A failover client's re-send (a key the store holds) merged with a new message on
+    the loop: PostgreSQL refuses the plain INSERT, and the loop sends the commit again,
+    careful, on the same connection (and sends the rest as the socket takes it, when it
+    is big). The re-send is a duplicate, the new one is stored, nothing goes to the
+    thread and nothing fails."""
+    body = b"b" * body_size if body_size else None
+    s, e = warm(make_store)
+    s.commit_batch(e, Batch(inserts=[msg(101, key="p:1")]))
+    failures: list[BaseException] = []
+
+    async def scenario() -> None:
+        gc = GroupCommitter(s, e, asyncio.get_running_loop(), failures.append)
+        first = await loop_commits_again(gc, 1)
+        on_loop, on_thread, writer = gc.on_loop, gc.commits - gc.on_loop, s._writer
+        again, new = await asyncio.gather(
+            gc.submit(Batch(inserts=[msg(first, key="p:1", body=body)])),
+            gc.submit(Batch(inserts=[msg(first + 1, key="p:2", body=body)])))
+        assert (again.duplicates, again.duplicate_ids) == ({"p:1"}, {first})
+        assert (new.duplicates, new.duplicate_ids) == (set(), set())
+        # on the loop, merged or not (big bodies are not: ``max_bytes``)
+        assert gc.on_loop > on_loop and gc.commits - gc.on_loop == on_thread
+        assert (s.careful_retries, gc.failure, s._writer) == (1, None, writer)
+        assert await gc.call(ids, s) == [*range(1, first), first + 1, 100, 101]
+        gc.close()
+        await gc.wait_closed()
+
+    run(scenario)
+    assert failures == []
+    assert_counters(s)
+
+
 def test_fenced_on_the_loop_fails_the_commit_and_everything_after_once(
         make_store: Callable[..., SqlStore]) -> None:
     s, e = warm(make_store)

@@ -25,7 +25,14 @@ from store import fencing as store_fencing
 from store.engine import store_application_name
 from store.pg_arrays import INT8_OID, TEXT_OID
 from store.pg_pipeline import Statement, int8
-from tests.helpers.hot_path import assert_usable, commit_fast, message_ids, seeded, written
+from tests.helpers.hot_path import (
+    assert_usable,
+    commit_fast,
+    message_ids,
+    seeded,
+    totals,
+    written,
+)
 from tests.helpers.poll import poll
 from tests.helpers.store import (
     DLQ,
@@ -331,9 +338,64 @@ def test_big_fast_batch(make_store: MakeStore) -> None:
         acks=[(None, n + i) for i in range(1, n + 1)]))
     assert result.duplicate_ids == set(range(2 * n + 1, 3 * n + 1))
     assert len(result.duplicates) == n
+    assert s.careful_retries == 1
     assert one(s, "SELECT count(*) FROM amq_messages") == 0
     assert_counters(s)
     assert not s.check_integrity(e).mismatch
+
+
+# -- a key the store already holds -------------------------------------------------
+
+
+def prepared_names(s: SqlStore) -> list[str]:
+    """The writer session's prepared statements (``store.pg_pipeline``)."""
+    pipeline = s._pipeline
+    assert pipeline is not None
+    probe = Statement("probe", "SELECT name FROM pg_prepared_statements "
+                                "WHERE name LIKE 'amqlite%' ORDER BY name", {})
+    return pipeline.texts(pipeline.transaction([(probe, {})])[0])
+
+
+def test_a_held_key_sends_the_commit_again_carefully_on_the_same_connection(
+        make_store: MakeStore) -> None:
+    """The plain INSERT fails on a dedup key the store holds (a failover re-send): the
+    commit is sent once more with the careful statement, which stores the rest and
+    reports the duplicate, on the same connection; the next commit is plain again."""
+    s, e = seeded(make_store)
+    commit_fast(s, e, Batch(inserts=[msg(10, key="p:10")]))
+    writer = s._writer
+    result = commit_fast(s, e, Batch(inserts=[msg(11, key="p:10"), msg(12, key="p:12")],
+                                     acks=[(None, 1)], counters=totals((QUEUE.id, 2, 1))))
+    assert (result.duplicates, result.duplicate_ids) == ({"p:10"}, {11})
+    assert s.careful_retries == 1
+    assert s._writer is writer  # a refused key is not a broken connection
+    assert message_ids(s) == [2, 3, 4, 10, 12]
+    assert one(s, "SELECT count(*) FROM amq_dedup") == 2
+    commit_fast(s, e, Batch(inserts=[msg(13, key="p:13")]))
+    assert s.careful_retries == 1
+    assert prepared_names(s) == ["amqlite_careful_insert_ack_count", "amqlite_fence",
+                                 "amqlite_insert", "amqlite_insert_ack_count"]
+    assert_counters(s)
+    assert not s.check_integrity(e).mismatch
+
+
+def test_a_held_key_in_a_connections_first_commit_keeps_what_it_prepared(
+        make_store: MakeStore) -> None:
+    """The refused transaction prepared the fence and the INSERT before the INSERT
+    failed; they stay prepared (the session's, not the transaction's), so the careful
+    commit sent next on that connection must not prepare the fence again (PostgreSQL
+    would refuse it: it exists)."""
+    s, e = master(make_store)
+    commit_fast(s, e, Batch(inserts=[msg(1, key="p:1")]))
+    s._discard_writer()  # as after a lost connection: the next commit opens another
+    commit_fast(s, e, Batch(inserts=[msg(2)]))  # opens it: only the fence, the INSERT
+    s._discard_writer()
+    result = commit_fast(s, e, Batch(inserts=[msg(3, key="p:1"), msg(4, key="p:4")]))
+    assert (result.duplicates, result.duplicate_ids) == ({"p:1"}, {3})
+    assert s.careful_retries == 1
+    assert message_ids(s) == [1, 2, 4]
+    assert prepared_names(s) == ["amqlite_careful_insert", "amqlite_fence", "amqlite_insert"]
+    assert_usable(s, e, 5)
 
 
 # -- a value the driver cannot encode ---------------------------------------------
@@ -380,12 +442,7 @@ def test_the_writer_prepares_its_statements_once(make_store: MakeStore) -> None:
     s, e = seeded(make_store)
     for i in range(3):
         commit_fast(s, e, Batch(inserts=[msg(10 + i)], acks=[(None, 1 + i)]))
-    pipeline = s._pipeline
-    assert pipeline is not None
-    probe = Statement("probe", "SELECT name FROM pg_prepared_statements "
-                                "WHERE name LIKE 'amqlite%' ORDER BY name", {})
-    names = pipeline.texts(pipeline.transaction([(probe, {})])[0])
-    assert names == ["amqlite_ack", "amqlite_fence", "amqlite_insert"]
+    assert prepared_names(s) == ["amqlite_ack", "amqlite_fence", "amqlite_insert"]
 
 
 def test_a_pipeline_transaction_is_one_transaction_up_to_its_sync(
