@@ -81,7 +81,9 @@ UNIQUE_VIOLATION = "23505"
 #: CPU a W1 message, 8 % of it (bench/README.md, "Issue 25, session 25"), paid for the
 #: one commit in millions that meets a key it holds. So the usual statement inserts
 #: plainly and the careful one (``prepare``'s ``careful``) runs only after a refusal.
-_CAREFUL = "\n  ON CONFLICT DO NOTHING"
+_CAREFUL_RETURNING = "\n  ON CONFLICT DO NOTHING\n  RETURNING dedup_key"
+#: The careful INSERT's message rows: those whose key went in (``d`` returned it).
+_NEW_KEYS_ONLY = "\n  WHERE k IS NULL OR k IN (SELECT dedup_key FROM d)"
 
 
 # Arrays go in binary (%b): a bytea[] in text form would be hex-escaped.
@@ -93,8 +95,7 @@ d AS (
   INSERT INTO amq_dedup (grp, dedup_key, producer_id, producer_seq, msg_id, created_at)
   SELECT %(g)s, k, p, s, i, %(now)s
   FROM unnest(%(dk)b::text[], %(dp)b::text[], %(ds)b::int8[], %(di)b::int8[]) AS u(k, p, s, i)\
-{_CAREFUL if careful else ""}
-  RETURNING dedup_key
+{_CAREFUL_RETURNING if careful else ""}
 ), m AS (
   INSERT INTO amq_messages (grp, id, destination_id, message_id, producer_id, producer_seq,
     dedup_key, priority, expires_at, enqueued_at, delivery_count, inflight_epoch, headers, body)
@@ -103,15 +104,17 @@ d AS (
   FROM unnest(%(id)b::int8[], %(dst)b::int8[], %(mid)b::text[], %(pid)b::text[],
     %(pseq)b::int8[], %(k)b::text[], %(prio)b::int2[], %(exp)b::int8[], %(enq)b::int8[],
     %(dc)b::int4[], %(h)b::text[], %(b)b::bytea[])
-    AS u(id, dst, mid, pid, pseq, k, prio, exp, enq, dc, h, b)
-  WHERE k IS NULL OR k IN (SELECT dedup_key FROM d)
+    AS u(id, dst, mid, pid, pseq, k, prio, exp, enq, dc, h, b)\
+{_NEW_KEYS_ONLY if careful else ""}
   RETURNING destination_id
 )"""
 
-#: INSERT's answer: the keys PostgreSQL already held (duplicates).
+#: The careful INSERT's answer: the keys PostgreSQL already held (duplicates).
 _HELD_KEYS = """
 SELECT k FROM unnest(%(dk)b::text[]) AS k
 WHERE k NOT IN (SELECT dedup_key FROM d)"""
+#: The plain INSERT's: none (it fails on a held key). A WITH needs a query of its own.
+_NO_ANSWER = "\nSELECT NULL WHERE false"
 
 
 def _insert(careful: bool) -> str:
@@ -124,7 +127,7 @@ WITH {_dedup(careful)}, c AS (
   FROM c WHERE t.grp = %(g)s AND t.id = c.destination_id
 ), total AS (
   UPDATE amq_groups SET msg_count = msg_count + (SELECT count(*) FROM m) WHERE grp = %(g)s
-){_HELD_KEYS}"""
+){_HELD_KEYS if careful else _NO_ANSWER}"""
 
 
 INSERT, CAREFUL_INSERT = _insert(False), _insert(True)
@@ -213,7 +216,7 @@ WITH {_dedup(careful)}, {_deleted("a")}, c AS (
   WHERE grp = %(g)s AND (SELECT count(*) FROM m) <> (SELECT count(*) FROM del)
 ), cnt AS (
 {COUNT}
-){_HELD_KEYS}"""
+){_HELD_KEYS if careful else _NO_ANSWER}"""
 
 
 INSERT_ACK_COUNT, CAREFUL_INSERT_ACK_COUNT = _insert_ack_count(False), _insert_ack_count(True)
@@ -282,15 +285,15 @@ def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
 class Answer:
     """What a commit's results are read into: the duplicates PostgreSQL found."""
 
-    def __init__(self, result: BatchResult, inserting: bool, ids_by_key: dict[str, int]
-                 ) -> None:
+    def __init__(self, result: BatchResult, careful_insert: bool,
+                 ids_by_key: dict[str, int]) -> None:
         self._result = result  # with the duplicates found inside the batch already
-        self._inserting = inserting
+        self._careful_insert = careful_insert
         self._ids_by_key = ids_by_key
 
     def result(self, pipeline: Pipeline, results: list[Any]) -> BatchResult:
         result = self._result
-        if self._inserting:  # INSERT's rows: the keys PostgreSQL already held
+        if self._careful_insert:  # its rows: the keys PostgreSQL already held
             for key in pipeline.texts(results[1]):
                 result.duplicates.add(key)
                 result.duplicate_ids.add(self._ids_by_key[key])
@@ -302,7 +305,7 @@ def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any,
             ) -> tuple[list[tuple[Statement, dict[str, bytes | None]]], Answer]:
     """The statements of ``batch``'s transaction with their parameters, and how to
     read their results (``Answer.result``). ``careful``: skip the dedup keys the store
-    already holds (as duplicates) instead of failing on them (``_CAREFUL``)."""
+    already holds (as duplicates) instead of failing on them (``_CAREFUL_RETURNING``)."""
     result = BatchResult()
     inserts, identities, ids_by_key = _dedup_in_batch(batch.inserts, batch.identities, result)
     base: dict[str, bytes | None] = {"g": group.encode(), "e": int8(epoch), "now": int8(now)}
@@ -335,7 +338,7 @@ def prepare(group: str, epoch: int, batch: Batch, now: int, encode_headers: Any,
         steps.append((S_RELEASE, {**base, **_ids([mid for _, mid in batch.releases])}))
     if not together:
         steps += _acks_and_totals(base, acked, batch.counters)
-    return steps, Answer(result, inserting, ids_by_key)
+    return steps, Answer(result, inserting and careful, ids_by_key)
 
 
 def _acks_and_totals(base: dict[str, bytes | None], acked: set[int],
