@@ -77,9 +77,10 @@ DEDUP_KEY_CONSTRAINT = "amq_dedup_pkey"
 #: SQLSTATE unique_violation.
 UNIQUE_VIOLATION = "23505"
 #: ``ON CONFLICT`` makes every row a speculative insertion (a probe of the key before
-#: the heap insert, and a WAL record more to confirm it): about 3 µs of PostgreSQL's
-#: CPU a W1 message, 8 % of it (bench/README.md, "Issue 25, session 25"), paid for the
-#: one commit in millions that meets a key it holds. So the usual statement inserts
+#: the heap insert, which the unique index checks again as it inserts, and a WAL record
+#: more to confirm it): with the key returned and joined, about a tenth of PostgreSQL's
+#: CPU a W1 message (bench/README.md, "Issue 25, session 25"), paid for the one commit
+#: in millions that meets a key it holds. So the usual statement inserts
 #: plainly and the careful one (``prepare``'s ``careful``) runs only after a refusal.
 _CAREFUL_RETURNING = "\n  ON CONFLICT DO NOTHING\n  RETURNING dedup_key"
 #: The careful INSERT's message rows: those whose key went in (``d`` returned it).

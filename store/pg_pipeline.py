@@ -161,9 +161,7 @@ class Pipeline:
         answers, self._answers = self._answers, []
         error = self._error
         expected = len(parsed) + len(steps)
-        if len(answers) != expected:
-            if error is not None:  # what it prepared is unknown: closed by the store
-                raise errors.error_from_result(error, encoding=self._encoding)
+        if len(answers) != expected:  # what it prepared is unknown: the store closes it
             raise OperationalError(f"pipeline: {len(answers)} answers to {expected} queries")
         results: list[Any] = []
         i = 0
