@@ -89,6 +89,10 @@ def machine() -> dict[str, Any]:
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
+#: Lines of a failed command's stderr kept in its record (tracebacks of its children too).
+STDERR_TAIL_LINES = 60
+
+
 def run_one(workload: str, broker: str, args: list[str], timeout: float) -> dict[str, Any]:
     """Run one bench command; its last stdout line is its JSON result."""
     before = loadavg()
@@ -101,7 +105,11 @@ def run_one(workload: str, broker: str, args: list[str], timeout: float) -> dict
                              start_new_session=True)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         if out.returncode != 0 or not lines:
-            record["error"] = (out.stderr.strip().splitlines() or ["no output"])[-1][:500]
+            stderr = out.stderr.strip().splitlines() or ["no output"]
+            record["error"] = stderr[-1][:500]
+            # What a post-mortem needs: a producer process's traceback comes before
+            # the parent's, whose last line alone says only that a pipe closed.
+            record["stderr_tail"] = stderr[-STDERR_TAIL_LINES:]
         else:
             record["result"] = json.loads(lines[-1])
     except subprocess.TimeoutExpired:

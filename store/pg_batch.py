@@ -19,7 +19,7 @@ That needs two things the step-by-step path did in Python:
   write).
 * Duplicate detection happens in the INSERT, optimistically: the dedup rows go in
   with a plain INSERT, which PostgreSQL refuses on a key it already holds (the
-  primary key, ``DEDUP_KEY_CONSTRAINT``); that rare commit (a failover client's
+  primary key's ``unique_violation``); that rare commit (a failover client's
   re-send of a message stored before the takeover) is sent again with the careful
   statement, ``ON CONFLICT DO NOTHING RETURNING``, which inserts only the messages
   whose key came back (``prepare``'s ``careful``). Counters (group ``msg_count``,
@@ -71,10 +71,8 @@ WITH f AS (
   RETURNING 1)
 SELECT 1 / count(*) FROM f"""
 
-#: The dedup table's primary key, (grp, dedup_key), as PostgreSQL names it: a
-#: unique violation of it is a key the store already holds (``held_key``).
-DEDUP_KEY_CONSTRAINT = "amq_dedup_pkey"
-#: SQLSTATE unique_violation.
+#: SQLSTATE unique_violation: on the plain INSERT, a dedup key the store already holds
+#: (amq_dedup's primary key, (grp, dedup_key)).
 UNIQUE_VIOLATION = "23505"
 #: ``ON CONFLICT`` makes every row a speculative insertion (a probe of the key before
 #: the heap insert, which the unique index checks again as it inserts, and a WAL record
@@ -266,12 +264,12 @@ TYPES = {
 
 
 def held_key(exc: BaseException) -> bool:
-    """True when ``exc`` is the plain INSERT refusing a dedup key the store already
+    """True when ``exc`` may be the plain INSERT refusing a dedup key the store already
     holds: the transaction was rolled back, the connection is fine, and the commit is
-    to be sent again with ``careful``."""
-    diag = getattr(exc, "diag", None)
-    return (getattr(exc, "sqlstate", None) == UNIQUE_VIOLATION and diag is not None
-            and diag.constraint_name == DEDUP_KEY_CONSTRAINT)
+    to be sent again with ``careful``. By SQLSTATE alone, not the constraint's name (a
+    store whose schema was made by hand may name it otherwise): any other unique
+    violation fails the careful commit too, and is handled as it always was."""
+    return getattr(exc, "sqlstate", None) == UNIQUE_VIOLATION
 
 
 def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,

@@ -19,6 +19,7 @@ from store import (
     Fenced,
     SqlStore,
     StoreError,
+    StoreRejected,
     pg_batch,
 )
 from store import fencing as store_fencing
@@ -396,6 +397,20 @@ def test_a_held_key_in_a_connections_first_commit_keeps_what_it_prepared(
     assert message_ids(s) == [1, 2, 4]
     assert prepared_names(s) == ["amqlite_careful_insert", "amqlite_fence", "amqlite_insert"]
     assert_usable(s, e, 5)
+
+
+def test_another_unique_violation_fails_the_careful_commit_too(make_store: MakeStore) -> None:
+    """A held key is told apart by its SQLSTATE only (unique_violation), so any other
+    unique violation (here a message id the store holds, which only a bug would reuse)
+    is sent again careful once, refused again, and ends as a refused batch always did:
+    nothing written, the store usable."""
+    s, e = seeded(make_store)
+    before = written(s)
+    with pytest.raises(StoreRejected):
+        s.commit_batch(e, Batch(inserts=[msg(2, key="p:99")]))
+    assert s.careful_retries == 1
+    assert written(s) == before
+    assert_usable(s, e, 10)
 
 
 # -- a value the driver cannot encode ---------------------------------------------
