@@ -54,8 +54,8 @@ CLIENT_COMMANDS: frozenset[str] = frozenset(
      "ABORT", "DISCONNECT"}
 )
 SERVER_COMMANDS: frozenset[str] = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
-#: The handshake frames each side receives (amqlite.frame_rules.HANDSHAKE_COMMANDS, split).
-_HANDSHAKE_COMMANDS = HANDSHAKE_COMMANDS & CLIENT_COMMANDS
+#: The handshake frames each side sends (amqlite.frame_rules.HANDSHAKE_COMMANDS, split).
+_CLIENT_HANDSHAKE = HANDSHAKE_COMMANDS & CLIENT_COMMANDS
 _SERVER_HANDSHAKE = HANDSHAKE_COMMANDS & SERVER_COMMANDS
 
 # stomp.py tolerates 1.5x the negotiated interval before calling a peer dead; we allow 2x so
@@ -340,7 +340,7 @@ class StompProtocol:
         # Stop right after the handshake frame so the rest of the chunk is decoded with
         # the version that frame negotiates.
         self._parser.hold_after = (
-            _HANDSHAKE_COMMANDS if role == "server" else _SERVER_HANDSHAKE
+            _CLIENT_HANDSHAKE if role == "server" else _SERVER_HANDSHAKE
         )
         # Server: keep what follows CONNECT as unparsed bytes until release_handshake(), so a
         # client whose login is still being checked cannot make us parse and queue frames.
@@ -415,7 +415,7 @@ class StompProtocol:
         command = frame.command
         receipt = frame.headers.get("receipt")
         state = self._state
-        if command in _HANDSHAKE_COMMANDS:
+        if command in _CLIENT_HANDSHAKE:
             if state != _IDLE:
                 raise ProtocolError(
                     "already connected", f"second {command} frame", receipt_id=receipt
@@ -507,7 +507,7 @@ class StompProtocol:
                 f"state={self._state})",
                 fault="local",
             )
-        if frame.command not in _HANDSHAKE_COMMANDS:
+        if frame.command not in _CLIENT_HANDSHAKE:
             raise ProtocolError(
                 "invalid frame", f"accept_connect got {frame.command!r}", fault="local"
             )
@@ -602,7 +602,7 @@ class StompProtocol:
                 )
             allowed = self._state in (_CONNECTED, _DISCONNECTING)
         else:
-            if command in _HANDSHAKE_COMMANDS:
+            if command in _CLIENT_HANDSHAKE:
                 raise ProtocolError(
                     "invalid frame", "use connect_frame() to send CONNECT", fault="local"
                 )

@@ -26,7 +26,7 @@ from store.api import (
 )
 from store.errors import store_error
 from store.fencing import Changes, FencedStore
-from store.pg_pipeline import Pipeline
+from store.pg_pipeline import Pipeline, Statement
 from store.rows import deliveries_by_times, fresh_only, message_row
 from store.statements import chunks, encode_headers, now_ms
 
@@ -101,14 +101,21 @@ class BatchCommitting(FencedStore):
             except Exception as e:
                 if not pg_batch.held_key(e):
                     raise
-                self.careful_retries += 1
-                result = pg_batch.commit(pipeline, self.group, epoch, batch, now_ms(),
-                                         encode_headers, careful=True)
+                steps, answer = self._careful(epoch, batch)
+                result = answer.result(pipeline, pipeline.transaction(steps))
         except Exception as e:  # a database error, or e.g. a value it cannot encode
             err = self._pipeline_failed(epoch, e)
             raise err from err.__cause__  # Fenced: no cause, as the fence says it all
         self.fast_commits += 1
         return result
+
+    def _careful(self, epoch: int, batch: Batch
+                 ) -> tuple[list[tuple[Statement, dict[str, bytes | None]]], pg_batch.Answer]:
+        """The statements to send ``batch`` again with after the plain INSERT met a
+        dedup key the store holds (``pg_batch.held_key``), on either path; counted."""
+        self.careful_retries += 1
+        return pg_batch.prepare(self.group, epoch, batch, now_ms(), encode_headers,
+                                careful=True)
 
     def _pipeline_failed(self, epoch: int, e: BaseException) -> StoreError:
         """The error a failed pipelined commit raises (with its cause, but for the
@@ -411,10 +418,7 @@ class PipelinedCommit:
             if self._careful or not pg_batch.held_key(e):
                 raise
             self._careful = True
-            store = self._store
-            store.careful_retries += 1
-            steps, self._answer = pg_batch.prepare(store.group, self._epoch, self._batch,
-                                                   now_ms(), encode_headers, careful=True)
+            steps, self._answer = self._store._careful(self._epoch, self._batch)
             self.sent = self._pipeline.send(steps)
             return None
         if results is None:

@@ -273,11 +273,11 @@ def held_key(exc: BaseException) -> bool:
 
 
 def commit(pipeline: Pipeline, group: str, epoch: int, batch: Batch, now: int,
-           encode_headers: Any, careful: bool = False) -> BatchResult:
+           encode_headers: Any) -> BatchResult:
     """Run ``batch`` as one pipelined transaction. Raises psycopg errors as they are;
-    the caller sends it again with ``careful`` after a ``held_key``, maps the rest
-    (``FENCED_SQLSTATE`` = fenced) and closes the connection."""
-    steps, answer = prepare(group, epoch, batch, now, encode_headers, careful)
+    the caller sends it again ``careful`` (``prepare``) after a ``held_key``, maps the
+    rest (``FENCED_SQLSTATE`` = fenced) and closes the connection."""
+    steps, answer = prepare(group, epoch, batch, now, encode_headers)
     return answer.result(pipeline, pipeline.transaction(steps))
 
 
